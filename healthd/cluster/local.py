@@ -1,0 +1,196 @@
+"""This machine as a one-node cluster: the embedded default when no Slurm answers.
+
+Probes run as ``python -m probes <name>`` subprocesses in their own session, with a hard
+deadline after which the whole process group is killed. Job ids are
+``local:<pid>:<run_id>`` so that, after a daemon restart, a leftover probe process can be
+recognised (its command line carries the run id) and killed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from healthd.errors import BackendError
+from healthd.logging import get_logger
+from healthd.model import JobState, JobStatus, Node, ProbeJob
+from healthd.process import kill_group
+
+log = get_logger(__name__)
+
+DISTRIBUTED_PROBES = frozenset({"nccl", "ddp"})
+KILL_GRACE_S = 10.0
+
+
+def probe_argv(python: Path | str, job: ProbeJob, result_path: Path | None, *, ranks: int) -> list[str]:
+    """The argv that runs ``job`` on this machine (pure); no ``result_path``: the result goes to stdout."""
+    argv = [str(python), "-m", "probes", job.probe, "--run-id", job.run_id, "--timeout", f"{job.timeout_s:g}"]
+    if result_path is not None:
+        argv += ["--output", str(result_path)]
+    if job.probe in DISTRIBUTED_PROBES:
+        argv += ["--nproc", str(job.ranks_per_node or ranks)]
+    return argv + list(job.args)
+
+
+def count_local_gpus() -> int:
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
+
+
+@dataclass
+class _Running:
+    proc: subprocess.Popen[bytes]
+    run_id: str
+    started_at: float
+    deadline: float
+    log_file: Path
+    timed_out: bool = False
+
+
+class LocalBackend:
+    name = "local"
+
+    def __init__(self, *, node_name: str, python: Path, ranks: int = 2, env: dict[str, str] | None = None) -> None:
+        self.node_name = node_name
+        self.python = python
+        self.ranks = ranks
+        self._env = env
+        self._jobs: dict[str, _Running] = {}
+        self._finished: dict[str, JobStatus] = {}
+        self._lock = threading.Lock()
+        self._gpus = count_local_gpus()
+
+    def list_nodes(self) -> list[Node]:
+        with self._lock:
+            busy = any(r.proc.poll() is None for r in self._jobs.values())
+        return [
+            Node(
+                name=self.node_name,
+                state="allocated" if busy else "idle",
+                partitions=("local",),
+                gpus=self._gpus,
+                cpus=os.cpu_count(),
+                node_class="local",
+            )
+        ]
+
+    def submit(self, job: ProbeJob, result_path: Path) -> str:
+        if set(job.nodes) != {self.node_name}:
+            raise BackendError(f"the local backend only runs on {self.node_name!r}, not {list(job.nodes)}")
+        result_path.parent.mkdir(parents=True, exist_ok=True)
+        log_file = result_path.with_suffix(".log")
+        argv = probe_argv(self.python, job, result_path, ranks=self.ranks)
+        env = dict(os.environ if self._env is None else self._env)
+        env.setdefault("SLURMD_NODENAME", self.node_name)
+        env["PYTHONUNBUFFERED"] = "1"
+        try:
+            with log_file.open("wb") as out:
+                proc = subprocess.Popen(
+                    argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                    env=env, start_new_session=True,
+                )
+        except OSError as exc:
+            raise BackendError(f"cannot start the probe with {argv[0]!r}: {exc}") from None
+        now = time.time()
+        job_id = f"local:{proc.pid}:{job.run_id}"
+        with self._lock:
+            self._jobs[job_id] = _Running(proc, job.run_id, now, now + job.timeout_s + KILL_GRACE_S, log_file)
+        return job_id
+
+    def poll(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
+        now = time.time()
+        statuses: dict[str, JobStatus] = {}
+        with self._lock:
+            for job_id in job_ids:
+                if job_id in self._finished:
+                    statuses[job_id] = self._finished[job_id]
+                    continue
+                running = self._jobs.get(job_id)
+                if running is None:
+                    continue
+                rc = running.proc.poll()
+                if rc is None and now > running.deadline:
+                    log.warning("probe_timeout_killed", run_id=running.run_id, pid=running.proc.pid)
+                    kill_group(running.proc)
+                    running.timed_out = True
+                    rc = running.proc.returncode
+                if rc is None:
+                    statuses[job_id] = JobStatus(job_id, JobState.RUNNING, started_at=running.started_at)
+                    continue
+                if running.timed_out:
+                    state, reason = JobState.TIMEOUT, "killed after its timeout"
+                elif rc == 0:
+                    state, reason = JobState.COMPLETED, ""
+                elif rc < 0:
+                    state, reason = JobState.FAILED, f"killed by signal {signal.Signals(-rc).name}"
+                else:
+                    state, reason = JobState.FAILED, f"exit code {rc}"
+                status = JobStatus(job_id, state, exit_code=rc, reason=reason, started_at=running.started_at,
+                                   finished_at=now, nodes=(self.node_name,))
+                self._finished[job_id] = status
+                del self._jobs[job_id]
+                statuses[job_id] = status
+        return statuses
+
+    def adopt(self) -> list[JobStatus]:
+        return []
+
+    def forget(self, job_ids: Sequence[str]) -> None:
+        with self._lock:
+            for job_id in job_ids:
+                self._finished.pop(job_id, None)
+
+    def cancel(self, job_ids: Sequence[str]) -> None:
+        for job_id in job_ids:
+            with self._lock:
+                running = self._jobs.pop(job_id, None)
+            if running is not None:
+                kill_group(running.proc)
+                continue
+            _kill_orphan(job_id)
+
+    def drain(self, node: str, reason: str) -> None:
+        raise BackendError("the local backend cannot drain a node; use recommend mode or the Slurm backend")
+
+    def undrain(self, node: str) -> None:
+        raise BackendError("the local backend cannot undrain a node")
+
+    def close(self) -> None:
+        """Kill every running probe; their next ``poll`` reports them cancelled (daemon stopped)."""
+        with self._lock:
+            running, self._jobs = dict(self._jobs), {}
+        for job_id, r in running.items():
+            kill_group(r.proc)
+            with self._lock:
+                self._finished[job_id] = JobStatus(
+                    job_id, JobState.CANCELLED, exit_code=r.proc.returncode, reason="daemon stopped",
+                    started_at=r.started_at, finished_at=time.time(), nodes=(self.node_name,),
+                )
+
+
+def _kill_orphan(job_id: str) -> bool:
+    """Kill the process group of a probe left by an earlier daemon, if it is still ours."""
+    parts = job_id.split(":", 2)
+    if len(parts) != 3 or parts[0] != "local" or not parts[1].isdigit():
+        return False
+    pid, run_id = int(parts[1]), parts[2]
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    if run_id.encode() not in cmdline:
+        return False
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return False
+    log.warning("orphan_probe_killed", pid=pid, run_id=run_id)
+    return True

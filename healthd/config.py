@@ -1,0 +1,243 @@
+"""Settings: a TOML file plus ``HEALTHD_...`` environment overrides, validated with pydantic.
+
+Where the file comes from, first match wins: ``--config PATH``, ``$HEALTHD_CONFIG``,
+``/etc/healthd/healthd.toml`` if it exists, else built-in defaults only. Environment
+variables override file values key by key: ``HEALTHD_HTTP__PORT=9555`` sets ``[http] port``.
+Every model forbids unknown keys, so a typo is an error, reported by ``load_settings`` as a
+``ConfigError`` naming the file, the key and the problem.
+
+The documented reference for every key is ``healthd.example.toml`` at the top of the repo.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from healthd.errors import ConfigError
+from healthd.model import validate_node_name
+
+DEFAULT_CONFIG_PATH = Path("/etc/healthd/healthd.toml")
+
+PositiveSeconds = Annotated[float, Field(gt=0)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def default_state_dir() -> Path:
+    """``$STATE_DIRECTORY`` (set by systemd's ``StateDirectory=``), else the XDG state dir."""
+    if os.environ.get("STATE_DIRECTORY"):
+        return Path(os.environ["STATE_DIRECTORY"].split(":")[0])
+    xdg = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(xdg) / "healthd"
+
+
+class HttpSettings(_Section):
+    host: str = "0.0.0.0"
+    port: int = Field(default=9469, ge=0, le=65535)
+
+
+class StoreSettings(_Section):
+    path: Path | None = None
+    """SQLite file; default ``<state_dir>/healthd.sqlite``."""
+    retention_days: float = Field(default=90.0, gt=0)
+
+
+class SchedulerSettings(_Section):
+    discover_interval_s: PositiveSeconds = 60.0
+    plan_interval_s: PositiveSeconds = 30.0
+    collect_interval_s: PositiveSeconds = 5.0
+    housekeeping_interval_s: PositiveSeconds = 3600.0
+    misfire_grace_s: PositiveSeconds = 30.0
+    heartbeat_stale_s: PositiveSeconds = 120.0
+    """``/healthz`` answers 503 (and the systemd watchdog is not fed) when no tick ran for this long."""
+
+
+class ProbeSettings(_Section):
+    enabled: bool = True
+    interval_s: PositiveSeconds = 3600.0
+    jitter_s: float = Field(default=0.0, ge=0)
+    timeout_s: PositiveSeconds = 300.0
+    args: list[str] = Field(default_factory=list)
+    """Extra options for ``python -m probes <name>``, e.g. ``["--sizes", "8K,64M,1G"]``."""
+    nodes_per_job: int = Field(default=1, ge=1)
+    ranks_per_node: int | None = Field(default=None, ge=1)
+    """Tasks per node under Slurm (default: the node's GPU count, or 1); local ranks locally."""
+
+
+def _default_probes() -> dict[str, ProbeSettings]:
+    return {
+        "gemm": ProbeSettings(interval_s=900.0, jitter_s=60.0, timeout_s=180.0),
+        "nccl": ProbeSettings(interval_s=900.0, jitter_s=60.0, timeout_s=180.0),
+    }
+
+
+KNOWN_PROBES = ("env", "nccl", "gemm", "ddp")
+
+
+class LocalSettings(_Section):
+    node_name: str = Field(default_factory=lambda: socket.gethostname().split(".")[0])
+    python: Path = Field(default_factory=lambda: Path(sys.executable))
+    """The Python that runs ``-m probes`` (needs torch)."""
+    ranks: int = Field(default=2, ge=1)
+    """Local ranks for distributed probes (``--nproc``)."""
+    max_concurrent: int = Field(default=1, ge=1)
+
+    @field_validator("node_name")
+    @classmethod
+    def _valid_node(cls, value: str) -> str:
+        try:
+            return validate_node_name(value)
+        except Exception as exc:  # InvalidNodeName; pydantic wants ValueError
+            raise ValueError(str(exc)) from exc
+
+
+class SlurmSettings(_Section):
+    bin_dir: Path | None = None
+    """Directory of sinfo/squeue/sbatch/scancel/scontrol; default: found on PATH."""
+    command_timeout_s: PositiveSeconds = 30.0
+    job_name_prefix: str = Field(default="healthd.", pattern=r"^[A-Za-z0-9._-]+$")
+    partitions: list[str] = Field(default_factory=list)
+    """Only probe nodes in these partitions (empty: all)."""
+    exclude_nodes: list[str] = Field(default_factory=list)
+    partition: str | None = None
+    qos: str | None = None
+    account: str | None = None
+    reservation: str | None = None
+    extra_sbatch_args: list[str] = Field(default_factory=list)
+    results_dir: Path | None = None
+    """Directory shared between compute nodes and this host; default ``<state_dir>/results``."""
+    python: str = Field(default_factory=lambda: sys.executable)
+    """The Python on compute nodes that runs ``-m probes``."""
+    pending_timeout_s: PositiveSeconds = 600.0
+    max_concurrent_jobs: int = Field(default=8, ge=1)
+    max_idle_share: float = Field(default=0.25, gt=0, le=1)
+
+
+class RemediationSettings(_Section):
+    mode: Literal["observe", "recommend", "enforce"] = "recommend"
+    reason_prefix: str = Field(default="healthd:", pattern=r"^\S+:$")
+
+
+class LoggingSettings(_Section):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["auto", "json", "console"] = "auto"
+
+
+class Settings(BaseSettings):
+    """All of healthd's settings. Build it with ``load_settings``, not directly."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="HEALTHD_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+    )
+
+    backend: Literal["auto", "local", "slurm"] = "auto"
+    state_dir: Path = Field(default_factory=default_state_dir)
+    http: HttpSettings = HttpSettings()
+    store: StoreSettings = StoreSettings()
+    scheduler: SchedulerSettings = SchedulerSettings()
+    probes: dict[str, ProbeSettings] = Field(default_factory=_default_probes)
+    local: LocalSettings = Field(default_factory=LocalSettings)
+    slurm: SlurmSettings = Field(default_factory=SlurmSettings)
+    remediation: RemediationSettings = RemediationSettings()
+    logging: LoggingSettings = LoggingSettings()
+
+    @field_validator("probes")
+    @classmethod
+    def _known_probes(cls, probes: dict[str, ProbeSettings]) -> dict[str, ProbeSettings]:
+        unknown = sorted(set(probes) - set(KNOWN_PROBES))
+        if unknown:
+            raise ValueError(f"unknown probe(s) {unknown}; known: {list(KNOWN_PROBES)}")
+        return probes
+
+    @model_validator(mode="after")
+    def _check(self) -> Settings:
+        if self.store.retention_days * 86400 < max(
+            (p.interval_s for p in self.probes.values()), default=0
+        ):
+            raise ValueError("store.retention_days is shorter than the longest probe interval")
+        return self
+
+    @property
+    def store_path(self) -> Path:
+        return self.store.path or self.state_dir / "healthd.sqlite"
+
+    @property
+    def results_dir(self) -> Path:
+        return self.slurm.results_dir or self.state_dir / "results"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # File values arrive through init kwargs; environment overrides them key by key.
+        return (env_settings, init_settings)
+
+
+def resolve_config_path(explicit: str | Path | None) -> Path | None:
+    if explicit:
+        return Path(explicit)
+    if os.environ.get("HEALTHD_CONFIG"):
+        return Path(os.environ["HEALTHD_CONFIG"])
+    if DEFAULT_CONFIG_PATH.exists():
+        return DEFAULT_CONFIG_PATH
+    return None
+
+
+def _format_errors(source: str, err: ValidationError) -> str:
+    lines = [f"{source}: {err.error_count()} invalid setting(s)"]
+    for item in err.errors():
+        key = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        value = item.get("input")
+        shown = "" if isinstance(value, dict) else f" (got {value!r})"
+        lines.append(f"  {key}: {item['msg']}{shown}")
+    return "\n".join(lines)
+
+
+def load_settings(path: str | Path | None = None) -> tuple[Settings, Path | None]:
+    """Read, merge and validate the settings. Returns them with the file actually used.
+
+    :raises ConfigError: unreadable file, TOML syntax error, unknown key, wrong type or value.
+    """
+    config_path = resolve_config_path(path)
+    data: dict[str, Any] = {}
+    source = "built-in defaults + HEALTHD_* environment"
+    if config_path is not None:
+        source = f"{config_path} (+ HEALTHD_* environment)"
+        try:
+            with config_path.open("rb") as fh:
+                data = tomllib.load(fh)
+        except FileNotFoundError:
+            raise ConfigError(f"{config_path}: config file not found") from None
+        except PermissionError:
+            raise ConfigError(f"{config_path}: config file not readable (permission denied)") from None
+        except IsADirectoryError:
+            raise ConfigError(f"{config_path}: is a directory, not a config file") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{config_path}: not valid TOML: {exc}") from None
+    try:
+        settings = Settings(**data)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(source, exc)) from None
+    return settings, config_path

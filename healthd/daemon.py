@@ -1,0 +1,301 @@
+"""Wiring: store, backend, collector, scheduler jobs, HTTP server, signals and sd_notify.
+
+Scheduler jobs (APScheduler 3, in-memory job store, rebuilt from the settings at start):
+``discover`` (node states from the backend), ``plan`` (planner → launches), ``collect``
+(finished runs → store → verdicts) and ``housekeeping`` (retention). A job that raises is
+logged once with its context, counted, and the next tick runs as usual.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobExecutionEvent
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.schedulers.background import BackgroundScheduler
+from prometheus_client import CollectorRegistry
+
+from healthd.cluster import ClusterBackend, make_backend
+from healthd.collector import Collected, Collector
+from healthd.config import Settings, load_settings
+from healthd.errors import BackendError, ConfigError, HealthdError, SlurmError, StoreError
+from healthd.http import HttpApp, HttpServer
+from healthd.judge.outcome import FinishedRun, verdicts_from_runs
+from healthd.logging import get_logger, setup_logging
+from healthd.metrics import DaemonMetrics, StoreCollector
+from healthd.planning import PlanLimits, plan
+from healthd.sdnotify import Notifier
+from healthd.store import Store
+
+log = get_logger(__name__)
+
+STOP_DEADLINE_S = 8.0
+
+
+class Daemon:
+    def __init__(self, settings: Settings, config_path: Path | None, *, backend: ClusterBackend | None = None) -> None:
+        self.settings = settings
+        self.config_path = config_path
+        self.started_monotonic = time.monotonic()
+        self._heartbeat = 0.0
+        self._stop = threading.Event()
+        self._reload = threading.Event()
+        self.notifier = Notifier()
+        try:
+            settings.results_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create the results directory {settings.results_dir}: {exc}") from None
+        self.store = Store(settings.store_path)
+        self.backend = backend or make_backend(settings)
+        self.registry = CollectorRegistry()
+        self.metrics = DaemonMetrics(self.registry)
+        self.metrics.backend_up.labels(self.backend.name).set(1)
+        self.metrics.slurm_up.set(0)
+        self.registry.register(StoreCollector(self._snapshot, lambda: self.backend.name))
+        self.collector = Collector(
+            self.store, self.backend, settings.results_dir,
+            pending_timeout_s=settings.slurm.pending_timeout_s,
+            on_error=lambda kind: self.metrics.errors.labels(kind).inc(),
+        )
+        self.http = HttpServer(HttpApp(self.registry, self.store, self.healthy), settings.http.host,
+                               settings.http.port)
+        self.scheduler = BackgroundScheduler(
+            executors={"default": ThreadPoolExecutor(max_workers=4)},
+            job_defaults={"coalesce": True, "max_instances": 1,
+                          "misfire_grace_time": int(settings.scheduler.misfire_grace_s)},
+            timezone="UTC",
+        )
+        self.scheduler.add_listener(self._on_missed, EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES)
+
+    # -- health -----------------------------------------------------------------------------
+    def _snapshot(self) -> Any:
+        return self.store.snapshot()
+
+    def healthy(self) -> tuple[bool, str]:
+        if not self.scheduler.running:
+            return False, "scheduler not running"
+        age = time.monotonic() - self._heartbeat
+        if age > self.settings.scheduler.heartbeat_stale_s:
+            return False, f"scheduler has not ticked for {age:.0f} s"
+        return True, f"ok: last tick {age:.1f} s ago"
+
+    def _on_missed(self, event: JobExecutionEvent) -> None:
+        self.metrics.missed.labels(event.job_id).inc()
+        log.warning("scheduler_tick_missed", job=event.job_id)
+
+    # -- ticks ------------------------------------------------------------------------------
+    def _tick(self, name: str, fn: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            self.metrics.ticks.labels(name).inc()
+            try:
+                fn()
+            except Exception as exc:
+                self.metrics.tick_errors.labels(name).inc()
+                kind = "tick"
+                if isinstance(exc, BackendError | StoreError):
+                    kind = "backend" if isinstance(exc, BackendError) else "store"
+                self.metrics.errors.labels(kind).inc()
+                if isinstance(exc, HealthdError):
+                    log.error("tick_failed", job=name, error=str(exc), error_type=type(exc).__name__)
+                else:
+                    log.exception("tick_crashed", job=name)
+            finally:
+                self._heartbeat = time.monotonic()
+                self.metrics.last_tick.labels(name).set(time.time())
+
+        run.__name__ = f"tick_{name}"
+        return run
+
+    def _backend_call_ok(self, ok: bool) -> None:
+        self.metrics.backend_up.labels(self.backend.name).set(1 if ok else 0)
+        if self.backend.name == "slurm":
+            self.metrics.slurm_up.set(1 if ok else 0)
+
+    def discover(self) -> None:
+        try:
+            nodes = self.backend.list_nodes()
+        except BackendError:
+            self._backend_call_ok(False)
+            raise
+        self._backend_call_ok(True)
+        self.store.upsert_nodes(nodes, time.time())
+
+    def plan_and_launch(self) -> None:
+        s = self.settings
+        runs = self.store.unfinished_runs()
+        limits = PlanLimits(
+            max_jobs_in_flight=s.slurm.max_concurrent_jobs if self.backend.name == "slurm" else s.local.max_concurrent,
+            max_idle_share=s.slurm.max_idle_share if self.backend.name == "slurm" else 1.0,
+            partitions=frozenset(s.slurm.partitions) if self.backend.name == "slurm" else frozenset(),
+            exclude=frozenset(s.slurm.exclude_nodes),
+            own_reservation=s.slurm.reservation,
+        )
+        jobs = plan(
+            self.store.nodes(seen_since=time.time() - 3 * s.scheduler.discover_interval_s - 60),
+            probes=s.probes,
+            last_attempts=self.store.last_attempts(),
+            busy_nodes={n for r in runs for n in r.nodes},
+            in_flight=len(runs),
+            now=time.time(),
+            limits=limits,
+        )
+        for job in jobs:
+            self.collector.launch(job)
+
+    def collect(self) -> None:
+        try:
+            done = self.collector.collect()
+        except BackendError:
+            self._backend_call_ok(False)
+            raise
+        self._backend_call_ok(True)
+        self._judge(done)
+
+    def _judge(self, done: list[Collected]) -> None:
+        if not done:
+            return
+        now = time.time()
+        verdicts = verdicts_from_runs(
+            FinishedRun(c.run_id, c.probe, c.nodes, c.outcome, c.reason,
+                        c.result.finished_at if c.result else now)
+            for c in done
+        )
+        self.store.put_verdicts(verdicts)
+
+    def housekeeping(self) -> None:
+        cutoff = time.time() - self.settings.store.retention_days * 86400
+        deleted = self.store.prune(cutoff)
+        if deleted:
+            log.info("store_pruned", runs=deleted)
+
+    # -- life cycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        s = self.settings.scheduler
+        self.http.start()
+        log.info("http_listening", host=self.settings.http.host, port=self.http.port)
+        try:
+            self._judge(self.collector.recover())
+        except HealthdError as exc:
+            self.metrics.errors.labels("backend").inc()
+            log.error("recover_failed", error=str(exc))
+        self._tick("discover", self.discover)()
+        jobs = (
+            ("discover", self.discover, s.discover_interval_s),
+            ("plan", self.plan_and_launch, s.plan_interval_s),
+            ("collect", self.collect, s.collect_interval_s),
+            ("housekeeping", self.housekeeping, s.housekeeping_interval_s),
+        )
+        now = time.time()
+        for name, fn, interval in jobs:
+            first = now + (interval if name in ("discover", "housekeeping") else 0.5)
+            self.scheduler.add_job(
+                self._tick(name, fn), "interval", seconds=interval, id=name, name=name,
+                next_run_time=_utc(first), replace_existing=True,
+            )
+        self.scheduler.start()
+        self._heartbeat = time.monotonic()
+        self.notifier.ready(status=f"backend {self.backend.name}, listening on port {self.http.port}")
+        log.info("daemon_started", backend=self.backend.name, store=str(self.store.path),
+                 config=str(self.config_path) if self.config_path else None)
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def request_reload(self) -> None:
+        self._reload.set()
+        self._stop.set()
+
+    def run_forever(self) -> None:
+        interval = self.notifier.watchdog_interval()
+        while True:
+            self._stop.wait(timeout=min(interval or 5.0, 5.0))
+            if self._reload.is_set():
+                self._reload.clear()
+                self._stop.clear()
+                self.reload()
+                continue
+            if self._stop.is_set():
+                break
+            if interval and self.healthy()[0]:
+                self.notifier.watchdog()
+        self.stop()
+
+    def reload(self) -> None:
+        """Re-read the config (SIGHUP). An invalid one is refused and the old one stays in force.
+
+        Probe schedules, intervals and limits take effect at once; listen address, store path
+        and backend need a restart (logged when they differ).
+        """
+        self.notifier.reloading()
+        try:
+            new, _ = load_settings(self.config_path)
+        except ConfigError as exc:
+            self.metrics.errors.labels("config_reload").inc()
+            log.error("config_reload_refused", error=str(exc))
+            self.notifier.ready(status="config reload refused; old config in force")
+            return
+        for key in ("http", "store", "backend", "state_dir"):
+            if getattr(new, key) != getattr(self.settings, key):
+                log.warning("config_change_needs_restart", key=key)
+        self.settings = new
+        self.collector.pending_timeout_s = new.slurm.pending_timeout_s
+        for name, interval in (("discover", new.scheduler.discover_interval_s),
+                               ("plan", new.scheduler.plan_interval_s),
+                               ("collect", new.scheduler.collect_interval_s),
+                               ("housekeeping", new.scheduler.housekeeping_interval_s)):
+            self.scheduler.reschedule_job(name, trigger="interval", seconds=interval)
+        log.info("config_reloaded", config=str(self.config_path))
+        self.notifier.ready(status="config reloaded")
+
+    def stop(self) -> None:
+        """Stop within ``STOP_DEADLINE_S``: no new ticks, local probes killed, HTTP closed, store closed."""
+        self.notifier.stopping()
+        log.info("daemon_stopping")
+        deadline = time.monotonic() + STOP_DEADLINE_S
+        self.scheduler.pause()
+        self.backend.close()
+        if self.backend.name == "local":
+            try:
+                self._judge(self.collector.collect())
+            except HealthdError as exc:
+                log.warning("final_collect_failed", error=str(exc))
+        self.http.stop()
+        waiter = threading.Thread(target=self.scheduler.shutdown, kwargs={"wait": True}, daemon=True)
+        waiter.start()
+        waiter.join(max(0.0, deadline - time.monotonic()))
+        self.store.close()
+        log.info("daemon_stopped")
+
+
+def _utc(ts: float) -> Any:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(ts, tz=UTC)
+
+
+def run_daemon(config: str | Path | None) -> int:
+    """``healthd run``: load settings (exit 2 on a bad config), start, serve until SIGTERM/SIGINT."""
+    settings, path = load_settings(config)
+    setup_logging(settings.logging.level, settings.logging.format)
+    daemon = Daemon(settings, path)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGHUP:
+            daemon.request_reload()
+        else:
+            daemon.request_stop()
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    daemon.start()
+    daemon.run_forever()
+    return 0
+
+
+__all__ = ["Daemon", "SlurmError", "run_daemon"]

@@ -1,0 +1,1 @@
+"""Judgement: pure functions from stored results to per-node verdicts."""

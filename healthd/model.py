@@ -1,0 +1,118 @@
+"""Data types shared across the daemon: nodes, probe jobs, job status, verdicts.
+
+The probe result document itself lives in ``probes.result`` (shared with compute nodes);
+its ``Outcome`` is re-exported here so daemon code has one place to import from.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from healthd.errors import InvalidNodeName
+from probes.result import Measurement, Outcome, ProbeResult
+
+__all__ = [
+    "JobState",
+    "JobStatus",
+    "Measurement",
+    "Node",
+    "Outcome",
+    "ProbeJob",
+    "ProbeResult",
+    "Verdict",
+    "validate_node_name",
+]
+
+_NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+
+def validate_node_name(name: str) -> str:
+    """Return ``name`` if it is a plausible Slurm NodeName / hostname, else raise ``InvalidNodeName``."""
+    if not isinstance(name, str) or not _NODE_NAME.match(name):
+        raise InvalidNodeName(
+            f"{name!r} is not a node name (letters, digits, '.', '_', '-', at most 63 characters)"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class Node:
+    """One compute node as the cluster backend sees it.
+
+    ``state`` is the base state in lower case (idle, allocated, mixed, down, unknown, future...);
+    ``flags`` are the upper-case modifiers (DRAIN, NOT_RESPONDING, RESERVED, MAINTENANCE,
+    POWERED_DOWN, COMPLETING...), compared as a set because their order differs between releases.
+    """
+
+    name: str
+    state: str
+    flags: frozenset[str] = frozenset()
+    partitions: tuple[str, ...] = ()
+    gpus: int = 0
+    gpu_type: str | None = None
+    features: tuple[str, ...] = ()
+    reason: str | None = None
+    reason_user: str | None = None
+    reason_time: float | None = None
+    cpus: int | None = None
+    node_class: str | None = None
+
+    @property
+    def drained(self) -> bool:
+        return "DRAIN" in self.flags or self.state in {"drained", "draining"}
+
+
+class JobState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TIMEOUT = "timeout"
+    UNKNOWN = "unknown"
+
+    @property
+    def finished(self) -> bool:
+        return self not in {JobState.PENDING, JobState.RUNNING, JobState.UNKNOWN}
+
+
+@dataclass(frozen=True)
+class ProbeJob:
+    """A probe to run once on a set of nodes; ``run_id`` ties the backend job to its result."""
+
+    run_id: str
+    probe: str
+    nodes: tuple[str, ...]
+    args: tuple[str, ...] = ()
+    timeout_s: float = 300.0
+    ranks_per_node: int | None = None
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """What a backend knows of a submitted job at one poll."""
+
+    job_id: str
+    state: JobState
+    exit_code: int | None = None
+    reason: str = ""
+    started_at: float | None = None
+    finished_at: float | None = None
+    nodes: tuple[str, ...] = ()
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The judgement of one node for one probe (or ``probe='*'`` for the node overall)."""
+
+    node: str
+    probe: str
+    outcome: Outcome
+    reason: str = ""
+    reason_code: str = ""
+    run_ids: tuple[str, ...] = ()
+    evidence: dict[str, float | str] = field(default_factory=dict)
+    at: float = 0.0

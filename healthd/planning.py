@@ -1,0 +1,137 @@
+"""Which probe runs on which idle nodes next: a pure function of nodes, history and settings.
+
+The state it plans from (when each node was last probed) comes from the store, so a daemon
+restart does not cause a wave of probes. Jitter is derived from a hash of (node, probe),
+not from a random generator: the plan is reproducible and spreads nodes over the interval.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from healthd.config import ProbeSettings
+from healthd.model import Node, ProbeJob
+
+BLOCKING_FLAGS = frozenset(
+    {
+        "DRAIN", "DRAINING", "DRAINED", "DOWN", "NOT_RESPONDING", "MAINTENANCE", "RESERVED",
+        "POWERED_DOWN", "POWERING_DOWN", "POWERING_UP", "POWER_DOWN", "REBOOT_REQUESTED",
+        "REBOOT_ISSUED", "COMPLETING", "FAIL", "INVALID", "INVALID_REG", "PLANNED", "FUTURE",
+        "CLOUD", "UNKNOWN", "PERFCTRS", "BLOCKED",
+    }
+)
+
+
+@dataclass(frozen=True)
+class PlanLimits:
+    max_jobs_in_flight: int = 8
+    max_idle_share: float = 1.0
+    partitions: frozenset[str] = frozenset()
+    exclude: frozenset[str] = frozenset()
+    own_reservation: str | None = None
+
+
+def why_not_probeable(node: Node, limits: PlanLimits) -> str | None:
+    """``None`` if the node may be probed now, else a short reason why not."""
+    if node.name in limits.exclude:
+        return "excluded by config"
+    if limits.partitions and not limits.partitions.intersection(node.partitions):
+        return "not in a probed partition"
+    if node.state != "idle":
+        return f"state {node.state}"
+    blocking = node.flags & BLOCKING_FLAGS
+    if blocking == {"RESERVED"} and limits.own_reservation is not None:
+        blocking = frozenset()
+    if blocking:
+        return "flags " + ",".join(sorted(blocking))
+    return None
+
+
+def jitter(node: str, probe: str, span_s: float) -> float:
+    if span_s <= 0:
+        return 0.0
+    digest = hashlib.blake2b(f"{node}\0{probe}".encode(), digest_size=8).digest()
+    return span_s * int.from_bytes(digest, "big") / 2**64
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+def plan(
+    nodes: Sequence[Node],
+    *,
+    probes: Mapping[str, ProbeSettings],
+    last_attempts: Mapping[tuple[str, str], float],
+    busy_nodes: Iterable[str],
+    in_flight: int,
+    now: float,
+    limits: PlanLimits,
+    make_run_id: Callable[[], str] = new_run_id,
+) -> list[ProbeJob]:
+    """Probe jobs to submit now.
+
+    - only probeable nodes (``why_not_probeable``) that no healthd job holds (``busy_nodes``);
+    - per probe, nodes whose last attempt is older than the interval plus their jitter,
+      the longest-waiting first (never probed counts as oldest);
+    - at most one new job per node per plan, at most ``max_jobs_in_flight`` jobs in flight,
+      at most ``max_idle_share`` of the idle nodes taken;
+    - multi-node probes (``nodes_per_job > 1``) group due nodes of the same node class.
+    """
+    busy = set(busy_nodes)
+    probeable = [n for n in nodes if why_not_probeable(n, limits) is None]
+    candidates = [n for n in probeable if n.name not in busy]
+    held = len(busy & {n.name for n in nodes})
+    share_cap = max(1, int((len(probeable) + held) * limits.max_idle_share)) if probeable else 0
+    node_budget = max(0, share_cap - held)
+    job_budget = max(0, limits.max_jobs_in_flight - in_flight)
+
+    due: list[tuple[float, str, Node]] = []
+    for probe, settings in sorted(probes.items()):
+        if not settings.enabled:
+            continue
+        for node in candidates:
+            last = last_attempts.get((node.name, probe))
+            if last is None:
+                due.append((float("-inf"), probe, node))
+                continue
+            ready_at = last + settings.interval_s + jitter(node.name, probe, settings.jitter_s)
+            if ready_at <= now:
+                due.append((ready_at, probe, node))
+    due.sort(key=lambda item: (item[0], item[1], item[2].name))
+
+    jobs: list[ProbeJob] = []
+    taken: set[str] = set()
+    waiting_groups: dict[tuple[str, str | None], list[Node]] = {}
+    for _, probe, node in due:
+        if len(jobs) >= job_budget or len(taken) >= node_budget:
+            break
+        if node.name in taken:
+            continue
+        settings = probes[probe]
+        if settings.nodes_per_job == 1:
+            jobs.append(_job(probe, (node,), settings, make_run_id))
+            taken.add(node.name)
+            continue
+        group = waiting_groups.setdefault((probe, node.node_class), [])
+        if node not in group:
+            group.append(node)
+        if len(group) == settings.nodes_per_job and len(taken) + len(group) <= node_budget:
+            jobs.append(_job(probe, tuple(group), settings, make_run_id))
+            taken.update(n.name for n in group)
+            waiting_groups[(probe, node.node_class)] = []
+    return jobs
+
+
+def _job(probe: str, nodes: tuple[Node, ...], settings: ProbeSettings, make_run_id: Callable[[], str]) -> ProbeJob:
+    return ProbeJob(
+        run_id=make_run_id(),
+        probe=probe,
+        nodes=tuple(n.name for n in nodes),
+        args=tuple(settings.args),
+        timeout_s=settings.timeout_s,
+        ranks_per_node=settings.ranks_per_node,
+    )

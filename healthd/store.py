@@ -1,0 +1,592 @@
+"""SQLite state: probe runs, measurements, checks, verdicts, nodes, counters.
+
+The store is the single source of truth for the metrics endpoint, the HTTP API and the CLI.
+One connection, guarded by a lock, in WAL mode; every write is one transaction, so a
+SIGKILL leaves either the whole change or none of it. Schema changes are forward
+migrations keyed on ``PRAGMA user_version``.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from healthd.errors import StoreError
+from healthd.model import Node, Outcome, ProbeResult, Verdict
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: initial schema
+    """
+    CREATE TABLE runs (
+        run_id       TEXT PRIMARY KEY,
+        probe        TEXT NOT NULL,
+        backend      TEXT NOT NULL,
+        job_id       TEXT,
+        state        TEXT NOT NULL CHECK (state IN ('submitted', 'running', 'finished')),
+        outcome      TEXT CHECK (outcome IN ('pass', 'degraded', 'fail', 'error', 'skipped')),
+        reason       TEXT NOT NULL DEFAULT '',
+        submitted_at REAL NOT NULL,
+        started_at   REAL,
+        finished_at  REAL,
+        duration_s   REAL,
+        result_path  TEXT,
+        source       TEXT NOT NULL DEFAULT 'probe'
+    );
+    CREATE INDEX runs_state ON runs (state);
+    CREATE TABLE run_nodes (
+        run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+        node   TEXT NOT NULL,
+        PRIMARY KEY (run_id, node)
+    );
+    CREATE INDEX run_nodes_node ON run_nodes (node);
+    CREATE TABLE measurements (
+        id       INTEGER PRIMARY KEY,
+        run_id   TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+        probe    TEXT NOT NULL,
+        node     TEXT,
+        name     TEXT NOT NULL,
+        labels   TEXT NOT NULL,
+        value    REAL NOT NULL,
+        per_rank TEXT,
+        at       REAL NOT NULL
+    );
+    CREATE INDEX measurements_series ON measurements (probe, name, node, labels, at);
+    CREATE INDEX measurements_run ON measurements (run_id);
+    CREATE TABLE checks (
+        run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+        name   TEXT NOT NULL,
+        ok     INTEGER NOT NULL,
+        detail TEXT NOT NULL,
+        node   TEXT,
+        gpu    INTEGER,
+        rank   INTEGER
+    );
+    CREATE INDEX checks_run ON checks (run_id);
+    CREATE TABLE verdicts (
+        id          INTEGER PRIMARY KEY,
+        node        TEXT NOT NULL,
+        probe       TEXT NOT NULL,
+        outcome     TEXT NOT NULL,
+        reason      TEXT NOT NULL,
+        reason_code TEXT NOT NULL,
+        run_ids     TEXT NOT NULL,
+        evidence    TEXT NOT NULL,
+        at          REAL NOT NULL
+    );
+    CREATE INDEX verdicts_node_probe ON verdicts (node, probe, at);
+    CREATE TABLE nodes (
+        name        TEXT PRIMARY KEY,
+        state       TEXT NOT NULL,
+        flags       TEXT NOT NULL,
+        partitions  TEXT NOT NULL,
+        gpus        INTEGER NOT NULL,
+        gpu_type    TEXT,
+        features    TEXT NOT NULL,
+        reason      TEXT,
+        node_class  TEXT,
+        last_seen   REAL NOT NULL
+    );
+    CREATE TABLE counters (
+        name   TEXT NOT NULL,
+        labels TEXT NOT NULL,
+        value  REAL NOT NULL,
+        PRIMARY KEY (name, labels)
+    );
+    """,
+)
+
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def canonical_labels(labels: dict[str, str]) -> str:
+    return json.dumps(labels, sort_keys=True, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class RunRow:
+    run_id: str
+    probe: str
+    backend: str
+    job_id: str | None
+    state: str
+    outcome: Outcome | None
+    reason: str
+    submitted_at: float
+    started_at: float | None
+    finished_at: float | None
+    duration_s: float | None
+    result_path: str | None
+    source: str
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class MeasurementRow:
+    run_id: str
+    probe: str
+    node: str | None
+    name: str
+    labels: dict[str, str]
+    value: float
+    at: float
+
+
+@dataclass(frozen=True)
+class LastRun:
+    """Per (node, probe): the newest finished run and the newest passing one."""
+
+    node: str
+    probe: str
+    last_run_at: float
+    last_outcome: Outcome
+    last_reason: str
+    last_run_id: str
+    last_success_at: float | None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """An immutable copy of what the metrics endpoint and the API show."""
+
+    taken_at: float
+    nodes: tuple[Node, ...]
+    last_runs: tuple[LastRun, ...]
+    latest: tuple[MeasurementRow, ...]
+    verdicts: tuple[Verdict, ...]
+    counters: tuple[tuple[str, dict[str, str], float], ...]
+    in_flight: int
+
+
+class Store:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.RLock()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._migrate()
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute("ROLLBACK")
+        except (sqlite3.Error, OSError) as exc:
+            raise StoreError(f"cannot open the state store {path}: {exc}") from None
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def _migrate(self) -> None:
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.path} has schema version {version}, newer than this healthd ({SCHEMA_VERSION})"
+            )
+        for number in range(version, SCHEMA_VERSION):
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                for statement in MIGRATIONS[number].split(";"):
+                    if statement.strip():
+                        self._db.execute(statement)
+                self._db.execute(f"PRAGMA user_version = {number + 1}")
+                self._db.execute("COMMIT")
+            except sqlite3.Error:
+                self._db.execute("ROLLBACK")
+                raise
+
+    @property
+    def schema_version(self) -> int:
+        with self._lock:
+            return int(self._db.execute("PRAGMA user_version").fetchone()[0])
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise StoreError(f"cannot write the state store {self.path}: {exc}") from None
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            try:
+                self._db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                self._db.execute("ROLLBACK")
+                raise StoreError(f"cannot write the state store {self.path}: {exc}") from None
+
+    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            cur = self._db.execute(sql, params)
+            cur.row_factory = sqlite3.Row
+            return cur.fetchall()
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # -- runs -------------------------------------------------------------------------------
+    def add_run(
+        self,
+        *,
+        run_id: str,
+        probe: str,
+        nodes: Sequence[str],
+        backend: str,
+        job_id: str | None,
+        submitted_at: float,
+        result_path: str | None,
+        source: str = "probe",
+    ) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO runs (run_id, probe, backend, job_id, state, submitted_at, result_path, source)"
+                " VALUES (?, ?, ?, ?, 'submitted', ?, ?, ?)",
+                (run_id, probe, backend, job_id, submitted_at, result_path, source),
+            )
+            db.executemany(
+                "INSERT INTO run_nodes (run_id, node) VALUES (?, ?)", [(run_id, n) for n in nodes]
+            )
+
+    def set_job_id(self, run_id: str, job_id: str) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE runs SET job_id = ? WHERE run_id = ?", (job_id, run_id))
+
+    def mark_running(self, run_id: str, started_at: float) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE runs SET state = 'running', started_at = COALESCE(started_at, ?)"
+                " WHERE run_id = ? AND state = 'submitted'",
+                (started_at, run_id),
+            )
+
+    def finish_run(
+        self,
+        run_id: str,
+        *,
+        outcome: Outcome,
+        reason: str,
+        finished_at: float,
+        result: ProbeResult | None = None,
+        started_at: float | None = None,
+    ) -> bool:
+        """Close a run with its outcome and, when there is one, its parsed result.
+
+        Idempotent: a run already finished is left alone and ``False`` is returned, so a
+        result collected twice (a restart between collect and commit) is stored once.
+        """
+        with self._tx() as db:
+            row = db.execute("SELECT state, probe, submitted_at, started_at FROM runs WHERE run_id = ?",
+                             (run_id,)).fetchone()
+            if row is None:
+                raise StoreError(f"no run {run_id!r} in the store")
+            state, probe, submitted_at, known_start = row
+            if state == "finished":
+                return False
+            start = started_at or known_start or submitted_at
+            db.execute(
+                "UPDATE runs SET state = 'finished', outcome = ?, reason = ?, finished_at = ?,"
+                " started_at = ?, duration_s = ? WHERE run_id = ?",
+                (outcome.value, reason, finished_at, start, max(0.0, finished_at - start), run_id),
+            )
+            if result is not None:
+                self._insert_result(db, run_id, probe, result, finished_at)
+            self._bump(db, "probe_runs_total", {"probe": probe, "outcome": outcome.value}, 1.0)
+            self._bump(db, "probe_seconds_total", {"probe": probe}, max(0.0, finished_at - start))
+            return True
+
+    def _insert_result(
+        self, db: sqlite3.Connection, run_id: str, probe: str, result: ProbeResult, at: float
+    ) -> None:
+        db.executemany(
+            "INSERT INTO measurements (run_id, probe, node, name, labels, value, per_rank, at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                (
+                    run_id,
+                    probe,
+                    m.node,
+                    m.name,
+                    canonical_labels(m.labels),
+                    m.value,
+                    json.dumps(m.per_rank) if m.per_rank is not None else None,
+                    at,
+                )
+                for m in result.measurements
+            ],
+        )
+        db.executemany(
+            "INSERT INTO checks (run_id, name, ok, detail, node, gpu, rank) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [(run_id, c.name, int(c.ok), c.detail, c.node, c.gpu, c.rank) for c in result.checks],
+        )
+
+    def record_result(
+        self, result: ProbeResult, *, nodes: Sequence[str], backend: str, source: str, result_path: str | None
+    ) -> str:
+        """Store a result that was not run by healthd (``healthd ingest``) as one finished run."""
+        run_id = result.run_id or f"{source}-{int(result.started_at * 1000)}-{abs(hash(result.to_json())):x}"
+        self.add_run(
+            run_id=run_id,
+            probe=result.probe,
+            nodes=nodes,
+            backend=backend,
+            job_id=None,
+            submitted_at=result.started_at,
+            result_path=result_path,
+            source=source,
+        )
+        self.finish_run(
+            run_id,
+            outcome=result.outcome,
+            reason=result.reason,
+            finished_at=result.finished_at,
+            started_at=result.started_at,
+            result=result,
+        )
+        return run_id
+
+    @staticmethod
+    def _bump(db: sqlite3.Connection, name: str, labels: dict[str, str], by: float) -> None:
+        db.execute(
+            "INSERT INTO counters (name, labels, value) VALUES (?, ?, ?)"
+            " ON CONFLICT (name, labels) DO UPDATE SET value = value + excluded.value",
+            (name, canonical_labels(labels), by),
+        )
+
+    def bump_counter(self, name: str, labels: dict[str, str], by: float = 1.0) -> None:
+        with self._tx() as db:
+            self._bump(db, name, labels, by)
+
+    def _runs(self, where: str, params: Sequence[Any], tail: str = "ORDER BY r.submitted_at") -> list[RunRow]:
+        rows = self._query(
+            "SELECT r.*, (SELECT json_group_array(node) FROM run_nodes n WHERE n.run_id = r.run_id) AS nodes"
+            f" FROM runs r WHERE {where} {tail}",
+            params,
+        )
+        return [
+            RunRow(
+                run_id=r["run_id"],
+                probe=r["probe"],
+                backend=r["backend"],
+                job_id=r["job_id"],
+                state=r["state"],
+                outcome=Outcome(r["outcome"]) if r["outcome"] else None,
+                reason=r["reason"],
+                submitted_at=r["submitted_at"],
+                started_at=r["started_at"],
+                finished_at=r["finished_at"],
+                duration_s=r["duration_s"],
+                result_path=r["result_path"],
+                source=r["source"],
+                nodes=tuple(sorted(json.loads(r["nodes"]))),
+            )
+            for r in rows
+        ]
+
+    def unfinished_runs(self) -> list[RunRow]:
+        return self._runs("r.state != 'finished'", ())
+
+    def run(self, run_id: str) -> RunRow | None:
+        rows = self._runs("r.run_id = ?", (run_id,))
+        return rows[0] if rows else None
+
+    def recent_runs(self, *, node: str | None = None, limit: int = 50) -> list[RunRow]:
+        tail = "ORDER BY r.submitted_at DESC LIMIT ?"
+        if node is None:
+            return self._runs("1", (limit,), tail)
+        return self._runs("r.run_id IN (SELECT run_id FROM run_nodes WHERE node = ?)", (node, limit), tail)
+
+    def last_runs(self) -> list[LastRun]:
+        rows = self._query(
+            """
+            WITH fin AS (
+                SELECT n.node, r.probe, r.run_id, r.outcome, r.reason, r.finished_at,
+                       ROW_NUMBER() OVER (PARTITION BY n.node, r.probe ORDER BY r.finished_at DESC) AS k
+                FROM runs r JOIN run_nodes n ON n.run_id = r.run_id
+                WHERE r.state = 'finished' AND r.outcome != 'skipped'
+            )
+            SELECT f.node, f.probe, f.run_id, f.outcome, f.reason, f.finished_at,
+                   (SELECT MAX(r2.finished_at) FROM runs r2 JOIN run_nodes n2 ON n2.run_id = r2.run_id
+                     WHERE n2.node = f.node AND r2.probe = f.probe AND r2.outcome = 'pass') AS last_success
+            FROM fin f WHERE f.k = 1 ORDER BY f.node, f.probe
+            """
+        )
+        return [
+            LastRun(
+                node=r["node"],
+                probe=r["probe"],
+                last_run_at=r["finished_at"],
+                last_outcome=Outcome(r["outcome"]),
+                last_reason=r["reason"],
+                last_run_id=r["run_id"],
+                last_success_at=r["last_success"],
+            )
+            for r in rows
+        ]
+
+    def last_attempts(self) -> dict[tuple[str, str], float]:
+        """Per (node, probe): when a run was last submitted, whatever became of it (for planning)."""
+        rows = self._query(
+            "SELECT n.node, r.probe, MAX(r.submitted_at) FROM runs r JOIN run_nodes n ON n.run_id = r.run_id"
+            " WHERE r.source = 'probe' GROUP BY n.node, r.probe"
+        )
+        return {(r[0], r[1]): r[2] for r in rows}
+
+    # -- measurements -----------------------------------------------------------------------
+    def latest_measurements(self) -> list[MeasurementRow]:
+        """The newest value of every (probe, node, name, labels) series.
+
+        A measurement of a multi-node group (``node`` NULL) counts once for each node of its run.
+        """
+        rows = self._query(
+            """
+            SELECT run_id, probe, node, name, labels, value, at FROM (
+                SELECT m.run_id, m.probe, COALESCE(m.node, rn.node) AS node, m.name, m.labels, m.value, m.at,
+                       ROW_NUMBER() OVER (PARTITION BY m.probe, COALESCE(m.node, rn.node), m.name, m.labels
+                                          ORDER BY m.at DESC, m.id DESC) AS k
+                FROM measurements m LEFT JOIN run_nodes rn ON m.node IS NULL AND rn.run_id = m.run_id
+            ) WHERE k = 1 ORDER BY probe, node, name, labels
+            """
+        )
+        return [self._measurement(r) for r in rows]
+
+    def measurements(
+        self, *, probe: str | None = None, node: str | None = None, since: float = 0.0,
+        run_id: str | None = None,
+    ) -> list[MeasurementRow]:
+        clauses: list[str] = ["m.at >= ?"]
+        params: list[object] = [since]
+        for column, value in (("probe", probe), ("node", node), ("run_id", run_id)):
+            if value is not None:
+                clauses.append(f"m.{column} = ?")
+                params.append(value)
+        rows = self._query(
+            f"SELECT m.* FROM measurements m WHERE {' AND '.join(clauses)} ORDER BY m.at, m.id", params
+        )
+        return [self._measurement(r) for r in rows]
+
+    @staticmethod
+    def _measurement(r: sqlite3.Row) -> MeasurementRow:
+        return MeasurementRow(
+            run_id=r["run_id"],
+            probe=r["probe"],
+            node=r["node"],
+            name=r["name"],
+            labels=json.loads(r["labels"]),
+            value=r["value"],
+            at=r["at"],
+        )
+
+    def checks(self, run_id: str) -> list[dict[str, Any]]:
+        return [dict(r) for r in self._query("SELECT * FROM checks WHERE run_id = ?", (run_id,))]
+
+    # -- verdicts ---------------------------------------------------------------------------
+    def put_verdicts(self, verdicts: Iterable[Verdict]) -> None:
+        with self._tx() as db:
+            db.executemany(
+                "INSERT INTO verdicts (node, probe, outcome, reason, reason_code, run_ids, evidence, at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (v.node, v.probe, v.outcome.value, v.reason, v.reason_code, json.dumps(list(v.run_ids)),
+                     json.dumps(v.evidence), v.at)
+                    for v in verdicts
+                ],
+            )
+
+    def current_verdicts(self) -> list[Verdict]:
+        rows = self._query(
+            """
+            SELECT * FROM (
+                SELECT *, ROW_NUMBER() OVER (PARTITION BY node, probe ORDER BY at DESC, id DESC) AS k FROM verdicts
+            ) WHERE k = 1 ORDER BY node, probe
+            """
+        )
+        return [
+            Verdict(
+                node=r["node"],
+                probe=r["probe"],
+                outcome=Outcome(r["outcome"]),
+                reason=r["reason"],
+                reason_code=r["reason_code"],
+                run_ids=tuple(json.loads(r["run_ids"])),
+                evidence=json.loads(r["evidence"]),
+                at=r["at"],
+            )
+            for r in rows
+        ]
+
+    # -- nodes ------------------------------------------------------------------------------
+    def upsert_nodes(self, nodes: Iterable[Node], seen_at: float) -> None:
+        with self._tx() as db:
+            db.executemany(
+                "INSERT INTO nodes (name, state, flags, partitions, gpus, gpu_type, features, reason, node_class,"
+                " last_seen) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (name) DO UPDATE SET state = excluded.state, flags = excluded.flags,"
+                " partitions = excluded.partitions, gpus = excluded.gpus, gpu_type = excluded.gpu_type,"
+                " features = excluded.features, reason = excluded.reason, node_class = excluded.node_class,"
+                " last_seen = excluded.last_seen",
+                [
+                    (n.name, n.state, json.dumps(sorted(n.flags)), json.dumps(list(n.partitions)), n.gpus,
+                     n.gpu_type, json.dumps(list(n.features)), n.reason, n.node_class, seen_at)
+                    for n in nodes
+                ],
+            )
+
+    def nodes(self, *, seen_since: float = 0.0) -> list[Node]:
+        rows = self._query("SELECT * FROM nodes WHERE last_seen >= ? ORDER BY name", (seen_since,))
+        return [
+            Node(
+                name=r["name"],
+                state=r["state"],
+                flags=frozenset(json.loads(r["flags"])),
+                partitions=tuple(json.loads(r["partitions"])),
+                gpus=r["gpus"],
+                gpu_type=r["gpu_type"],
+                features=tuple(json.loads(r["features"])),
+                reason=r["reason"],
+                node_class=r["node_class"],
+            )
+            for r in rows
+        ]
+
+    # -- counters, snapshot, retention ----------------------------------------------------
+    def counters(self) -> list[tuple[str, dict[str, str], float]]:
+        return [
+            (r["name"], json.loads(r["labels"]), r["value"])
+            for r in self._query("SELECT * FROM counters ORDER BY name, labels")
+        ]
+
+    def snapshot(self, *, node_seen_since: float = 0.0) -> Snapshot:
+        with self._lock:
+            return Snapshot(
+                taken_at=time.time(),
+                nodes=tuple(self.nodes(seen_since=node_seen_since)),
+                last_runs=tuple(self.last_runs()),
+                latest=tuple(self.latest_measurements()),
+                verdicts=tuple(self.current_verdicts()),
+                counters=tuple(self.counters()),
+                in_flight=len(self.unfinished_runs()),
+            )
+
+    def prune(self, older_than: float) -> int:
+        """Delete finished runs (with their measurements and checks) and verdicts older than ``older_than``.
+
+        The newest verdict per (node, probe) is kept whatever its age. Counters are not touched.
+        """
+        with self._tx() as db:
+            deleted = db.execute(
+                "DELETE FROM runs WHERE state = 'finished' AND finished_at < ?", (older_than,)
+            ).rowcount
+            db.execute(
+                "DELETE FROM verdicts WHERE at < ? AND id NOT IN"
+                " (SELECT MAX(id) FROM verdicts GROUP BY node, probe)",
+                (older_than,),
+            )
+        return int(deleted)

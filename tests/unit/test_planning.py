@@ -1,0 +1,96 @@
+from __future__ import annotations
+
+import itertools
+
+from healthd.config import ProbeSettings
+from healthd.model import Node
+from healthd.planning import PlanLimits, jitter, plan, why_not_probeable
+
+PROBES = {"gemm": ProbeSettings(interval_s=100.0), "nccl": ProbeSettings(interval_s=100.0)}
+
+
+def ids() -> itertools.count[int]:
+    return itertools.count()
+
+
+def run(nodes: list[Node], last: dict[tuple[str, str], float] | None = None, *, probes: dict[str, ProbeSettings]
+        | None = None, busy: set[str] | None = None, in_flight: int = 0, now: float = 1000.0,
+        limits: PlanLimits | None = None) -> list[tuple[str, tuple[str, ...]]]:
+    counter = ids()
+    jobs = plan(nodes, probes=probes or PROBES, last_attempts=last or {}, busy_nodes=busy or set(),
+                in_flight=in_flight, now=now, limits=limits or PlanLimits(), make_run_id=lambda: f"r{next(counter)}")
+    return [(j.probe, j.nodes) for j in jobs]
+
+
+def idle(name: str, **kw: object) -> Node:
+    return Node(name=name, state="idle", partitions=("batch",), **kw)  # type: ignore[arg-type]
+
+
+def test_only_idle_nodes_without_blocking_flags() -> None:
+    nodes = [
+        idle("a"),
+        Node("b", "allocated", partitions=("batch",)),
+        Node("c", "mixed", partitions=("batch",)),
+        idle("d", flags=frozenset({"DRAIN"})),
+        idle("e", flags=frozenset({"NOT_RESPONDING"})),
+        idle("f", flags=frozenset({"RESERVED"})),
+        idle("g", flags=frozenset({"MAINTENANCE"})),
+        idle("h", flags=frozenset({"POWERED_DOWN"})),
+        Node("i", "down", partitions=("batch",)),
+        idle("j", flags=frozenset({"COMPLETING"})),
+    ]
+    assert run(nodes, probes={"gemm": PROBES["gemm"]}) == [("gemm", ("a",))]
+
+
+def test_own_reservation_is_probeable_and_reasons_are_given() -> None:
+    node = idle("f", flags=frozenset({"RESERVED"}))
+    assert why_not_probeable(node, PlanLimits()) == "flags RESERVED"
+    assert why_not_probeable(node, PlanLimits(own_reservation="healthd")) is None
+    assert why_not_probeable(idle("x"), PlanLimits(exclude=frozenset({"x"}))) == "excluded by config"
+    assert why_not_probeable(idle("x"), PlanLimits(partitions=frozenset({"gpu"}))) == "not in a probed partition"
+    assert why_not_probeable(Node("x", "allocated"), PlanLimits()) == "state allocated"
+
+
+def test_never_probed_first_then_oldest_and_one_job_per_node() -> None:
+    nodes = [idle("a"), idle("b"), idle("c")]
+    last = {("a", "gemm"): 800.0, ("a", "nccl"): 850.0, ("b", "gemm"): 700.0, ("b", "nccl"): 950.0,
+            ("c", "gemm"): 990.0, ("c", "nccl"): 990.0}
+    # c is not due (990 + 100 > 1000); b's gemm is the oldest, then a's gemm; one job per node.
+    assert run(nodes, last) == [("gemm", ("b",)), ("gemm", ("a",))]
+    assert run(nodes, {}) == [("gemm", ("a",)), ("gemm", ("b",)), ("gemm", ("c",))]
+
+
+def test_disabled_probes_and_busy_nodes_are_left_out() -> None:
+    probes = {"gemm": ProbeSettings(enabled=False), "nccl": ProbeSettings()}
+    assert run([idle("a"), idle("b")], probes=probes, busy={"a"}) == [("nccl", ("b",))]
+
+
+def test_caps_on_jobs_in_flight_and_idle_share() -> None:
+    nodes = [idle(f"n{i}") for i in range(8)]
+    assert len(run(nodes, limits=PlanLimits(max_jobs_in_flight=3))) == 3
+    assert run(nodes, in_flight=3, limits=PlanLimits(max_jobs_in_flight=3)) == []
+    assert len(run(nodes, limits=PlanLimits(max_idle_share=0.25))) == 2
+    # a quarter of 8 nodes is 2; one held by a healthd job leaves room for one more
+    assert len(run(nodes[1:], busy={"n0"}, limits=PlanLimits(max_idle_share=0.25))) == 1
+    # a tiny cluster still gets probed
+    assert len(run(nodes[:2], limits=PlanLimits(max_idle_share=0.25))) == 1
+
+
+def test_jitter_is_deterministic_and_within_span() -> None:
+    values = {jitter(f"n{i}", "gemm", 60.0) for i in range(50)}
+    assert all(0 <= v < 60 for v in values) and len(values) == 50
+    assert jitter("n1", "gemm", 60.0) == jitter("n1", "gemm", 60.0)
+    assert jitter("n1", "gemm", 0.0) == 0.0
+    node, probe = "n7", "gemm"
+    j = jitter(node, probe, 60.0)
+    probes = {"gemm": ProbeSettings(interval_s=100.0, jitter_s=60.0)}
+    assert run([idle(node)], {(node, probe): 0.0}, probes=probes, now=100.0 + j - 0.01) == []
+    assert run([idle(node)], {(node, probe): 0.0}, probes=probes, now=100.0 + j) == [("gemm", (node,))]
+
+
+def test_multi_node_jobs_group_nodes_of_one_class() -> None:
+    probes = {"nccl": ProbeSettings(nodes_per_job=2)}
+    nodes = [idle("a", node_class="h100"), idle("b", node_class="a100"), idle("c", node_class="h100"),
+             idle("d", node_class="a100"), idle("e", node_class="h100")]
+    assert run(nodes, probes=probes) == [("nccl", ("a", "c")), ("nccl", ("b", "d"))]
+    assert run(nodes[:1], probes=probes) == []

@@ -1,0 +1,144 @@
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from healthd.errors import StoreError
+from healthd.model import Node, Outcome, Verdict
+from healthd.store import MIGRATIONS, SCHEMA_VERSION, Store
+from probes.result import Check, Measurement, ProbeResult
+
+
+def result(run_id: str, value: float, *, at: float = 1000.0, node: str | None = "n1") -> ProbeResult:
+    return ProbeResult(
+        probe="nccl", run_id=run_id, outcome=Outcome.PASS, started_at=at - 10, finished_at=at, nodes=["n1", "n2"],
+        measurements=[Measurement(name="busbw_bytes_per_second", value=value, node=node,
+                                  labels={"collective": "all_reduce", "size_bytes": "1024"}, per_rank=[1.0, 2.0])],
+        checks=[Check(name="nccl.wrong", ok=True, detail="0 wrong elements")],
+    )
+
+
+def add(store: Store, run_id: str, nodes: tuple[str, ...] = ("n1",), at: float = 990.0, probe: str = "nccl") -> None:
+    store.add_run(run_id=run_id, probe=probe, nodes=nodes, backend="local", job_id=None, submitted_at=at,
+                  result_path=None)
+
+
+def test_fresh_store_is_at_the_latest_schema(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    assert store.schema_version == SCHEMA_VERSION == len(MIGRATIONS)
+    mode = sqlite3.connect(tmp_path / "s.sqlite").execute("PRAGMA journal_mode").fetchone()[0]
+    assert mode == "wal"
+
+
+def test_migrates_an_older_file_forward(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite"
+    sqlite3.connect(path).close()  # version 0: an empty file
+    store = Store(path)
+    assert store.schema_version == SCHEMA_VERSION
+    tables = {r[0] for r in sqlite3.connect(path).execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"runs", "run_nodes", "measurements", "checks", "verdicts", "nodes", "counters"} <= tables
+
+
+def test_refuses_a_newer_schema(tmp_path: Path) -> None:
+    path = tmp_path / "new.sqlite"
+    db = sqlite3.connect(path)
+    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    db.close()
+    with pytest.raises(StoreError, match="newer than this healthd"):
+        Store(path)
+
+
+def test_unwritable_file_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "dir-not-file"
+    path.mkdir()
+    with pytest.raises(StoreError, match=f"cannot open the state store {path}"):
+        Store(path)
+
+
+def test_finish_is_idempotent_and_counts_once(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    add(store, "r1")
+    assert store.finish_run("r1", outcome=Outcome.PASS, reason="", finished_at=1000.0, result=result("r1", 5e9))
+    assert not store.finish_run("r1", outcome=Outcome.PASS, reason="", finished_at=1000.0, result=result("r1", 5e9))
+    assert len(store.measurements(run_id="r1")) == 1
+    assert len(store.checks("r1")) == 1
+    assert store.counters() == [
+        ("probe_runs_total", {"outcome": "pass", "probe": "nccl"}, 1.0),
+        ("probe_seconds_total", {"probe": "nccl"}, 10.0),
+    ]
+    run = store.run("r1")
+    assert run is not None and run.state == "finished" and run.outcome is Outcome.PASS and run.duration_s == 10.0
+
+
+def test_finish_unknown_run_raises(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="no run 'zz'"):
+        Store(tmp_path / "s.sqlite").finish_run("zz", outcome=Outcome.ERROR, reason="", finished_at=1.0)
+
+
+def test_last_runs_and_success_skip_skipped(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    add(store, "a", at=100)
+    store.finish_run("a", outcome=Outcome.PASS, reason="", finished_at=110)
+    add(store, "b", at=200)
+    store.finish_run("b", outcome=Outcome.ERROR, reason="boom", finished_at=210)
+    add(store, "c", at=300)
+    store.finish_run("c", outcome=Outcome.SKIPPED, reason="pending", finished_at=310)
+    (last,) = store.last_runs()
+    assert (last.node, last.probe, last.last_outcome, last.last_reason) == ("n1", "nccl", Outcome.ERROR, "boom")
+    assert last.last_run_at == 210 and last.last_success_at == 110 and last.last_run_id == "b"
+    assert store.last_attempts() == {("n1", "nccl"): 300}
+
+
+def test_latest_measurement_per_series_and_group_results_count_for_each_node(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    add(store, "old")
+    store.finish_run("old", outcome=Outcome.PASS, reason="", finished_at=1000, result=result("old", 1e9, at=1000))
+    add(store, "new")
+    store.finish_run("new", outcome=Outcome.PASS, reason="", finished_at=2000, result=result("new", 2e9, at=2000))
+    add(store, "pair", nodes=("n1", "n2"))
+    store.finish_run("pair", outcome=Outcome.PASS, reason="", finished_at=3000,
+                     result=result("pair", 3e9, at=3000, node=None))
+    latest = store.latest_measurements()
+    assert [(m.node, m.value, m.run_id) for m in latest] == [("n1", 3e9, "pair"), ("n2", 3e9, "pair")]
+    assert len(store.measurements()) == 3
+
+
+def test_verdicts_latest_per_node_probe(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    store.put_verdicts([Verdict("n1", "gemm", Outcome.PASS, at=1.0), Verdict("n1", "gemm", Outcome.FAIL, "slow",
+                                                                             "probe_failed", ("r",), {"v": 1.0}, 2.0)])
+    (v,) = store.current_verdicts()
+    assert v.outcome is Outcome.FAIL and v.reason_code == "probe_failed" and v.evidence == {"v": 1.0}
+    assert v.run_ids == ("r",)
+
+
+def test_nodes_upsert_roundtrip(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    node = Node("gpu01", "idle", frozenset({"DRAIN"}), ("batch",), 8, "h100", ("ib",), "healthd: x", node_class="h100x8")
+    store.upsert_nodes([node], 5.0)
+    store.upsert_nodes([Node("gpu01", "mixed", gpus=8)], 6.0)
+    (back,) = store.nodes()
+    assert back.state == "mixed" and back.flags == frozenset() and back.gpus == 8
+    assert store.nodes(seen_since=7.0) == []
+
+
+def test_prune_keeps_unfinished_runs_counters_and_newest_verdict(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    add(store, "old", at=10)
+    store.finish_run("old", outcome=Outcome.PASS, reason="", finished_at=20, result=result("old", 1.0, at=20))
+    add(store, "inflight", at=15)
+    store.put_verdicts([Verdict("n1", "nccl", Outcome.PASS, at=20.0)])
+    assert store.prune(older_than=100) == 1
+    assert store.run("old") is None and store.measurements() == []
+    assert store.run("inflight") is not None
+    assert len(store.current_verdicts()) == 1
+    assert store.counters()[0][2] == 1.0
+
+
+def test_snapshot_counts_in_flight(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    add(store, "x")
+    snap = store.snapshot()
+    assert snap.in_flight == 1 and snap.last_runs == ()
