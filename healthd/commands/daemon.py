@@ -1,0 +1,33 @@
+"""``healthd run`` and ``healthd check-config``."""
+
+from __future__ import annotations
+
+import argparse
+
+from healthd.commands.common import EXIT_OK, add_config_option, settings_from
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("run", help="run the daemon in the foreground")
+    add_config_option(p)
+    p.set_defaults(func=cmd_run)
+    p = sub.add_parser("check-config", help="validate the configuration and print where it came from")
+    add_config_option(p)
+    p.set_defaults(func=cmd_check_config)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from healthd.daemon import run_daemon
+
+    return run_daemon(args.config)
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    settings, path = settings_from(args)
+    print(f"config OK: {path or 'built-in defaults'}")
+    print(f"  backend: {settings.backend}; store: {settings.store_path}; "
+          f"http: {settings.http.host}:{settings.http.port}; remediation: {settings.remediation.mode}")
+    for name, probe in sorted(settings.probes.items()):
+        state = "enabled" if probe.enabled else "disabled"
+        print(f"  probe {name}: {state}, every {probe.interval_s:g} s, timeout {probe.timeout_s:g} s")
+    return EXIT_OK

@@ -1,0 +1,51 @@
+"""``healthd status``: nodes, last results and verdicts, read from the store."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import UTC, datetime
+
+from healthd.commands.common import EXIT_OK, EXIT_TROUBLE, add_config_option, human, settings_from
+from healthd.errors import HealthdError
+from healthd.model import Outcome
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("status", help="nodes, last results and verdicts from the store")
+    add_config_option(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_status)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from healthd.http import nodes_document
+    from healthd.store import Store
+
+    settings, _ = settings_from(args)
+    if not settings.store_path.exists():
+        raise HealthdError(f"no state store at {settings.store_path}: has the daemon run with this config?")
+    store = Store(settings.store_path)
+    try:
+        doc = nodes_document(store.snapshot())
+    finally:
+        store.close()
+    if args.json:
+        print(json.dumps(doc, indent=1, sort_keys=True))
+        return EXIT_OK
+    bad = 0
+    for node in doc["nodes"]:
+        print(f"{node['name']}  state={node['state'] or '?'}  class={node['node_class'] or '-'}")
+        for probe, info in sorted(node["probes"].items()):
+            verdict = node["verdicts"].get(probe, {})
+            when = datetime.fromtimestamp(info["last_run_at"], tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+            outcome = verdict.get("outcome", info["last_outcome"])
+            bad += outcome in (Outcome.FAIL.value, Outcome.DEGRADED.value)
+            reason = verdict.get("reason") or info["last_reason"]
+            print(f"  {probe:<8} {outcome:<9} last run {when} UTC" + (f"  {reason}" if reason else ""))
+            for m in info["measurements"][:12]:
+                labels = ",".join(f"{k}={v}" for k, v in sorted(m["labels"].items()))
+                print(f"           {m['name']:<36} {human(m['name'], m['value']):>14}  {labels}")
+    if not doc["nodes"]:
+        print("no nodes known yet")
+    return EXIT_TROUBLE if bad else EXIT_OK
