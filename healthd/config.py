@@ -105,6 +105,16 @@ class LocalSettings(_Section):
             raise ValueError(str(exc)) from exc
 
 
+class NodeClassRule(_Section):
+    """``[[slurm.node_classes]]``: nodes matching every given field belong to class ``name``."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9._-]+$")
+    gpu_type: str | None = None
+    gpus: int | None = Field(default=None, ge=0)
+    partition: str | None = None
+    features: list[str] = Field(default_factory=list)
+
+
 class SlurmSettings(_Section):
     bin_dir: Path | None = None
     """Directory of sinfo/squeue/sbatch/scancel/scontrol; default: found on PATH."""
@@ -125,6 +135,8 @@ class SlurmSettings(_Section):
     pending_timeout_s: PositiveSeconds = 600.0
     max_concurrent_jobs: int = Field(default=8, ge=1)
     max_idle_share: float = Field(default=0.25, gt=0, le=1)
+    node_classes: list[NodeClassRule] = Field(default_factory=list)
+    """First match wins; a node matching none is ``<gpu type>x<gpu count>`` (or ``cpu``)."""
 
 
 class RemediationSettings(_Section):

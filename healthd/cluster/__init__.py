@@ -38,8 +38,9 @@ def make_backend(settings: Settings) -> ClusterBackend:
     if kind == "local":
         from healthd.cluster.local import LocalBackend
 
-        return LocalBackend(node_name=settings.local.node_name, python=settings.local.python,
-                            ranks=settings.local.ranks)
+        return LocalBackend(
+            node_name=settings.local.node_name, python=settings.local.python, ranks=settings.local.ranks
+        )
     try:
         from healthd.cluster.slurm import SlurmBackend  # type: ignore[import-not-found,unused-ignore]
     except ImportError as exc:

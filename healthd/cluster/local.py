@@ -94,8 +94,12 @@ class LocalBackend:
         try:
             with log_file.open("wb") as out:
                 proc = subprocess.Popen(
-                    argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                    env=env, start_new_session=True,
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
                 )
         except OSError as exc:
             raise BackendError(f"cannot start the probe with {argv[0]!r}: {exc}") from None
@@ -133,8 +137,15 @@ class LocalBackend:
                     state, reason = JobState.FAILED, f"killed by signal {signal.Signals(-rc).name}"
                 else:
                     state, reason = JobState.FAILED, f"exit code {rc}"
-                status = JobStatus(job_id, state, exit_code=rc, reason=reason, started_at=running.started_at,
-                                   finished_at=now, nodes=(self.node_name,))
+                status = JobStatus(
+                    job_id,
+                    state,
+                    exit_code=rc,
+                    reason=reason,
+                    started_at=running.started_at,
+                    finished_at=now,
+                    nodes=(self.node_name,),
+                )
                 self._finished[job_id] = status
                 del self._jobs[job_id]
                 statuses[job_id] = status
@@ -171,8 +182,13 @@ class LocalBackend:
             kill_group(r.proc)
             with self._lock:
                 self._finished[job_id] = JobStatus(
-                    job_id, JobState.CANCELLED, exit_code=r.proc.returncode, reason="daemon stopped",
-                    started_at=r.started_at, finished_at=time.time(), nodes=(self.node_name,),
+                    job_id,
+                    JobState.CANCELLED,
+                    exit_code=r.proc.returncode,
+                    reason="daemon stopped",
+                    started_at=r.started_at,
+                    finished_at=time.time(),
+                    nodes=(self.node_name,),
                 )
 
 
