@@ -1,0 +1,602 @@
+"""Pure parsers for the output of Slurm's commands: text in, ``Node``/``JobStatus`` out, no I/O.
+
+Two families:
+
+- JSON (``sinfo --json``, ``squeue --json``): :func:`load_json` reads the document, takes the Slurm
+  release from its ``meta`` block and raises ``SlurmError`` when Slurm filled ``errors`` (22.05 exits
+  0 with an ``errors`` array and empty lists when slurmctld is down). The per-release normalisers in
+  ``NODE_NORMALISERS``/``JOB_NORMALISERS`` turn the release's shapes into healthd's types; a release
+  with no normaliser of its own gets the closest known one and a logged warning. Adding a release
+  (24.11, 26.05...) means adding one function to each table.
+- Text (the fallback when JSON is missing or unreadable): ``sinfo -O``/``squeue -O`` with the
+  fields of ``slurm_argv``, ``scontrol -o show node``, ``sbatch --parsable``, ``--version``.
+
+Unreadable input raises ``ParseError`` saying what was expected and where. Times in text output are
+the controller host's local time without a zone: pass ``tz`` when that is not this host's zone.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, tzinfo
+from typing import Any, TypeVar
+
+import hostlist
+
+from healthd.cluster.slurm_argv import SINFO_TEXT_FIELDS, SQUEUE_TEXT_FIELDS
+from healthd.errors import ParseError, SlurmError
+from healthd.logging import get_logger
+from healthd.model import JobState, JobStatus, Node
+
+__all__ = [
+    "JOB_NORMALISERS",
+    "NODE_NORMALISERS",
+    "JsonDoc",
+    "exit_status",
+    "expand_nodes",
+    "job_state",
+    "load_json",
+    "parse_gres",
+    "parse_sbatch_parsable",
+    "parse_scontrol_nodes",
+    "parse_sinfo_json",
+    "parse_sinfo_text",
+    "parse_slurm_time",
+    "parse_squeue_json",
+    "parse_squeue_text",
+    "parse_version",
+    "split_state",
+]
+
+log = get_logger(__name__)
+
+Release = tuple[int, int]
+"""A Slurm major release as (year, month): 22.05 is ``(22, 5)``."""
+
+_T = TypeVar("_T")
+
+_JOB_STATES: dict[str, JobState] = {
+    "PENDING": JobState.PENDING,
+    "CONFIGURING": JobState.PENDING,
+    "REQUEUED": JobState.PENDING,
+    "REQUEUE_HOLD": JobState.PENDING,
+    "REQUEUE_FED": JobState.PENDING,
+    "RESV_DEL_HOLD": JobState.PENDING,
+    "SPECIAL_EXIT": JobState.PENDING,
+    "RUNNING": JobState.RUNNING,
+    "COMPLETING": JobState.RUNNING,
+    "SUSPENDED": JobState.RUNNING,
+    "STOPPED": JobState.RUNNING,
+    "SIGNALING": JobState.RUNNING,
+    "STAGE_OUT": JobState.RUNNING,
+    "RESIZING": JobState.RUNNING,
+    "COMPLETED": JobState.COMPLETED,
+    "FAILED": JobState.FAILED,
+    "NODE_FAIL": JobState.FAILED,
+    "OUT_OF_MEMORY": JobState.FAILED,
+    "BOOT_FAIL": JobState.FAILED,
+    "CANCELLED": JobState.CANCELLED,
+    "PREEMPTED": JobState.CANCELLED,
+    "DEADLINE": JobState.CANCELLED,
+    "REVOKED": JobState.CANCELLED,
+    "TIMEOUT": JobState.TIMEOUT,
+}
+
+# Older one-letter state suffixes (``sinfo %T``/``StateLong``) and the flag each stands for.
+_STATE_SUFFIXES = {
+    "*": "NOT_RESPONDING",
+    "~": "POWERED_DOWN",
+    "#": "POWERING_UP",
+    "%": "POWERING_DOWN",
+    "!": "POWER_DOWN",
+    "@": "REBOOT_REQUESTED",
+    "^": "REBOOT_ISSUED",
+    "-": "PLANNED",
+    "$": "MAINTENANCE",
+}
+_NO_VALUE = {"", "n/a", "none", "unknown", "(null)"}
+
+
+# --- small pieces shared by both families -------------------------------------------------------
+
+
+def job_state(name: str) -> JobState:
+    """Map a Slurm job state (``RUNNING``, ``CANCELLED by 0``, ``cancelled``) to ``JobState``.
+
+    States healthd does not know map to ``JobState.UNKNOWN`` (never to a finished state).
+    """
+    word = name.strip().split(" ", 1)[0].upper() if name.strip() else ""
+    return _JOB_STATES.get(word, JobState.UNKNOWN)
+
+
+def exit_status(raw: int) -> int | None:
+    """The process exit status from Slurm's raw wait status (``exit_code`` of squeue).
+
+    ``exit 3`` is stored as 768 and gives 3; death by signal N (low 7 bits) gives ``128 + N``,
+    as a shell reports it. Values that are not a wait status (NO_VAL, negative) give ``None``.
+    """
+    if raw < 0 or raw > 0xFFFF:
+        return None
+    signal = raw & 0x7F
+    return 128 + signal if signal else (raw >> 8) & 0xFF
+
+
+def parse_gres(gres: str) -> tuple[int, str | None]:
+    """GPU count and type from a node's GRES (``gpu:tgpu:2``, ``gpu:a100:8(S:0-1),nic:2``, ``gpu:4``).
+
+    Several GPU types on one node give their sorted names joined by ``,``. ``(null)``, ``N/A`` and
+    the empty string mean no GRES.
+    """
+    text = gres.strip()
+    if text.lower() in _NO_VALUE:
+        return 0, None
+    count = 0
+    types: set[str] = set()
+    for entry in _split_outside_parens(text):
+        spec = entry.split("(", 1)[0].strip()
+        if not spec:
+            continue
+        parts = spec.split(":")
+        if parts[0] != "gpu":
+            continue
+        gpu_type: str | None = None
+        n = 1
+        if len(parts) == 2:
+            if parts[1].isdigit():
+                n = int(parts[1])
+            else:
+                gpu_type = parts[1]
+        elif len(parts) >= 3:
+            gpu_type = ":".join(parts[1:-1])
+            if not parts[-1].isdigit():
+                raise ParseError(f"GRES {gres!r}: expected a count after {':'.join(parts[:-1])!r}")
+            n = int(parts[-1])
+        count += n
+        if gpu_type:
+            types.add(gpu_type)
+    return count, ",".join(sorted(types)) if types else None
+
+
+def _split_outside_parens(text: str) -> list[str]:
+    out, depth, start = [], 0, 0
+    for i, c in enumerate(text):
+        if c == "(":
+            depth += 1
+        elif c == ")":
+            depth = max(0, depth - 1)
+        elif c == "," and depth == 0:
+            out.append(text[start:i])
+            start = i + 1
+    out.append(text[start:])
+    return out
+
+
+def split_state(text: str) -> tuple[str, frozenset[str]]:
+    """Base state (lower case) and flags (upper case) of ``idle+drain``, ``DOWN+NOT_RESPONDING``, ``idle*``."""
+    words = [w for w in text.strip().split("+") if w]
+    if not words:
+        raise ParseError(f"node state {text!r}: expected a state such as 'idle' or 'idle+drain'")
+    base = words[0]
+    flags = {w.upper() for w in words[1:]}
+    while base and base[-1] in _STATE_SUFFIXES:
+        flags.add(_STATE_SUFFIXES[base[-1]])
+        base = base[:-1]
+    base = base.lower()
+    if base in {"drained", "draining", "drain"}:
+        flags.add("DRAIN")
+    if not re.fullmatch(r"[a-z_]+", base):
+        raise ParseError(f"node state {text!r}: expected a lower-case word before any '+'")
+    return base, frozenset(flags)
+
+
+def parse_slurm_time(text: str, tz: tzinfo | None = None) -> float | None:
+    """Unix seconds of a Slurm text time (``2026-11-22T03:14:53``, local time of the controller).
+
+    ``N/A``, ``NONE``, ``Unknown`` and the empty string give ``None``. ``tz`` is the zone the time
+    is in; ``None`` means this host's local zone.
+    """
+    value = text.strip()
+    if value.lower() in _NO_VALUE:
+        return None
+    try:
+        moment = datetime.strptime(value, "%Y-%m-%dT%H:%M:%S")
+    except ValueError:
+        raise ParseError(f"time {text!r}: expected YYYY-MM-DDTHH:MM:SS, N/A or Unknown") from None
+    return (moment.replace(tzinfo=tz) if tz is not None else moment.astimezone()).timestamp()
+
+
+def expand_nodes(expr: str) -> tuple[str, ...]:
+    """``node[01-03,07]`` → ``("node01", "node02", "node03", "node07")``; empty or ``(null)`` → ()."""
+    value = expr.strip()
+    if value.lower() in _NO_VALUE:
+        return ()
+    try:
+        return tuple(hostlist.expand_hostlist(value))
+    except hostlist.BadHostlist as exc:
+        raise ParseError(f"node list {expr!r}: {exc}") from None
+
+
+def parse_version(text: str) -> tuple[int, int, int]:
+    """``slurm 22.05.8`` / ``slurm-wlm 22.05.8`` (``--version`` of any command) → ``(22, 5, 8)``."""
+    match = re.search(r"\bslurm(?:-wlm)?\s+(\d+)\.(\d+)\.(\d+)", text)
+    if not match:
+        first = text.strip().splitlines()[0] if text.strip() else ""
+        raise ParseError(f"version: expected 'slurm X.Y.Z' on line 1, got {first!r}")
+    major, minor, micro = (int(g) for g in match.groups())
+    return major, minor, micro
+
+
+def parse_sbatch_parsable(text: str) -> str:
+    """The job id printed by ``sbatch --parsable`` (``123`` or ``123;cluster``)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        raise ParseError("sbatch --parsable: expected a job id on line 1, got no output")
+    job_id = lines[-1].split(";", 1)[0]
+    if not job_id.isdigit():
+        raise ParseError(f"sbatch --parsable: expected a job id on line {len(lines)}, got {lines[-1]!r}")
+    return job_id
+
+
+# --- JSON ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JsonDoc:
+    """A Slurm JSON document whose ``errors`` were empty, with the release that wrote it."""
+
+    version: tuple[int, int, int]
+    data: Mapping[str, Any]
+
+    @property
+    def release(self) -> Release:
+        return self.version[0], self.version[1]
+
+
+def load_json(text: str, command: str) -> JsonDoc:
+    """Read a ``--json`` document of ``command`` (``sinfo``, ``squeue``).
+
+    :raises ParseError: not JSON, or no readable ``meta`` version (the caller may fall back to text).
+    :raises SlurmError: Slurm reported ``errors`` (controller down, permission denied...).
+    """
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ParseError(f"{command} --json: expected JSON, {exc.msg} at line {exc.lineno}") from None
+    if not isinstance(data, dict):
+        raise ParseError(f"{command} --json: expected a JSON object, got {type(data).__name__}")
+    version = _meta_version(data, command)
+    errors = data.get("errors") or []
+    if not isinstance(errors, list):
+        raise ParseError(f"{command} --json: expected 'errors' to be a list")
+    if errors:
+        raise SlurmError(f"{command} --json reported: {'; '.join(_error_text(e) for e in errors)}")
+    return JsonDoc(version, data)
+
+
+def _meta_version(data: Mapping[str, Any], command: str) -> tuple[int, int, int]:
+    meta = data.get("meta")
+    slurm = None
+    if isinstance(meta, dict):
+        slurm = meta.get("Slurm") or meta.get("slurm")
+    version = slurm.get("version") if isinstance(slurm, dict) else None
+    try:
+        if not isinstance(version, dict):
+            raise TypeError
+        return int(version["major"]), int(version["minor"]), int(version["micro"])
+    except (KeyError, TypeError, ValueError):
+        raise ParseError(f"{command} --json: expected meta.Slurm.version.{{major,minor,micro}}") from None
+
+
+def _error_text(error: object) -> str:
+    if not isinstance(error, dict):
+        return str(error)
+    parts = [str(error[k]) for k in ("description", "error", "source") if error.get(k)]
+    code = error.get("error_number", error.get("errno", error.get("error_code")))
+    return " / ".join(parts or ["unspecified"]) + (f" (errno {code})" if code is not None else "")
+
+
+class _Fields:
+    """Typed access to one JSON object, with its path in every ``ParseError``."""
+
+    def __init__(self, obj: object, path: str) -> None:
+        if not isinstance(obj, dict):
+            raise ParseError(f"{path}: expected an object, got {type(obj).__name__}")
+        self.obj: dict[str, Any] = obj
+        self.path = path
+
+    def get(self, key: str, kind: type[_T]) -> _T:
+        if key not in self.obj:
+            raise ParseError(f"{self.path}.{key}: missing")
+        value = self.obj[key]
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise ParseError(f"{self.path}.{key}: expected {kind.__name__}, got {type(value).__name__}")
+        return value
+
+    def optional(self, key: str, kind: type[_T]) -> _T | None:
+        return None if self.obj.get(key) is None else self.get(key, kind)
+
+    def strings(self, key: str) -> list[str]:
+        values = self.get(key, list)
+        if not all(isinstance(v, str) for v in values):
+            raise ParseError(f"{self.path}.{key}: expected a list of strings")
+        return values
+
+
+def _list(data: Mapping[str, Any], key: str, command: str) -> list[Any]:
+    value = data.get(key)
+    if not isinstance(value, list):
+        raise ParseError(f"{command} --json: expected a '{key}' list")
+    return value
+
+
+def _features(text: str) -> tuple[str, ...]:
+    return () if text.strip().lower() in _NO_VALUE else tuple(f for f in text.split(",") if f)
+
+
+def _nodes_v22_05(doc: JsonDoc) -> list[Node]:
+    nodes = []
+    for i, raw in enumerate(_list(doc.data, "nodes", "sinfo")):
+        f = _Fields(raw, f"nodes[{i}]")
+        gpus, gpu_type = parse_gres(f.get("gres", str))
+        changed = f.get("reason_changed_at", int)
+        nodes.append(
+            Node(
+                name=f.get("name", str),
+                state=f.get("state", str).lower(),
+                flags=frozenset(s.upper() for s in f.strings("state_flags")),
+                partitions=tuple(sorted(f.strings("partitions"))),
+                gpus=gpus,
+                gpu_type=gpu_type,
+                features=_features(f.get("features", str)),
+                reason=f.get("reason", str) or None,
+                reason_user=f.optional("reason_set_by_user", str) or None,
+                reason_time=float(changed) if changed > 0 else None,
+                cpus=f.get("cpus", int),
+            )
+        )
+    return nodes
+
+
+def _job_times(
+    state: JobState, nodes: tuple[str, ...], start: float | None, end: float | None
+) -> tuple[float | None, float | None]:
+    """A pending job's start is a forecast and a running job's end a limit: neither is reported."""
+    started = start if nodes and state is not JobState.PENDING else None
+    finished = end if state.finished else None
+    return started, finished
+
+
+def _jobs_v22_05(doc: JsonDoc, name_prefix: str) -> list[JobStatus]:
+    jobs = []
+    for i, raw in enumerate(_list(doc.data, "jobs", "squeue")):
+        f = _Fields(raw, f"jobs[{i}]")
+        name = f.get("name", str)
+        if not name.startswith(name_prefix):
+            continue
+        state = job_state(f.get("job_state", str))
+        nodes = expand_nodes(f.get("nodes", str))
+        start, end = f.get("start_time", int), f.get("end_time", int)
+        started, finished = _job_times(
+            state, nodes, float(start) if start > 0 else None, float(end) if end > 0 else None
+        )
+        reason = f.get("state_reason", str)
+        jobs.append(
+            JobStatus(
+                job_id=str(f.get("job_id", int)),
+                state=state,
+                exit_code=exit_status(f.get("exit_code", int)) if state.finished and nodes else None,
+                reason="" if reason == "None" else reason,
+                started_at=started,
+                finished_at=finished,
+                nodes=nodes,
+                name=name,
+            )
+        )
+    return jobs
+
+
+NodeNormaliser = Callable[[JsonDoc], list[Node]]
+JobNormaliser = Callable[[JsonDoc, str], list[JobStatus]]
+
+NODE_NORMALISERS: dict[Release, NodeNormaliser] = {(22, 5): _nodes_v22_05}
+"""``sinfo --json`` readers by Slurm release."""
+
+JOB_NORMALISERS: dict[Release, JobNormaliser] = {(22, 5): _jobs_v22_05}
+"""``squeue --json`` readers by Slurm release."""
+
+_warned: set[tuple[str, Release]] = set()
+
+
+def closest_release(release: Release, known: Iterable[Release]) -> Release:
+    """``release`` itself if known, else the newest known one before it, else the oldest known."""
+    ordered = sorted(known)
+    if not ordered:
+        raise ValueError("no known releases")
+    if release in ordered:
+        return release
+    older = [r for r in ordered if r < release]
+    return older[-1] if older else ordered[0]
+
+
+def _release_text(release: Release) -> str:
+    return f"{release[0]}.{release[1]:02d}"
+
+
+def _pick(table: Mapping[Release, _T], doc: JsonDoc, command: str) -> _T:
+    chosen = closest_release(doc.release, table)
+    if chosen != doc.release and (command, doc.release) not in _warned:
+        _warned.add((command, doc.release))
+        log.warning(
+            "slurm_json_release_unknown",
+            command=command,
+            release=_release_text(doc.release),
+            parser=_release_text(chosen),
+        )
+    return table[chosen]
+
+
+def parse_sinfo_json(text: str) -> list[Node]:
+    """Every node of ``sinfo --json``. Raises ``ParseError`` or, when Slurm reported errors, ``SlurmError``."""
+    doc = load_json(text, "sinfo")
+    return _pick(NODE_NORMALISERS, doc, "sinfo")(doc)
+
+
+def parse_squeue_json(text: str, name_prefix: str) -> list[JobStatus]:
+    """Jobs of ``squeue --json`` whose name starts with ``name_prefix``, in the order Slurm lists them."""
+    doc = load_json(text, "squeue")
+    return _pick(JOB_NORMALISERS, doc, "squeue")(doc, name_prefix)
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def _rows(text: str, fields: Sequence[str], command: str) -> Iterable[tuple[int, list[str]]]:
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        values = line.split("|", len(fields) - 1)
+        if len(values) != len(fields):
+            raise ParseError(
+                f"{command} line {number}: expected {len(fields)} '|'-separated fields "
+                f"({', '.join(fields)}), got {len(values)}"
+            )
+        yield number, values
+
+
+def _int(value: str, what: str) -> int:
+    try:
+        return int(value.strip())
+    except ValueError:
+        raise ParseError(f"{what}: expected an integer, got {value!r}") from None
+
+
+def _in_line(number: int, command: str, fn: Callable[[], _T]) -> _T:
+    try:
+        return fn()
+    except ParseError as exc:
+        raise ParseError(f"{command} line {number}: {exc}") from None
+
+
+def parse_sinfo_text(text: str, tz: tzinfo | None = None) -> list[Node]:
+    """Nodes from ``sinfo -N -O`` with ``SINFO_TEXT_FIELDS`` (one line per node and partition).
+
+    Nodes keep the order of their first line; partitions are merged and sorted. sinfo lists only
+    nodes that belong to a partition.
+    """
+    merged: dict[str, Node] = {}
+    parts: dict[str, set[str]] = {}
+    for number, values in _rows(text, SINFO_TEXT_FIELDS, "sinfo"):
+        row = dict(zip(SINFO_TEXT_FIELDS, values, strict=True))
+        name = row["NodeList"].strip()
+        parts.setdefault(name, set()).add(row["Partition"].strip().rstrip("*"))
+        if name in merged:
+            continue
+
+        def node(row: dict[str, str] = row, name: str = name) -> Node:
+            state, flags = split_state(row["StateComplete"])
+            gpus, gpu_type = parse_gres(row["Gres"])
+            reason = row["Reason"].strip()
+            user = row["User"].strip()
+            return Node(
+                name=name,
+                state=state,
+                flags=flags,
+                gpus=gpus,
+                gpu_type=gpu_type,
+                features=_features(row["Features"]),
+                reason=None if reason.lower() in _NO_VALUE else reason,
+                reason_user=None if user.lower() in _NO_VALUE else user,
+                reason_time=parse_slurm_time(row["TimeStamp"], tz),
+                cpus=_int(row["CPUs"], "CPUs"),
+            )
+
+        merged[name] = _in_line(number, "sinfo", node)
+    return [_with_partitions(n, parts[n.name]) for n in merged.values()]
+
+
+def _with_partitions(node: Node, partitions: set[str]) -> Node:
+    return replace(node, partitions=tuple(sorted(p for p in partitions if p)))
+
+
+def parse_squeue_text(text: str, name_prefix: str, tz: tzinfo | None = None) -> list[JobStatus]:
+    """Jobs from ``squeue -O`` with ``SQUEUE_TEXT_FIELDS`` whose name starts with ``name_prefix``."""
+    jobs = []
+    for number, values in _rows(text, SQUEUE_TEXT_FIELDS, "squeue"):
+        row = dict(zip(SQUEUE_TEXT_FIELDS, values, strict=True))
+        if not row["Name"].startswith(name_prefix):
+            continue
+
+        def job(row: dict[str, str] = row) -> JobStatus:
+            state = job_state(row["State"])
+            nodes = expand_nodes(row["NodeList"])
+            started, finished = _job_times(
+                state, nodes, parse_slurm_time(row["StartTime"], tz), parse_slurm_time(row["EndTime"], tz)
+            )
+            reason = row["Reason"].strip()
+            job_id = row["JobID"].strip()
+            if not re.fullmatch(r"[0-9]+(?:_[0-9]+|_\[[0-9,%-]+\])?(?:\+[0-9]+)?", job_id):
+                raise ParseError(f"JobID: expected a job id, got {job_id!r}")
+            raw = _int(row["exit_code"], "exit_code")
+            return JobStatus(
+                job_id=job_id,
+                state=state,
+                exit_code=exit_status(raw) if state.finished and nodes else None,
+                reason="" if reason == "None" else reason,
+                started_at=started,
+                finished_at=finished,
+                nodes=nodes,
+                name=row["Name"],
+            )
+
+        jobs.append(_in_line(number, "squeue", job))
+    return jobs
+
+
+_REASON = re.compile(r" Reason=(?P<text>.*?)(?: \[(?P<user>[^@\]]*)@(?P<time>[0-9T:-]+)\])?(?= Comment=| Extra=|$)")
+_PAIR = re.compile(r"(?:^|\s)([A-Za-z_]+)=(.*?)(?=\s+[A-Za-z_]+=|\s*$)")
+
+
+def parse_scontrol_nodes(text: str, tz: tzinfo | None = None) -> list[Node]:
+    """Nodes from ``scontrol -o show node`` (one line per node).
+
+    ``Reason=`` is free text: it runs to the ``[user@time]`` that scontrol appends (or to a following
+    ``Comment=``/``Extra=``, or to the end of the line).
+    """
+    nodes = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+
+        def node(line: str = line) -> Node:
+            reason_match = _REASON.search(line)
+            head = line[: reason_match.start()] if reason_match else line
+            pairs = {k: v.strip() for k, v in _PAIR.findall(head)}
+            for key in ("NodeName", "State", "CPUTot"):
+                if key not in pairs:
+                    raise ParseError(f"expected {key}=")
+            state, flags = split_state(pairs["State"])
+            gpus, gpu_type = parse_gres(pairs.get("Gres", ""))
+            reason = reason_match.group("text").strip() if reason_match else ""
+            user = reason_match.group("user") if reason_match else None
+            when = reason_match.group("time") if reason_match else None
+            return Node(
+                name=pairs["NodeName"],
+                state=state,
+                flags=flags,
+                partitions=tuple(sorted(_features(pairs.get("Partitions", "")))),
+                gpus=gpus,
+                gpu_type=gpu_type,
+                features=_features(pairs.get("AvailableFeatures", "")),
+                reason=reason or None,
+                reason_user=user or None,
+                reason_time=parse_slurm_time(when, tz) if when else None,
+                cpus=_int(pairs["CPUTot"], "CPUTot"),
+            )
+
+        nodes.append(_in_line(number, "scontrol", node))
+    return nodes

@@ -1,0 +1,86 @@
+"""Fixtures for tests against real services.
+
+``slurm_cluster``: the Slurm test cluster of ``scripts/slurm-test-cluster.sh``. Tests that use it
+skip unless ``SLURM_CONF`` is set and ``sinfo`` answers:
+
+    scripts/slurm-test-cluster.sh start && eval "$(scripts/slurm-test-cluster.sh env)"
+    .venv/bin/python -m pytest -m slurm tests/integration
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from healthd.cluster.slurm_cli import CommandObserver, OutputMode, SlurmCli, SlurmCommands
+
+REPO = Path(__file__).resolve().parents[2]
+CLUSTER_SCRIPT = REPO / "scripts" / "slurm-test-cluster.sh"
+NO_CLUSTER = "no Slurm test cluster: run scripts/slurm-test-cluster.sh start and eval its env"
+
+
+@dataclass(frozen=True)
+class SlurmTestCluster:
+    conf: Path
+    env: dict[str, str]
+    """The environment of the tests' Slurm commands (``SLURM_CONF`` included)."""
+    directory: Path | None
+    """The cluster's directory when the script started it (its daemons can be stopped), else None."""
+
+    def cli(
+        self,
+        commands: SlurmCommands | None = None,
+        *,
+        timeout_s: float = 30.0,
+        output: OutputMode = "auto",
+        observer: CommandObserver | None = None,
+    ) -> SlurmCli:
+        return SlurmCli(commands, env=self.env, timeout_s=timeout_s, output=output, observer=observer)
+
+    def command(self, *argv: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+        """A helper command for test set-up (not the code under test)."""
+        return subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=timeout, check=False)
+
+    def ctld_pid(self) -> int | None:
+        if self.directory is None:
+            return None
+        pidfile = self.directory / "run" / "slurmctld.pid"
+        try:
+            pid = int(pidfile.read_text())
+            os.kill(pid, 0)
+        except (OSError, ValueError):
+            return None
+        return pid
+
+    def start(self) -> None:
+        """``slurm-test-cluster.sh start``: restarts whatever of the cluster is not running."""
+        done = subprocess.run(
+            [str(CLUSTER_SCRIPT), "start"],
+            env={**self.env, "HEALTHD_SLURM_DIR": str(self.directory)},
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> SlurmTestCluster:
+    conf = os.environ.get("SLURM_CONF")
+    if not conf or not Path(conf).is_file() or not shutil.which("sinfo"):
+        pytest.skip(NO_CLUSTER)
+    env = dict(os.environ)
+    try:
+        done = subprocess.run(
+            ["sinfo", "--noheader", "--format=%n"], env=env, capture_output=True, text=True, timeout=15, check=False
+        )
+    except subprocess.TimeoutExpired:
+        pytest.skip(f"{NO_CLUSTER} (sinfo did not answer within 15 s)")
+    if done.returncode != 0 or not done.stdout.strip():
+        pytest.skip(f"{NO_CLUSTER} (sinfo: {done.stderr.strip() or 'no nodes'})")
+    directory = Path(conf).resolve().parent.parent
+    ours = (directory / "run" / "slurmctld.pid").is_file() and (directory / "munge").is_dir()
+    return SlurmTestCluster(Path(conf), env, directory if ours else None)

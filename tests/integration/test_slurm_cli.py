@@ -1,0 +1,301 @@
+"""Contract tests of ``SlurmCli`` against the real Slurm test cluster (scripts/slurm-test-cluster.sh).
+
+Each test uses its own job-name prefix, so jobs left in the controller's memory by earlier tests
+or runs (``MinJobAge``) do not matter.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from healthd.cluster.slurm_cli import SlurmCli, SlurmClient, SlurmCommands
+from healthd.errors import SlurmError, SlurmTimeout
+from healthd.model import JobState, JobStatus
+
+if TYPE_CHECKING:
+    from tests.integration.conftest import SlurmTestCluster
+
+NODES = ("node1", "node2", "node3", "node4")
+
+
+class Calls:
+    """Observer that counts the commands a client runs."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.ok: list[bool] = []
+
+    def __call__(self, name: str, seconds: float, ok: bool) -> None:
+        assert 0 <= seconds < 60
+        self.names.append(name)
+        self.ok.append(ok)
+
+
+def prefix() -> str:
+    return f"healthd.it-{uuid.uuid4().hex[:8]}."
+
+
+def script(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / f"job-{uuid.uuid4().hex[:6]}.sh"
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    return path
+
+
+def submit(cli: SlurmCli, tmp_path: Path, name: str, body: str, *opts: str) -> str:
+    return cli.submit(script(tmp_path, body), extra_args=["--job-name", name, "--output=/dev/null", *opts])
+
+
+def wait_for(
+    cli: SlurmCli, name_prefix: str, job_id: str, done: Callable[[JobStatus], bool], timeout: float = 60.0
+) -> tuple[JobStatus, list[JobState]]:
+    """Poll ``jobs()`` until ``done(job)``; returns the job and the states seen on the way."""
+    seen: list[JobState] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        jobs = {j.job_id: j for j in cli.jobs(name_prefix)}
+        assert job_id in jobs, f"job {job_id} missing from jobs({name_prefix!r}): {sorted(jobs)}"
+        job = jobs[job_id]
+        if not seen or seen[-1] is not job.state:
+            seen.append(job.state)
+        if done(job):
+            return job, seen
+        assert time.monotonic() < deadline, f"job {job_id} still {job.state} after {timeout} s"
+        time.sleep(0.3)
+
+
+# --- no cluster needed ---------------------------------------------------------------------------
+
+
+def test_a_command_past_its_timeout_raises_slurm_timeout_quickly() -> None:
+    cli = SlurmCli(SlurmCommands(squeue=("sh", "-c", "sleep 30", "squeue")), timeout_s=0.5, output="json")
+    started = time.monotonic()
+    with pytest.raises(SlurmTimeout, match=r"squeue did not answer within 0\.5 s"):
+        cli.jobs("healthd.")
+    assert time.monotonic() - started < 5
+
+
+def test_a_missing_command_raises_slurm_error() -> None:
+    cli = SlurmCli(SlurmCommands(sinfo=("/nonexistent/bin/sinfo",)))
+    with pytest.raises(SlurmError, match="cannot run '/nonexistent/bin/sinfo'"):
+        cli.nodes()
+
+
+def test_the_client_satisfies_its_protocol() -> None:
+    assert isinstance(SlurmCli(), SlurmClient)
+
+
+# --- the real cluster ----------------------------------------------------------------------------
+
+
+@pytest.mark.slurm
+def test_version(slurm_cluster: SlurmTestCluster) -> None:
+    major, minor, micro = slurm_cluster.cli().version()
+    assert f" {major}.{minor:02d}.{micro}" in slurm_cluster.command("scontrol", "--version").stdout
+
+
+@pytest.mark.slurm
+def test_nodes_with_gres_partitions_and_features(slurm_cluster: SlurmTestCluster) -> None:
+    calls = Calls()
+    nodes = slurm_cluster.cli(observer=calls).nodes()
+    assert [n.name for n in nodes] == list(NODES)
+    for n in nodes:
+        assert (n.gpus, n.gpu_type, n.partitions, n.features, n.cpus) == (
+            2,
+            "tgpu",
+            ("batch", "gpu"),
+            ("fake", "tgpu"),
+            2,
+        )
+        assert n.state in {"idle", "mixed", "allocated"}
+        assert not n.flags & {"NOT_RESPONDING", "DRAIN"}
+    assert calls.names == ["sinfo", "sinfo"]  # --version once, then one query
+    text = slurm_cluster.cli(output="text").nodes()
+    assert [(n.name, n.gpus, n.gpu_type, n.partitions, n.features, n.cpus) for n in text] == [
+        (n.name, n.gpus, n.gpu_type, n.partitions, n.features, n.cpus) for n in nodes
+    ]
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("output", ["json", "text"])
+def test_job_seen_pending_or_running_then_completed(
+    slurm_cluster: SlurmTestCluster, tmp_path: Path, output: str
+) -> None:
+    calls = Calls()
+    cli = slurm_cluster.cli(output="json" if output == "json" else "text", observer=calls)
+    p = prefix()
+    job_id = submit(cli, tmp_path, p + "ok", "sleep 2")
+    job, seen = wait_for(cli, p, job_id, lambda j: j.state.finished)
+    assert seen[0] in {JobState.PENDING, JobState.RUNNING}
+    assert seen[-1] is JobState.COMPLETED
+    assert (job.exit_code, job.reason, job.name) == (0, "", p + "ok")
+    assert len(job.nodes) == 1 and job.nodes[0] in NODES
+    assert job.started_at is not None and job.finished_at is not None
+    assert 1 <= job.finished_at - job.started_at <= 30
+    assert abs(time.time() - job.finished_at) < 60
+    assert set(calls.names) == {"sbatch", "squeue"} and calls.names.count("sbatch") == 1
+
+
+@pytest.mark.slurm
+def test_failing_job_exit_code(slurm_cluster: SlurmTestCluster, tmp_path: Path) -> None:
+    cli = slurm_cluster.cli()
+    p = prefix()
+    job_id = submit(cli, tmp_path, p + "fail", "echo failing >&2; exit 3")
+    job, _ = wait_for(cli, p, job_id, lambda j: j.state.finished)
+    assert (job.state, job.exit_code, job.reason) == (JobState.FAILED, 3, "NonZeroExitCode")
+
+
+@pytest.mark.slurm
+def test_one_jobs_call_sees_pending_running_and_finished(slurm_cluster: SlurmTestCluster, tmp_path: Path) -> None:
+    cli = slurm_cluster.cli()
+    p = prefix()
+    done_id = submit(cli, tmp_path, p + "done", "true")
+    wait_for(cli, p, done_id, lambda j: j.state.finished)
+    running = submit(cli, tmp_path, p + "running", "sleep 300")
+    pending = submit(cli, tmp_path, p + "later", "true", "--begin=now+3600")
+    try:
+        wait_for(cli, p, running, lambda j: j.state is JobState.RUNNING)
+        calls = Calls()
+        jobs = {j.job_id: j for j in slurm_cluster.cli(observer=calls, output="json").jobs(p)}
+        assert calls.names == ["squeue"]
+        assert set(jobs) == {done_id, running, pending}
+        assert (jobs[done_id].state, jobs[done_id].exit_code) == (JobState.COMPLETED, 0)
+        assert (jobs[running].state, jobs[running].exit_code, jobs[running].finished_at) == (
+            JobState.RUNNING,
+            None,
+            None,
+        )
+        assert (jobs[pending].state, jobs[pending].reason, jobs[pending].nodes) == (JobState.PENDING, "BeginTime", ())
+        assert jobs[pending].started_at is None
+    finally:
+        cli.cancel([running, pending])
+
+
+@pytest.mark.slurm
+def test_cancel(slurm_cluster: SlurmTestCluster, tmp_path: Path) -> None:
+    cli = slurm_cluster.cli()
+    p = prefix()
+    job_id = submit(cli, tmp_path, p + "sleep", "sleep 300")
+    wait_for(cli, p, job_id, lambda j: j.state is JobState.RUNNING)
+    cli.cancel([job_id])
+    job, _ = wait_for(cli, p, job_id, lambda j: j.state.finished, timeout=30)
+    assert (job.state, job.exit_code) == (JobState.CANCELLED, 128 + signal.SIGTERM)
+    cli.cancel([job_id])  # already finished: ignored
+    cli.cancel(["999999"])  # unknown: ignored
+    cli.cancel([])
+
+
+@pytest.mark.slurm
+def test_drain_and_undrain(slurm_cluster: SlurmTestCluster) -> None:
+    cli = slurm_cluster.cli()
+    before = cli.node("node4")
+    if before.drained or before.reason:
+        pytest.skip(f"node4 is not in a clean state: {before}")
+    reason = f"healthd: it=drain_test run={uuid.uuid4().hex[:8]}"
+    cli.drain("node4", reason)
+    try:
+        now = time.time()
+        drained = cli.node("node4")
+        assert "DRAIN" in drained.flags and drained.drained
+        assert (drained.reason, drained.reason_user) == (reason, "root")
+        assert drained.reason_time is not None and abs(drained.reason_time - now) < 60
+        listed = {n.name: n for n in cli.nodes()}["node4"]
+        assert (listed.flags, listed.reason, listed.reason_user, listed.reason_time) == (
+            drained.flags, reason, "root", drained.reason_time,
+        )  # fmt: skip
+        text = {n.name: n for n in slurm_cluster.cli(output="text").nodes()}["node4"]
+        assert (text.reason, text.reason_user, text.reason_time) == (reason, "root", drained.reason_time)
+    finally:
+        cli.undrain("node4")
+    after = cli.node("node4")
+    assert "DRAIN" not in after.flags and after.reason is None and not after.drained
+    cli.undrain("node4")  # not drained: Slurm accepts it
+
+
+@pytest.mark.slurm
+def test_command_errors_are_slurm_errors(slurm_cluster: SlurmTestCluster, tmp_path: Path) -> None:
+    cli = slurm_cluster.cli()
+    with pytest.raises(SlurmError, match=r"sbatch exited 1: .*Invalid partition name specified"):
+        submit(cli, tmp_path, prefix() + "x", "true", "--partition=nosuch")
+    with pytest.raises(SlurmError, match="scontrol exited 1: slurm_update error: Invalid node name specified"):
+        cli.drain("node99", "healthd: test")
+    with pytest.raises(SlurmError, match="scontrol exited 1"):
+        cli.node("node99")
+
+
+@pytest.mark.slurm
+def test_unreadable_json_falls_back_to_text_for_good(
+    slurm_cluster: SlurmTestCluster, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    wrapper = (
+        "sh",
+        "-c",
+        'if [ "$1" = --json ]; then echo "sinfo: unknown option"; exit 1; fi; exec sinfo "$@"',
+        "sinfo",
+    )
+    calls = Calls()
+    cli = slurm_cluster.cli(SlurmCommands(sinfo=wrapper), observer=calls)
+    first = cli.nodes()
+    assert [n.name for n in first] == list(NODES)
+    assert calls.names == ["sinfo"] * 3  # --version, --json (unreadable), text
+    assert calls.ok == [True, False, True]
+    calls.names.clear()
+    assert [n.name for n in cli.nodes()] == list(NODES)
+    assert calls.names == ["sinfo"]
+    out = capsys.readouterr()
+    assert (caplog.text + out.out + out.err).count("slurm_json_unreadable") == 1
+    strict = slurm_cluster.cli(SlurmCommands(sinfo=wrapper), output="json")
+    with pytest.raises(SlurmError, match=r"sinfo --json: .*expected JSON.*\(exit 1: sinfo: unknown option\)"):
+        strict.nodes()
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_controller_down_is_a_slurm_error(slurm_cluster: SlurmTestCluster) -> None:
+    """Both JSON commands exit 0 with an ``errors`` array after about 9 s: that must be an error."""
+    pid = slurm_cluster.ctld_pid()
+    if pid is None:
+        pytest.skip("slurmctld is not one this test can stop and restart (not the script's cluster)")
+    p = prefix()
+    os.kill(pid, signal.SIGTERM)
+    try:
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{pid}").exists():
+            assert time.monotonic() < deadline, "slurmctld did not stop"
+            time.sleep(0.1)
+        assert slurm_cluster.cli().version()[0] >= 20  # needs no controller
+        observed = Calls()
+        calls: list[tuple[str, Callable[[], object]]] = [
+            ("json nodes", slurm_cluster.cli(output="json", observer=observed).nodes),
+            ("json jobs", lambda: slurm_cluster.cli(output="json").jobs(p)),
+            ("text nodes", slurm_cluster.cli(output="text").nodes),
+            ("text jobs", lambda: slurm_cluster.cli(output="text").jobs(p)),
+            ("short timeout", slurm_cluster.cli(output="json", timeout_s=2).nodes),
+        ]
+        started = time.monotonic()
+        with ThreadPoolExecutor(len(calls)) as pool:
+            futures = {name: pool.submit(fn) for name, fn in calls}
+            errors = {name: f.exception(timeout=60) for name, f in futures.items()}
+        elapsed = time.monotonic() - started
+        assert type(errors["json nodes"]) is SlurmError
+        assert "sinfo --json reported: Unspecified error" in str(errors["json nodes"])
+        assert type(errors["json jobs"]) is SlurmError
+        assert "squeue --json reported: Failed while looking for jobs" in str(errors["json jobs"])
+        assert type(errors["text nodes"]) is SlurmError
+        assert "Unable to contact slurm controller" in str(errors["text nodes"])
+        assert type(errors["text jobs"]) is SlurmError
+        assert "Unable to contact slurm controller" in str(errors["text jobs"])
+        assert type(errors["short timeout"]) is SlurmTimeout
+        assert (observed.names, observed.ok) == (["sinfo"], [False])  # exit 0, but no answer: not up
+        assert elapsed < 30
+    finally:
+        slurm_cluster.start()
+    assert [n.name for n in slurm_cluster.cli().nodes()] == list(NODES)
