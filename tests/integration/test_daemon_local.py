@@ -34,7 +34,7 @@ def write_config(tmp_path: Path, port: int, *, python: str = sys.executable, ext
     config = tmp_path / "healthd.toml"
     config.write_text(f"""
 backend = "local"
-state_dir = "{tmp_path / 'state'}"
+state_dir = "{tmp_path / "state"}"
 [http]
 host = "127.0.0.1"
 port = {port}
@@ -74,7 +74,9 @@ class DaemonProc:
         self.log = log_path.open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "healthd.cli", "run", "--config", str(config)],
-            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
     def wait_http(self, timeout: float = 30.0) -> None:
@@ -139,7 +141,7 @@ def test_daemon_measures_exports_and_stops_cleanly(tmp_path: Path, daemon_factor
     daemon = daemon_factory(write_config(tmp_path, port), port)  # type: ignore[operator]
     daemon.wait_http()
     text = daemon.wait_for(
-        lambda t: 'healthd_gemm_flop_per_second{' in t and 'healthd_nccl_busbw_bytes_per_second{' in t, timeout=150
+        lambda t: "healthd_gemm_flop_per_second{" in t and "healthd_nccl_busbw_bytes_per_second{" in t, timeout=150
     )
     samples = [(s.name, s.labels, s.value) for family in text_string_to_metric_families(text) for s in family.samples]
 
@@ -147,8 +149,9 @@ def test_daemon_measures_exports_and_stops_cleanly(tmp_path: Path, daemon_factor
         return next((v for n, lab, v in samples if n == name and lab == labels), None)
 
     gemm = [v for n, lab, v in samples if n == "healthd_gemm_flop_per_second" and lab["node"] == "testnode"]
-    busbw = [v for n, lab, v in samples
-             if n == "healthd_nccl_busbw_bytes_per_second" and lab["collective"] == "all_reduce"]
+    busbw = [
+        v for n, lab, v in samples if n == "healthd_nccl_busbw_bytes_per_second" and lab["collective"] == "all_reduce"
+    ]
     assert gemm and all(v > 1e8 for v in gemm), gemm  # a real CPU matmul does > 0.1 GFLOP/s
     assert busbw and all(v > 0 for v in busbw), busbw
     assert (value("healthd_probe_runs_total", probe="gemm", outcome="pass") or 0) >= 1
@@ -157,8 +160,9 @@ def test_daemon_measures_exports_and_stops_cleanly(tmp_path: Path, daemon_factor
 
     promtool = shutil.which("promtool")
     if promtool is not None:
-        lint = subprocess.run([promtool, "check", "metrics"], input=text.encode(), capture_output=True, timeout=30,
-                              check=False)
+        lint = subprocess.run(
+            [promtool, "check", "metrics"], input=text.encode(), capture_output=True, timeout=30, check=False
+        )
         assert lint.returncode == 0, lint.stdout.decode() + lint.stderr.decode()
 
     status, body = get(port, "/api/v1/nodes")
@@ -168,8 +172,13 @@ def test_daemon_measures_exports_and_stops_cleanly(tmp_path: Path, daemon_factor
     assert {m["name"] for m in node["probes"]["nccl"]["measurements"]} >= {"busbw_bytes_per_second"}
     assert get(port, "/nope")[0] == 404
 
-    cli = subprocess.run([sys.executable, "-m", "healthd.cli", "status", "--config", str(tmp_path / "healthd.toml")],
-                         capture_output=True, text=True, timeout=60, check=False)
+    cli = subprocess.run(
+        [sys.executable, "-m", "healthd.cli", "status", "--config", str(tmp_path / "healthd.toml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert cli.returncode == 0, cli.stderr
     assert "testnode" in cli.stdout and "gemm" in cli.stdout and "pass" in cli.stdout
 

@@ -180,4 +180,5 @@ def test_outcome_rules() -> None:
     assert outcome_of(None, failed, None) == (Outcome.FAIL, "3 wrong elements")
     assert outcome_of(timeout, None, "no result file x")[0] is Outcome.ERROR
     assert outcome_of(timeout, ok, None)[0] is Outcome.ERROR
-    assert outcome_of(JobStatus("1", JobState.CANCELLED), None, None) == (Outcome.ERROR, "cancelled: by Slurm or an operator")
+    cancelled = JobStatus("1", JobState.CANCELLED)
+    assert outcome_of(cancelled, None, None) == (Outcome.ERROR, "cancelled: by Slurm or an operator")

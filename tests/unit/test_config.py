@@ -85,7 +85,7 @@ def test_env_overrides_one_key_and_keeps_the_rest(tmp_path: Path, monkeypatch: p
 
 def test_bad_env_value_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HEALTHD_HTTP__PORT", "lots")
-    with pytest.raises(ConfigError, match="http.port"):
+    with pytest.raises(ConfigError, match=r"http\.port"):
         load_settings(None)
 
 

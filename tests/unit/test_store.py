@@ -116,7 +116,8 @@ def test_verdicts_latest_per_node_probe(tmp_path: Path) -> None:
 
 def test_nodes_upsert_roundtrip(tmp_path: Path) -> None:
     store = Store(tmp_path / "s.sqlite")
-    node = Node("gpu01", "idle", frozenset({"DRAIN"}), ("batch",), 8, "h100", ("ib",), "healthd: x", node_class="h100x8")
+    node = Node("gpu01", "idle", frozenset({"DRAIN"}), ("batch",), 8, "h100", ("ib",), "healthd: x",
+                node_class="h100x8")
     store.upsert_nodes([node], 5.0)
     store.upsert_nodes([Node("gpu01", "mixed", gpus=8)], 6.0)
     (back,) = store.nodes()
