@@ -139,9 +139,143 @@ class SlurmSettings(_Section):
     """First match wins; a node matching none is ``<gpu type>x<gpu count>`` (or ``cpu``)."""
 
 
+Fraction = Annotated[float, Field(ge=0, lt=1)]
+
+
+class SeriesSelector(_Section):
+    """``[[judge.series]]``: which measurements are judged.
+
+    A measurement matches when its probe and name match (``name`` may be an ``fnmatch`` pattern)
+    and every label given here matches (values are ``fnmatch`` patterns too). ``sizes = "largest"``
+    keeps, per run and per other labels, only the largest ``size_bytes`` (small messages are
+    latency-bound and noisy); ``min_size_bytes`` drops smaller ones. ``required``: a run that
+    passed without any matching measurement is an ``error`` (fail closed), never a ``pass``.
+    """
+
+    probe: str
+    name: str
+    labels: dict[str, str] = Field(default_factory=dict)
+    sizes: Literal["all", "largest"] = "all"
+    min_size_bytes: int = Field(default=0, ge=0)
+    direction: Literal["auto", "higher", "lower"] = "auto"
+    """``auto``: names ending in ``_seconds`` are better lower, everything else higher."""
+    required: bool = False
+
+
+def _default_series() -> list[SeriesSelector]:
+    return [
+        SeriesSelector(probe="gemm", name="flop_per_second", required=True),
+        SeriesSelector(probe="gemm", name="memory_bandwidth_bytes_per_second"),
+        SeriesSelector(probe="nccl", name="busbw_bytes_per_second", sizes="largest", required=True),
+        SeriesSelector(probe="ddp", name="throughput_samples_per_second", required=True),
+        SeriesSelector(probe="ddp", name="scaling_efficiency_ratio"),
+    ]
+
+
+class FloorRule(_Section):
+    """``[[judge.floors]]``: the lowest acceptable value of a series on a node class (the highest,
+    for ``*_seconds``). Checked before the packaged table; the first matching rule wins."""
+
+    node_class: list[str] = Field(min_length=1)
+    """``fnmatch`` patterns, case-insensitive, e.g. ``["*h100*x8"]``."""
+    probe: str
+    name: str
+    labels: dict[str, str] = Field(default_factory=dict)
+    min_size_bytes: int = Field(default=0, ge=0)
+    value: float = Field(gt=0)
+    source: str = ""
+
+
+class BaselineSettings(_Section):
+    window: int = Field(default=10, ge=1)
+    """Passing results kept per node and series; the baseline is their median."""
+    min_samples: int = Field(default=3, ge=1)
+    drift_fraction: Fraction = 0.10
+    """``degraded`` when a result is this fraction worse than the node's own baseline..."""
+    spread_k: float = Field(default=4.0, ge=0)
+    """...or, for a noisy series, this many robust standard deviations of its history, if larger."""
+    max_age_s: PositiveSeconds = 30 * 86400.0
+
+
+class FleetSettings(_Section):
+    min_nodes: int = Field(default=5, ge=2)
+    """Fewer nodes of a class with a recent result: no fleet comparison."""
+    z_threshold: float = Field(default=3.5, gt=0)
+    """Robust z-score (median / MAD) below which a result is an outlier..."""
+    min_deviation: Fraction = 0.10
+    """...provided it is also at least this fraction worse than the class median."""
+    window_s: PositiveSeconds = 86400.0
+    event_window_s: PositiveSeconds = 3600.0
+    """Fleet events: among each node's latest regular result in this window..."""
+    event_share: float = Field(default=0.2, gt=0, le=1)
+    """...this share flagged at once is a fleet event, not that many broken nodes..."""
+    event_recent: int = Field(default=12, ge=1)
+    event_recent_share: float = Field(default=0.5, gt=0, le=1)
+    """...as is this share of the ``event_recent`` newest results (a change seen as it starts)."""
+    event_min_nodes: int = Field(default=3, ge=1)
+
+
+class ConfirmSettings(_Section):
+    n: int = Field(default=2, ge=1)
+    m: int = Field(default=3, ge=1)
+    """A finding counts when it is seen in ``n`` of the node's last ``m`` judged results."""
+    window_s: PositiveSeconds = 86400.0
+    request_timeout_s: PositiveSeconds = 1800.0
+    """A confirmation or localisation re-probe not run by then is given up (asked again if needed)."""
+    partners: int = Field(default=8, ge=1)
+    """Known-good partners offered to the planner per re-probe of a multi-node probe."""
+
+    @model_validator(mode="after")
+    def _n_le_m(self) -> ConfirmSettings:
+        if self.n > self.m:
+            raise ValueError(f"confirm.n ({self.n}) is larger than confirm.m ({self.m})")
+        return self
+
+
+class JudgeSettings(_Section):
+    series: list[SeriesSelector] = Field(default_factory=_default_series)
+    floors: list[FloorRule] = Field(default_factory=list)
+    default_floors: bool = True
+    """Also use the packaged floor table (``healthd/judge/floors.toml``)."""
+    noise_band: Fraction = 0.03
+    """Expected run-to-run spread; no deviation smaller than twice this is ever flagged."""
+    baseline: BaselineSettings = BaselineSettings()
+    fleet: FleetSettings = FleetSettings()
+    confirm: ConfirmSettings = ConfirmSettings()
+
+    @field_validator("series")
+    @classmethod
+    def _known_series_probes(cls, series: list[SeriesSelector]) -> list[SeriesSelector]:
+        unknown = sorted({s.probe for s in series} - set(KNOWN_PROBES))
+        if unknown:
+            raise ValueError(f"unknown probe(s) {unknown} in judge.series; known: {list(KNOWN_PROBES)}")
+        return series
+
+
+_ACT_ON_DEFAULT: list[Literal["fail", "degraded"]] = ["fail", "degraded"]
+
+
 class RemediationSettings(_Section):
     mode: Literal["observe", "recommend", "enforce"] = "recommend"
     reason_prefix: str = Field(default="healthd:", pattern=r"^\S+:$")
+    act_on: list[Literal["fail", "degraded"]] = Field(default_factory=lambda: _ACT_ON_DEFAULT.copy())
+    """Confirmed outcomes that are recommended for a drain (and drained in ``enforce``)."""
+    max_actions_per_hour: int = Field(default=10, ge=0)
+    breaker_window_s: PositiveSeconds = 21600.0
+    breaker_class_share: float = Field(default=0.10, gt=0, le=1)
+    breaker_class_min_nodes: int = Field(default=3, ge=1)
+    breaker_max_nodes: int = Field(default=50, ge=1)
+    breaker_cooldown_s: float = Field(default=21600.0, ge=0)
+    """An open breaker closes by itself after this long (0: only ``healthd breaker --reset``)."""
+    max_evidence_age_s: PositiveSeconds = 3600.0
+    """Only act on recommendations whose evidence is this fresh (no replay of stale findings)."""
+    undrain_after_passes: int = Field(default=0, ge=0)
+    """Undrain healthd's own drains after this many consecutive passes (0: never)."""
+    recheck_drained: bool = False
+    """Ask the planner to probe healthd-drained idle nodes (needs a cluster that runs jobs on them)."""
+    repeat_window_s: PositiveSeconds = 7 * 86400.0
+    repeat_max_drains: int = Field(default=2, ge=1)
+    """A node drained this often within ``repeat_window_s`` is left to humans: recommend only."""
 
 
 class LoggingSettings(_Section):
@@ -168,6 +302,7 @@ class Settings(BaseSettings):
     local: LocalSettings = Field(default_factory=LocalSettings)
     slurm: SlurmSettings = Field(default_factory=SlurmSettings)
     remediation: RemediationSettings = RemediationSettings()
+    judge: JudgeSettings = JudgeSettings()
     logging: LoggingSettings = LoggingSettings()
 
     @field_validator("probes")

@@ -21,6 +21,7 @@ from healthd.model import Outcome
 from healthd.store import Snapshot
 
 OUTCOMES = [o.value for o in Outcome]
+SCHEDULER_TASKS = ("discover", "plan", "collect", "housekeeping")
 MEASUREMENT_HELP = {
     "busbw_bytes_per_second": "Bus bandwidth as nccl-tests defines it (algbw times the collective's bus factor)",
     "algbw_bytes_per_second": "Algorithm bandwidth as nccl-tests defines it (bytes / time)",
@@ -114,6 +115,28 @@ class StoreCollector(Collector):
         in_flight.add_metric([], float(snap.in_flight))
         yield in_flight
 
+        gpus = GaugeMetricFamily("healthd_node_gpus", "GPUs on the node as the cluster backend reports them",
+                                 labels=["node"])
+        for node in snap.nodes:
+            gpus.add_metric([node.name], float(node.gpus))
+        yield gpus
+        queue_wait = GaugeMetricFamily("healthd_node_probe_last_queue_wait_seconds",
+                                       "Seconds the last finished probe run on the node waited between submission"
+                                       " and start", labels=["node", "probe"])
+        duration = GaugeMetricFamily("healthd_node_probe_last_duration_seconds",
+                                     "Wall-clock seconds the last finished probe run on the node took",
+                                     labels=["node", "probe"])
+        gpu_seconds = GaugeMetricFamily("healthd_node_probe_last_gpu_seconds",
+                                        "GPU-seconds the last finished probe run held on the node"
+                                        " (duration times the node's GPUs)", labels=["node", "probe"])
+        for t in snap.run_timings:
+            queue_wait.add_metric([t.node, t.probe], t.queue_wait_s)
+            duration.add_metric([t.node, t.probe], t.duration_s)
+            gpu_seconds.add_metric([t.node, t.probe], t.duration_s * t.gpus)
+        yield queue_wait
+        yield duration
+        yield gpu_seconds
+
     @staticmethod
     def _measurements(snap: Snapshot) -> Iterator[Metric]:
         series: dict[str, list[tuple[dict[str, str], float]]] = defaultdict(list)
@@ -127,6 +150,14 @@ class StoreCollector(Collector):
             suffix = family_name.split("_", 2)[2]
             help_text = next((text for key, text in MEASUREMENT_HELP.items() if suffix.endswith(key)),
                              f"Last measured {suffix.replace('_', ' ')}")
+            if "quantile" in keys:
+                # Only a summary may carry a "quantile" label (promtool check metrics); these are the last
+                # run's quantiles, without _sum and _count.
+                summary = Metric(family_name, help_text + " (last probe run)", "summary")
+                for labels, value in rows:
+                    summary.add_sample(family_name, {k: labels.get(k, "") for k in keys}, value)
+                yield summary
+                continue
             family = GaugeMetricFamily(family_name, help_text + " (last probe run)", labels=keys)
             for labels, value in rows:
                 family.add_metric([labels.get(k, "") for k in keys], value)
@@ -137,13 +168,14 @@ class DaemonMetrics:
     """Direct instrumentation of the daemon's own work."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.ticks = Counter("healthd_scheduler_ticks", "Scheduler ticks run, by job", ["job"], registry=registry)
-        self.tick_errors = Counter("healthd_scheduler_tick_errors", "Scheduler ticks that raised, by job",
-                                   ["job"], registry=registry)
+        # The label is "task", not "job": Prometheus renames a scraped "job" label to "exported_job".
+        self.ticks = Counter("healthd_scheduler_ticks", "Scheduler ticks run, by task", ["task"], registry=registry)
+        self.tick_errors = Counter("healthd_scheduler_tick_errors", "Scheduler ticks that raised, by task",
+                                   ["task"], registry=registry)
         self.missed = Counter("healthd_scheduler_missed_runs", "Scheduled ticks skipped (missed or still running)",
-                              ["job"], registry=registry)
-        self.last_tick = Gauge("healthd_scheduler_last_tick_timestamp_seconds", "When each scheduler job last ran",
-                               ["job"], registry=registry)
+                              ["task"], registry=registry)
+        self.last_tick = Gauge("healthd_scheduler_last_tick_timestamp_seconds", "When each scheduler task last ran",
+                               ["task"], registry=registry)
         self.errors = Counter("healthd_errors", "Errors handled without stopping, by kind", ["kind"],
                               registry=registry)
         self.backend_up = Gauge("healthd_backend_up", "1 if the last call to the cluster backend worked",
@@ -152,3 +184,7 @@ class DaemonMetrics:
                               registry=registry)
         for kind in ("tick", "submit", "parse", "backend", "store", "config_reload"):
             self.errors.labels(kind)
+        for task in SCHEDULER_TASKS:
+            self.ticks.labels(task)
+            self.tick_errors.labels(task)
+            self.missed.labels(task)

@@ -61,6 +61,47 @@ def new_run_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
+PRIORITY_RUN_PREFIX = "rp"
+"""Run ids of re-probes start with this (``r`` is not a hex digit, so a regular id never does)."""
+
+
+def new_priority_run_id() -> str:
+    return PRIORITY_RUN_PREFIX + uuid.uuid4().hex[:14]
+
+
+def is_priority_run(run_id: str) -> bool:
+    """True for the run of a ``PriorityRequest`` (a confirmation, localisation or recheck re-probe)."""
+    return run_id.startswith(PRIORITY_RUN_PREFIX)
+
+
+@dataclass(frozen=True)
+class PriorityRequest:
+    """A probe wanted soon on given nodes, before any regular one.
+
+    ``nodes`` must all be in the job; for a multi-node probe the job is filled up to ``size``
+    nodes (default: the probe's ``nodes_per_job``) with the first available of ``partners``
+    (known-good nodes, best first). ``allow_drained``: the nodes may be idle and drained (healthd
+    rechecking its own drains); partners never may.
+    """
+
+    probe: str
+    nodes: tuple[str, ...]
+    partners: tuple[str, ...] = ()
+    size: int = 0
+    allow_drained: bool = False
+    reason: str = ""
+
+
+DRAIN_FLAGS = frozenset({"DRAIN", "DRAINING", "DRAINED"})
+
+
+def _probeable_drained(node: Node, limits: PlanLimits) -> bool:
+    if node.state not in ("idle", "drained", "draining"):
+        return False
+    relaxed = Node(node.name, "idle", node.flags - DRAIN_FLAGS, node.partitions)
+    return why_not_probeable(relaxed, limits) is None
+
+
 def plan(
     nodes: Sequence[Node],
     *,
@@ -71,6 +112,8 @@ def plan(
     now: float,
     limits: PlanLimits,
     make_run_id: Callable[[], str] = new_run_id,
+    priority: Sequence[PriorityRequest] = (),
+    make_priority_run_id: Callable[[], str] = new_priority_run_id,
 ) -> list[ProbeJob]:
     """Probe jobs to submit now.
 
@@ -79,7 +122,9 @@ def plan(
       the longest-waiting first (never probed counts as oldest);
     - at most one new job per node per plan, at most ``max_jobs_in_flight`` jobs in flight,
       at most ``max_idle_share`` of the idle nodes taken;
-    - multi-node probes (``nodes_per_job > 1``) group due nodes of the same node class.
+    - multi-node probes (``nodes_per_job > 1``) group due nodes of the same node class;
+    - ``priority`` requests come first, in order, within the same caps; a request whose nodes
+      are not all free now, or whose job cannot be filled with free partners, waits.
     """
     busy = set(busy_nodes)
     probeable = [n for n in nodes if why_not_probeable(n, limits) is None]
@@ -105,6 +150,19 @@ def plan(
 
     jobs: list[ProbeJob] = []
     taken: set[str] = set()
+    if priority:
+        by_name = {n.name: n for n in nodes}
+        free = {n.name for n in candidates}
+        for request in priority:
+            wanted_settings = probes.get(request.probe)
+            if wanted_settings is None or not wanted_settings.enabled or len(jobs) >= job_budget:
+                continue
+            wanted = _priority_group(request, wanted_settings, by_name, free, taken, busy, limits)
+            if wanted is None or len(taken) + len(wanted) > node_budget:
+                continue
+            jobs.append(_job(request.probe, tuple(by_name[n] for n in wanted), wanted_settings,
+                             make_priority_run_id))
+            taken.update(wanted)
     waiting_groups: dict[tuple[str, str | None], list[Node]] = {}
     for _, probe, node in due:
         if len(jobs) >= job_budget or len(taken) >= node_budget:
@@ -124,6 +182,27 @@ def plan(
             taken.update(n.name for n in group)
             waiting_groups[(probe, node.node_class)] = []
     return jobs
+
+
+def _priority_group(
+    request: PriorityRequest, settings: ProbeSettings, by_name: Mapping[str, Node], free: set[str],
+    taken: set[str], busy: set[str], limits: PlanLimits,
+) -> list[str] | None:
+    size = request.size or max(settings.nodes_per_job, len(request.nodes))
+    group: list[str] = []
+    for name in request.nodes:
+        node = by_name.get(name)
+        if node is None or name in taken or name in busy or name in group:
+            return None
+        if name not in free and not (request.allow_drained and _probeable_drained(node, limits)):
+            return None
+        group.append(name)
+    for name in request.partners:
+        if len(group) >= size:
+            break
+        if name in free and name not in taken and name not in group:
+            group.append(name)
+    return group if len(group) >= size else None
 
 
 def _job(probe: str, nodes: tuple[Node, ...], settings: ProbeSettings, make_run_id: Callable[[], str]) -> ProbeJob:

@@ -100,6 +100,118 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (name, labels)
     );
     """,
+    # 2: judgement state, recommendations, remediation audit and drain history
+    """
+    CREATE TABLE judge_series (
+        node        TEXT NOT NULL,
+        probe       TEXT NOT NULL,
+        name        TEXT NOT NULL,
+        labels      TEXT NOT NULL,
+        accepted    TEXT NOT NULL,
+        last_value  REAL,
+        last_at     REAL NOT NULL,
+        last_run_id TEXT NOT NULL,
+        floor       REAL,
+        baseline    REAL,
+        spread      REAL,
+        PRIMARY KEY (node, probe, name, labels)
+    );
+    CREATE TABLE judge_marks (
+        run_id      TEXT NOT NULL,
+        node        TEXT NOT NULL,
+        probe       TEXT NOT NULL,
+        at          REAL NOT NULL,
+        severity    INTEGER NOT NULL,
+        code        TEXT NOT NULL,
+        text        TEXT NOT NULL,
+        regular     INTEGER NOT NULL,
+        event_proof INTEGER NOT NULL,
+        raw_flagged INTEGER NOT NULL,
+        findings    TEXT NOT NULL,
+        PRIMARY KEY (run_id, node)
+    );
+    CREATE INDEX judge_marks_node ON judge_marks (node, at);
+    CREATE INDEX judge_marks_at ON judge_marks (at);
+    CREATE TABLE judge_groups (
+        run_id      TEXT PRIMARY KEY,
+        probe       TEXT NOT NULL,
+        at          REAL NOT NULL,
+        members     TEXT NOT NULL,
+        suspects    TEXT NOT NULL,
+        severity    INTEGER NOT NULL,
+        code        TEXT NOT NULL,
+        text        TEXT NOT NULL,
+        event_proof INTEGER NOT NULL,
+        findings    TEXT NOT NULL
+    );
+    CREATE INDEX judge_groups_at ON judge_groups (at);
+    CREATE TABLE judge_requests (
+        node         TEXT NOT NULL,
+        probe        TEXT NOT NULL,
+        kind         TEXT NOT NULL,
+        nodes        TEXT NOT NULL,
+        requested_at REAL NOT NULL,
+        reason       TEXT NOT NULL,
+        PRIMARY KEY (node, probe)
+    );
+    CREATE TABLE fleet_events (
+        id          INTEGER PRIMARY KEY,
+        node_class  TEXT NOT NULL,
+        probe       TEXT NOT NULL,
+        started_at  REAL NOT NULL,
+        ended_at    REAL,
+        flagged     INTEGER NOT NULL,
+        sampled     INTEGER NOT NULL,
+        series      TEXT NOT NULL,
+        text        TEXT NOT NULL
+    );
+    CREATE UNIQUE INDEX fleet_events_active ON fleet_events (node_class, probe) WHERE ended_at IS NULL;
+    CREATE TABLE recommendations (
+        id           INTEGER PRIMARY KEY,
+        node         TEXT NOT NULL,
+        probe        TEXT NOT NULL,
+        outcome      TEXT NOT NULL,
+        reason_code  TEXT NOT NULL,
+        text         TEXT NOT NULL,
+        evidence     TEXT NOT NULL,
+        since        REAL NOT NULL,
+        updated_at   REAL NOT NULL,
+        state        TEXT NOT NULL CHECK (state IN ('active', 'cleared', 'withdrawn', 'dismissed')),
+        closed_at    REAL,
+        close_reason TEXT NOT NULL DEFAULT '',
+        escalated    INTEGER NOT NULL DEFAULT 0,
+        last_refusal TEXT NOT NULL DEFAULT ''
+    );
+    CREATE UNIQUE INDEX recommendations_active ON recommendations (node, probe) WHERE state = 'active';
+    CREATE INDEX recommendations_node ON recommendations (node, since);
+    CREATE TABLE remediation_audit (
+        id      INTEGER PRIMARY KEY,
+        at      REAL NOT NULL,
+        actor   TEXT NOT NULL,
+        action  TEXT NOT NULL,
+        node    TEXT,
+        result  TEXT NOT NULL CHECK (result IN ('done', 'refused', 'failed', 'info')),
+        reason  TEXT NOT NULL,
+        detail  TEXT NOT NULL
+    );
+    CREATE INDEX remediation_audit_at ON remediation_audit (at);
+    CREATE TABLE drains (
+        id           INTEGER PRIMARY KEY,
+        node         TEXT NOT NULL,
+        node_class   TEXT NOT NULL,
+        reason       TEXT NOT NULL,
+        actor        TEXT NOT NULL,
+        automatic    INTEGER NOT NULL,
+        drained_at   REAL NOT NULL,
+        undrained_at REAL,
+        undrained_by TEXT
+    );
+    CREATE INDEX drains_node ON drains (node, drained_at);
+    CREATE TABLE remediation_state (
+        key   TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    );
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -152,6 +264,17 @@ class LastRun:
 
 
 @dataclass(frozen=True)
+class RunTiming:
+    """Per (node, probe): queue wait, duration and GPUs held of the newest finished run (as ``LastRun``)."""
+
+    node: str
+    probe: str
+    queue_wait_s: float
+    duration_s: float
+    gpus: int
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """An immutable copy of what the metrics endpoint and the API show."""
 
@@ -162,6 +285,7 @@ class Snapshot:
     verdicts: tuple[Verdict, ...]
     counters: tuple[tuple[str, dict[str, str], float], ...]
     in_flight: int
+    run_timings: tuple[RunTiming, ...] = ()
 
 
 class Store:
@@ -573,6 +697,7 @@ class Store:
                 verdicts=tuple(self.current_verdicts()),
                 counters=tuple(self.counters()),
                 in_flight=len(self.unfinished_runs()),
+                run_timings=tuple(self.last_run_timings()),
             )
 
     def prune(self, older_than: float) -> int:
@@ -590,3 +715,326 @@ class Store:
                 (older_than,),
             )
         return int(deleted)
+
+    def last_run_timings(self) -> list[RunTiming]:
+        """Per (node, probe), the newest finished run (the one ``last_runs`` reports): how long it
+        waited between submission and start, how long it ran, and the GPUs of the node it held."""
+        rows = self._query(
+            """
+            WITH fin AS (
+                SELECT n.node, r.probe, r.submitted_at, r.started_at, r.duration_s,
+                       ROW_NUMBER() OVER (PARTITION BY n.node, r.probe ORDER BY r.finished_at DESC) AS k
+                FROM runs r JOIN run_nodes n ON n.run_id = r.run_id
+                WHERE r.state = 'finished' AND r.outcome != 'skipped'
+            )
+            SELECT f.node, f.probe, f.submitted_at, f.started_at, f.duration_s, COALESCE(nd.gpus, 0) AS gpus
+            FROM fin f LEFT JOIN nodes nd ON nd.name = f.node WHERE f.k = 1 ORDER BY f.node, f.probe
+            """
+        )
+        return [
+            RunTiming(
+                node=r["node"],
+                probe=r["probe"],
+                queue_wait_s=max(0.0, (r["started_at"] or r["submitted_at"]) - r["submitted_at"]),
+                duration_s=r["duration_s"] or 0.0,
+                gpus=r["gpus"],
+            )
+            for r in rows
+        ]
+
+    # -- judgement and remediation (migration 2) -------------------------------------------
+    # Plain rows in and out: the judge (healthd.judge.engine) and remediation (healthd.remediation)
+    # own their semantics; the store only keeps them.
+    def save_judgement(
+        self,
+        *,
+        verdicts: Iterable[Verdict],
+        series: Iterable[dict[str, Any]],
+        marks: Iterable[dict[str, Any]],
+        groups: Iterable[dict[str, Any]],
+        events: Iterable[dict[str, Any]],
+        pending: Iterable[dict[str, Any]],
+        satisfied: Iterable[tuple[str, str]],
+        prune_before: float | None = None,
+    ) -> None:
+        """One evaluation of the judge, in one transaction (see ``healthd.judge.engine.save_output``)."""
+        with self._tx() as db:
+            db.executemany(
+                "INSERT INTO verdicts (node, probe, outcome, reason, reason_code, run_ids, evidence, at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [(v.node, v.probe, v.outcome.value, v.reason, v.reason_code, json.dumps(list(v.run_ids)),
+                  json.dumps(v.evidence), v.at) for v in verdicts],
+            )
+            db.executemany(
+                "INSERT OR REPLACE INTO judge_series (node, probe, name, labels, accepted, last_value, last_at,"
+                " last_run_id, floor, baseline, spread) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(s["node"], s["probe"], s["name"],
+                  s["labels"] if isinstance(s["labels"], str) else canonical_labels(s["labels"]), json.dumps(s["accepted"]),
+                  s["last_value"], s["last_at"], s["last_run_id"], s["floor"], s["baseline"], s["spread"])
+                 for s in series],
+            )
+            db.executemany(
+                "INSERT OR REPLACE INTO judge_marks (run_id, node, probe, at, severity, code, text, regular,"
+                " event_proof, raw_flagged, findings) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(m["run_id"], m["node"], m["probe"], m["at"], m["severity"], m["code"], m["text"], int(m["regular"]),
+                  int(m["event_proof"]), int(m["raw_flagged"]), json.dumps(m["findings"])) for m in marks],
+            )
+            db.executemany(
+                "INSERT OR REPLACE INTO judge_groups (run_id, probe, at, members, suspects, severity, code, text,"
+                " event_proof, findings) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(g["run_id"], g["probe"], g["at"], json.dumps(g["members"]), json.dumps(g["suspects"]),
+                  g["severity"], g["code"], g["text"], int(g["event_proof"]), json.dumps(g["findings"]))
+                 for g in groups],
+            )
+            for e in events:
+                if e["ended_at"] is None:
+                    db.execute(
+                        "INSERT INTO fleet_events (node_class, probe, started_at, flagged, sampled, series, text)"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (e["node_class"], e["probe"], e["started_at"], e["flagged"], e["sampled"],
+                         json.dumps(e["series"]), e["text"]),
+                    )
+                else:
+                    db.execute(
+                        "UPDATE fleet_events SET ended_at = ?, text = ? WHERE node_class = ? AND probe = ?"
+                        " AND ended_at IS NULL", (e["ended_at"], e["text"], e["node_class"], e["probe"]),
+                    )
+            db.executemany("DELETE FROM judge_requests WHERE node = ? AND probe = ?", list(satisfied))
+            db.executemany(
+                "INSERT OR REPLACE INTO judge_requests (node, probe, kind, nodes, requested_at, reason)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                [(p["node"], p["probe"], p["kind"], json.dumps(p["nodes"]), p["requested_at"], p["reason"])
+                 for p in pending],
+            )
+            if prune_before is not None:
+                db.execute("DELETE FROM judge_marks WHERE at < ?", (prune_before,))
+                db.execute("DELETE FROM judge_groups WHERE at < ?", (prune_before,))
+
+    def load_judgement(self, *, since: float) -> dict[str, list[dict[str, Any]]]:
+        """What ``Judge.restore`` needs: every series, marks and group records since ``since``,
+        active fleet events, pending re-probes, current verdicts and undrain times."""
+        def rows(sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+            return [dict(r) for r in self._query(sql, params)]
+
+        with self._lock:
+            series = rows("SELECT * FROM judge_series")
+            for s in series:
+                s["labels"] = json.loads(s["labels"])
+                s["accepted"] = json.loads(s["accepted"])
+            marks = rows("SELECT * FROM judge_marks WHERE at >= ? ORDER BY at", (since,))
+            for m in marks:
+                m["findings"] = json.loads(m["findings"])
+            groups = rows("SELECT * FROM judge_groups WHERE at >= ? ORDER BY at", (since,))
+            for g in groups:
+                for key in ("members", "suspects", "findings"):
+                    g[key] = json.loads(g[key])
+            events = rows("SELECT * FROM fleet_events WHERE ended_at IS NULL")
+            for e in events:
+                e["series"] = json.loads(e["series"])
+            pending = rows("SELECT * FROM judge_requests")
+            for p in pending:
+                p["nodes"] = json.loads(p["nodes"])
+            return {
+                "series": series, "marks": marks, "groups": groups, "events": events, "pending": pending,
+                "verdicts": [{"verdict": v} for v in self.current_verdicts()],
+                "resets": [{"node": n, "at": at} for n, at in self.judge_resets().items()],
+            }
+
+    def judge_resets(self) -> dict[str, float]:
+        """Per node, when healthd last undrained it: its earlier evidence no longer counts."""
+        return {r[0]: r[1] for r in self._query(
+            "SELECT node, MAX(undrained_at) FROM drains WHERE undrained_at IS NOT NULL GROUP BY node")}
+
+    def judge_series(self) -> list[dict[str, Any]]:
+        """Every judged series with its latest value, floor and baseline (for the metrics)."""
+        out = [dict(r) for r in self._query(
+            "SELECT node, probe, name, labels, last_value, last_at, floor, baseline, spread FROM judge_series"
+            " ORDER BY probe, name, node, labels")]
+        for s in out:
+            s["labels"] = json.loads(s["labels"])
+        return out
+
+    def judge_history(self, *, since: float = 0.0, until: float = float("inf")) -> list[dict[str, Any]]:
+        """Finished runs in [since, until] by finish time, with nodes, measurements and failed checks."""
+        params = (since, until if until != float("inf") else 1e300)
+        with self._lock:
+            runs = [dict(r) for r in self._query(
+                "SELECT r.run_id, r.probe, r.outcome, r.reason, r.finished_at AS at,"
+                " (SELECT json_group_array(node) FROM run_nodes n WHERE n.run_id = r.run_id) AS nodes"
+                " FROM runs r WHERE r.state = 'finished' AND r.finished_at >= ? AND r.finished_at <= ?"
+                " ORDER BY r.finished_at, r.run_id", params)]
+            by_run: dict[str, dict[str, Any]] = {}
+            for r in runs:
+                r["nodes"] = sorted(json.loads(r["nodes"]))
+                r["measurements"], r["failed_checks"] = [], []
+                by_run[r["run_id"]] = r
+            for m in self._query(
+                "SELECT m.run_id, m.node, m.name, m.labels, m.value FROM measurements m JOIN runs r"
+                " ON r.run_id = m.run_id WHERE r.state = 'finished' AND r.finished_at >= ? AND r.finished_at <= ?"
+                " ORDER BY m.id", params):
+                if m["run_id"] in by_run:
+                    by_run[m["run_id"]]["measurements"].append(
+                        {"name": m["name"], "value": m["value"], "labels": json.loads(m["labels"]), "node": m["node"]})
+            for c in self._query(
+                "SELECT c.* FROM checks c JOIN runs r ON r.run_id = c.run_id WHERE c.ok = 0"
+                " AND r.state = 'finished' AND r.finished_at >= ? AND r.finished_at <= ?", params):
+                if c["run_id"] in by_run:
+                    by_run[c["run_id"]]["failed_checks"].append(
+                        {"name": c["name"], "detail": c["detail"], "node": c["node"], "gpu": c["gpu"]})
+        return runs
+
+    def marks_since(self, node: str, since: float) -> list[tuple[float, str, int, str]]:
+        """(at, probe, severity, code) of the node's judged results after ``since``, oldest first."""
+        return [(r[0], r[1], r[2], r[3]) for r in self._query(
+            "SELECT at, probe, severity, code FROM judge_marks WHERE node = ? AND at > ? ORDER BY at", (node, since))]
+
+    def fleet_events(self, *, active_only: bool = False, limit: int = 100) -> list[dict[str, Any]]:
+        where = "WHERE ended_at IS NULL" if active_only else ""
+        out = [dict(r) for r in self._query(
+            f"SELECT * FROM fleet_events {where} ORDER BY started_at DESC LIMIT ?", (limit,))]
+        for e in out:
+            e["series"] = json.loads(e["series"])
+        return out
+
+    def upsert_recommendation(
+        self, *, node: str, probe: str, outcome: str, reason_code: str, text: str, evidence: dict[str, Any],
+        at: float,
+    ) -> bool:
+        """Open or refresh the active recommendation for (node, probe); ``True`` when it is new.
+        A refresh keeps ``since`` (when it was first recommended)."""
+        with self._tx() as db:
+            row = db.execute("SELECT id FROM recommendations WHERE node = ? AND probe = ? AND state = 'active'",
+                             (node, probe)).fetchone()
+            if row is None:
+                db.execute(
+                    "INSERT INTO recommendations (node, probe, outcome, reason_code, text, evidence, since,"
+                    " updated_at, state) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'active')",
+                    (node, probe, outcome, reason_code, text, json.dumps(evidence), at, at),
+                )
+                return True
+            db.execute(
+                "UPDATE recommendations SET outcome = ?, reason_code = ?, text = ?, evidence = ?, updated_at = ?"
+                " WHERE id = ?", (outcome, reason_code, text, json.dumps(evidence), at, row[0]),
+            )
+            return False
+
+    def close_recommendations(self, *, node: str, probe: str | None, state: str, reason: str, at: float) -> int:
+        """Close the node's active recommendations (one probe, or all) as ``cleared``, ``withdrawn``
+        (a fleet event explains them) or ``dismissed`` (an operator undrained the node)."""
+        sql = ("UPDATE recommendations SET state = ?, closed_at = ?, close_reason = ?"
+               " WHERE node = ? AND state = 'active'")
+        params: list[Any] = [state, at, reason, node]
+        if probe is not None:
+            sql += " AND probe = ?"
+            params.append(probe)
+        with self._tx() as db:
+            return int(db.execute(sql, params).rowcount)
+
+    def note_recommendation(self, rec_id: int, *, refusal: str, escalated: bool) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE recommendations SET last_refusal = ?, escalated = ? WHERE id = ?",
+                       (refusal, int(escalated), rec_id))
+
+    def recommendations(self, *, states: Sequence[str] = ("active",), node: str | None = None,
+                        limit: int = 1000) -> list[RecommendationRow]:
+        marks = ",".join("?" for _ in states)
+        sql = f"SELECT * FROM recommendations WHERE state IN ({marks})"
+        params: list[Any] = list(states)
+        if node is not None:
+            sql += " AND node = ?"
+            params.append(node)
+        rows = self._query(sql + " ORDER BY since DESC, id DESC LIMIT ?", [*params, limit])
+        return [RecommendationRow(
+            id=r["id"], node=r["node"], probe=r["probe"], outcome=r["outcome"], reason_code=r["reason_code"],
+            text=r["text"], evidence=json.loads(r["evidence"]), since=r["since"], updated_at=r["updated_at"],
+            state=r["state"], closed_at=r["closed_at"], close_reason=r["close_reason"],
+            escalated=bool(r["escalated"]), last_refusal=r["last_refusal"]) for r in rows]
+
+    def add_audit(self, *, at: float, actor: str, action: str, node: str | None, result: str, reason: str,
+                  detail: dict[str, Any] | None = None) -> None:
+        """One remediation action or refusal; also counts it in ``remediation_actions_total``."""
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO remediation_audit (at, actor, action, node, result, reason, detail)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)", (at, actor, action, node, result, reason, json.dumps(detail or {})),
+            )
+            self._bump(db, "remediation_actions_total", {"action": action, "result": result}, 1.0)
+
+    def audit(self, *, limit: int = 100, node: str | None = None) -> list[AuditRow]:
+        sql, params = "SELECT * FROM remediation_audit", []
+        if node is not None:
+            sql, params = sql + " WHERE node = ?", [node]
+        rows = self._query(sql + " ORDER BY at DESC, id DESC LIMIT ?", [*params, limit])
+        return [AuditRow(at=r["at"], actor=r["actor"], action=r["action"], node=r["node"], result=r["result"],
+                         reason=r["reason"], detail=json.loads(r["detail"])) for r in rows]
+
+    def add_drain(self, *, node: str, node_class: str, reason: str, actor: str, automatic: bool, at: float) -> None:
+        with self._tx() as db:
+            db.execute("INSERT INTO drains (node, node_class, reason, actor, automatic, drained_at)"
+                       " VALUES (?, ?, ?, ?, ?, ?)", (node, node_class, reason, actor, int(automatic), at))
+
+    def close_drain(self, node: str, *, at: float, by: str) -> bool:
+        with self._tx() as db:
+            return bool(db.execute("UPDATE drains SET undrained_at = ?, undrained_by = ? WHERE node = ?"
+                                   " AND undrained_at IS NULL", (at, by, node)).rowcount)
+
+    def drains(self, *, node: str | None = None, since: float = 0.0, open_only: bool = False) -> list[DrainRow]:
+        clauses, params = ["drained_at >= ?"], [since]
+        if node is not None:
+            clauses.append("node = ?")
+            params.append(node)  # type: ignore[arg-type]
+        if open_only:
+            clauses.append("undrained_at IS NULL")
+        rows = self._query(f"SELECT * FROM drains WHERE {' AND '.join(clauses)} ORDER BY drained_at, id", params)
+        return [DrainRow(node=r["node"], node_class=r["node_class"], reason=r["reason"], actor=r["actor"],
+                         automatic=bool(r["automatic"]), drained_at=r["drained_at"], undrained_at=r["undrained_at"],
+                         undrained_by=r["undrained_by"]) for r in rows]
+
+    def remediation_state(self, key: str) -> Any:
+        rows = self._query("SELECT value FROM remediation_state WHERE key = ?", (key,))
+        return json.loads(rows[0][0]) if rows else None
+
+    def set_remediation_state(self, key: str, value: Any) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO remediation_state (key, value) VALUES (?, ?)", (key, json.dumps(value)))
+
+
+@dataclass(frozen=True)
+class RecommendationRow:
+    id: int
+    node: str
+    probe: str
+    outcome: str
+    reason_code: str
+    text: str
+    evidence: dict[str, Any]
+    since: float
+    updated_at: float
+    state: str
+    closed_at: float | None
+    close_reason: str
+    escalated: bool
+    last_refusal: str
+
+
+@dataclass(frozen=True)
+class AuditRow:
+    at: float
+    actor: str
+    action: str
+    node: str | None
+    result: str
+    reason: str
+    detail: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class DrainRow:
+    node: str
+    node_class: str
+    reason: str
+    actor: str
+    automatic: bool
+    drained_at: float
+    undrained_at: float | None
+    undrained_by: str | None

@@ -16,6 +16,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   missing=()
   command -v promtool >/dev/null || missing+=(prometheus)
   command -v systemd-analyze >/dev/null || missing+=(systemd)
+  /usr/bin/python3 -c 'import seccomp' 2>/dev/null || missing+=(python3-seccomp)
   if [ ${#missing[@]} -gt 0 ]; then
     echo "== installing Debian packages: ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
