@@ -1,0 +1,130 @@
+"""``python -m probes <env|nccl|gemm|ddp> [common options] [probe options]``.
+
+Exit codes: 0 the probe ran (outcome ``pass`` or ``fail``), 1 it could not run (outcome
+``error``; the document is still written, with the reason), 2 usage error (argparse).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+from probes import ddp, env, gemm, nccl
+from probes.context import ProbeModule
+from probes.dist import LaunchError, detect_launch, node_name
+from probes.report import emit, render, reserve_stdout
+from probes.result import Outcome, ProbeResult
+from probes.timing import process_start_time
+
+PROBES: dict[str, ProbeModule] = {m.NAME: m for m in (env, nccl, gemm, ddp)}
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
+    return value
+
+
+def _int_at_least(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}: {text!r}")
+        return value
+
+    return parse
+
+
+def common_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    g = common.add_argument_group("common options")
+    g.add_argument(
+        "--backend", choices=("auto", "gloo", "nccl"), default="auto", help="auto: nccl on CUDA devices, gloo on CPU"
+    )
+    g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    g.add_argument(
+        "--nproc",
+        type=_int_at_least(1),
+        default=None,
+        help="standalone only: local ranks to spawn (default: visible GPUs, or 2 on CPU)",
+    )
+    g.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=120.0,
+        help="seconds for the whole probe, start-up included (default 120)",
+    )
+    g.add_argument("--run-id", default=None, help="an id copied into the result")
+    g.add_argument("--output", default=None, help="write the result there (atomically) instead of stdout")
+    g.add_argument("--format", choices=("json", "table"), default="json")
+    g.add_argument(
+        "--expect-gpus",
+        type=_int_at_least(0),
+        default=None,
+        help="GPUs every node must show (default: the node's rank count on CUDA, none on CPU)",
+    )
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m probes",
+        description="healthd probes for compute nodes; prints one ProbeResult JSON document",
+    )
+    sub = parser.add_subparsers(dest="probe", required=True, metavar="{" + ",".join(PROBES) + "}")
+    common = common_parser()
+    for name, module in PROBES.items():
+        p = sub.add_parser(name, parents=[common], help=module.HELP, description=module.HELP)
+        module.add_arguments(p)
+    return parser
+
+
+def _launch_error(module: ProbeModule, args: argparse.Namespace, reason: str) -> int:
+    reserve_stdout()
+    now = time.time()
+    result = ProbeResult(
+        probe=module.NAME,
+        run_id=args.run_id,
+        outcome=Outcome.ERROR,
+        reason=reason,
+        started_at=process_start_time(),
+        finished_at=now,
+        nodes=[node_name()],
+        params={"backend": args.backend, "device": args.device, "timeout_s": args.timeout},
+    )
+    emit(render(result, args.format, module.format_table), args.output)
+    return 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    raw = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(raw)
+    module = PROBES[args.probe]
+    try:
+        launch = detect_launch(os.environ)
+    except LaunchError as exc:
+        return _launch_error(module, args, f"cannot determine the launch: {exc}")
+    if launch is None:
+        from probes.launch import run_standalone
+
+        return run_standalone(module, args, raw)
+    from probes.runner import run_rank
+
+    return run_rank(module, args, launch)
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,309 @@
+"""The ``ddp`` probe: a few training steps of a small GPT-style decoder under DistributedDataParallel.
+
+Like PyTorch's ``benchmarks/distributed/ddp/benchmark.py``: synthetic data, every step timed on
+the host around ``zero_grad; forward; loss; backward; optimizer.step`` and a device sync;
+``--warmup`` steps dropped; step-time quantiles over all ranks x steps (p50, p90). The same
+model without DDP, on each rank alone (all ranks at once, no communication), gives the
+single-rank throughput, and the scaling efficiency is per-rank DDP throughput over it.
+
+- ``throughput_samples_per_second``: ``world_size * batch / p50`` (``per_rank``: each
+  rank's ``batch / median`` of its own steps);
+- ``step_seconds`` with ``quantile`` 0.5 and 0.9;
+- ``single_rank_throughput_samples_per_second``: mean over ranks of ``batch / median`` without DDP;
+- ``scaling_efficiency_ratio``: ``throughput / world_size / single_rank_throughput``;
+- check ``ddp.parameters_identical``: after the steps every rank holds bit-identical
+  parameters (an element-wise MAX and MIN all-reduce agree everywhere); a rank whose
+  parameter digest differs from the majority is named.
+
+GPU default is GPT-2-small-like (12 layers, 12 heads, 768 wide, 1024 tokens, batch 8, bf16
+autocast where supported); CPU default is tiny so the probe stays within seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from probes.context import ProbeContext, ProbeOutput
+from probes.result import Check, Measurement, ProbeResult
+from probes.timing import mean, median, quantile
+
+if TYPE_CHECKING:
+    import torch
+
+NAME = "ddp"
+HELP = "training throughput of a small GPT under DDP, scaling efficiency, parameter equality"
+
+QUANTILES = (0.5, 0.9)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    n_layer: int
+    n_head: int
+    n_embd: int
+    seq_len: int
+    vocab_size: int
+    batch_size: int
+
+
+GPU_DEFAULT = ModelConfig(n_layer=12, n_head=12, n_embd=768, seq_len=1024, vocab_size=50304, batch_size=8)
+CPU_DEFAULT = ModelConfig(n_layer=2, n_head=2, n_embd=64, seq_len=64, vocab_size=512, batch_size=4)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--n-layer", type=int, default=None, help="decoder blocks (default 12 GPU, 2 CPU)")
+    parser.add_argument("--n-head", type=int, default=None, help="attention heads (default 12 GPU, 2 CPU)")
+    parser.add_argument("--n-embd", type=int, default=None, help="model width (default 768 GPU, 64 CPU)")
+    parser.add_argument("--seq-len", type=int, default=None, help="tokens per sample (default 1024 GPU, 64 CPU)")
+    parser.add_argument("--vocab-size", type=int, default=None, help="vocabulary (default 50304 GPU, 512 CPU)")
+    parser.add_argument("--batch-size", type=int, default=None, help="samples per rank and step (default 8 GPU, 4 CPU)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed steps (default 5 GPU, 2 CPU)")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps (default 20 GPU, 8 CPU)")
+
+
+def model_config(args: argparse.Namespace, cuda: bool) -> ModelConfig:
+    base = GPU_DEFAULT if cuda else CPU_DEFAULT
+    cfg = ModelConfig(
+        n_layer=args.n_layer or base.n_layer,
+        n_head=args.n_head or base.n_head,
+        n_embd=args.n_embd or base.n_embd,
+        seq_len=args.seq_len or base.seq_len,
+        vocab_size=args.vocab_size or base.vocab_size,
+        batch_size=args.batch_size or base.batch_size,
+    )
+    if min(cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.seq_len, cfg.vocab_size, cfg.batch_size) < 1:
+        raise ValueError("model sizes must be >= 1")
+    if cfg.n_embd % cfg.n_head:
+        raise ValueError(f"--n-embd {cfg.n_embd} is not a multiple of --n-head {cfg.n_head}")
+    return cfg
+
+
+def build_model(cfg: ModelConfig) -> torch.nn.Module:
+    """A GPT-2-style decoder: token + position embeddings, pre-LN blocks (causal attention,
+    4x GELU MLP), final LayerNorm, tied LM head; ``forward(idx, targets)`` returns the loss."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln1 = nn.LayerNorm(cfg.n_embd)
+            self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
+            self.proj = nn.Linear(cfg.n_embd, cfg.n_embd)
+            self.ln2 = nn.LayerNorm(cfg.n_embd)
+            self.fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd)
+            self.out = nn.Linear(4 * cfg.n_embd, cfg.n_embd)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            b, t, c = x.shape
+            q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
+            shape = (b, t, cfg.n_head, c // cfg.n_head)
+            q, k, v = (z.view(shape).transpose(1, 2) for z in (q, k, v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.proj(y.transpose(1, 2).contiguous().view(b, t, c))
+            out: torch.Tensor = x + self.out(F.gelu(self.fc(self.ln2(x))))
+            return out
+
+    class GPT(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+            self.wpe = nn.Embedding(cfg.seq_len, cfg.n_embd)
+            self.blocks = nn.ModuleList(Block() for _ in range(cfg.n_layer))
+            self.ln_f = nn.LayerNorm(cfg.n_embd)
+            self.head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+            self.head.weight = self.wte.weight
+
+        def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            pos = torch.arange(idx.shape[1], device=idx.device)
+            x = self.wte(idx) + self.wpe(pos)
+            for block in self.blocks:
+                x = block(x)
+            logits = self.head(self.ln_f(x))
+            return F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), targets.view(-1))
+
+    model: torch.nn.Module = GPT()
+    return model
+
+
+def _train(
+    ctx: ProbeContext, model: torch.nn.Module, cfg: ModelConfig, warmup: int, steps: int, phase: str
+) -> list[float]:
+    """Seconds of each timed step (after ``warmup`` untimed ones)."""
+    import torch
+
+    gen = torch.Generator(device=ctx.device)
+    gen.manual_seed(2000 + ctx.rank)
+    idx = torch.randint(0, cfg.vocab_size, (cfg.batch_size, cfg.seq_len + 1), device=ctx.device, generator=gen)
+    x, y = idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    autocast_bf16 = ctx.device_type == "cuda" and torch.cuda.is_bf16_supported()
+    times: list[float] = []
+    for i in range(warmup + steps):
+        if i == warmup:
+            ctx.mark(f"ddp.{phase}.timed")
+        t = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device_type=ctx.device_type, dtype=torch.bfloat16, enabled=autocast_bf16):
+            loss = model(x, y)
+        loss.backward()
+        optimizer.step()
+        ctx.sync()
+        if i >= warmup:
+            times.append(time.perf_counter() - t)
+    return times
+
+
+def _flat_params(model: torch.nn.Module) -> torch.Tensor:
+    import torch
+
+    return torch.cat([p.detach().reshape(-1).float() for p in model.parameters()])
+
+
+def _digest(flat: torch.Tensor) -> int:
+    """A position-weighted checksum of the parameters' bits (equal bits -> equal digest)."""
+    import torch
+
+    bits = flat.view(torch.int32).to(torch.int64)
+    weights = torch.arange(flat.numel(), device=flat.device, dtype=torch.int64) % 1_000_003 + 1
+    return int((bits * weights).sum().item())
+
+
+def run(ctx: ProbeContext) -> ProbeOutput:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    args = ctx.args
+    cuda = ctx.device_type == "cuda"
+    cfg = model_config(args, cuda)
+    warmup = args.warmup if args.warmup is not None else (5 if cuda else 2)
+    steps = args.steps if args.steps is not None else (20 if cuda else 8)
+    if steps < 1 or warmup < 0:
+        raise ValueError("--steps must be >= 1 and --warmup >= 0")
+
+    ctx.mark("ddp.build")
+    torch.manual_seed(1234)
+    single = build_model(cfg).to(ctx.device)
+    n_params = sum(p.numel() for p in single.parameters())
+    ctx.barrier()
+    ctx.mark("ddp.single.warmup")
+    single_times = _train(ctx, single, cfg, warmup, steps, "single")
+    del single
+    ctx.barrier()
+
+    ctx.mark("ddp.ddp.warmup")
+    torch.manual_seed(1234)
+    model = build_model(cfg).to(ctx.device)
+    ddp = DistributedDataParallel(
+        model,
+        device_ids=[ctx.device.index] if cuda else None,
+        broadcast_buffers=False,
+        bucket_cap_mb=25,
+    )
+    ddp_times = _train(ctx, ddp, cfg, warmup, steps, "ddp")
+
+    ctx.mark("ddp.check")
+    flat = _flat_params(model)
+    if "corrupt" in ctx.faults:
+        flat[0] += 1.0
+    hi, lo = flat.clone(), flat.clone()
+    dist.all_reduce(hi, op=dist.ReduceOp.MAX)
+    dist.all_reduce(lo, op=dist.ReduceOp.MIN)
+    differing = int((hi != lo).sum().item())
+    digest = _digest(flat)
+    gathered = ctx.gather((single_times, ddp_times, digest))
+
+    out = ProbeOutput(
+        params={
+            "n_layer": cfg.n_layer,
+            "n_head": cfg.n_head,
+            "n_embd": cfg.n_embd,
+            "seq_len": cfg.seq_len,
+            "vocab_size": cfg.vocab_size,
+            "batch_size": cfg.batch_size,
+            "parameters": n_params,
+            "warmup": warmup,
+            "steps": steps,
+            "autocast": "bf16" if cuda and torch.cuda.is_bf16_supported() else None,
+            "optimizer": "AdamW",
+        }
+    )
+    if ctx.rank != 0:
+        return out
+    return summarize(ctx, cfg.batch_size, gathered, differing, out)
+
+
+def summarize(
+    ctx: ProbeContext,
+    batch: int,
+    gathered: list[Any],
+    differing: int,
+    out: ProbeOutput,
+) -> ProbeOutput:
+    world = len(gathered)
+    nodes = {ctx.node_of(r) for r in range(world)}
+    node = next(iter(nodes)) if len(nodes) == 1 else None
+    single_per_rank = [batch / median(s) for s, _, _ in gathered]
+    ddp_per_rank = [batch / median(d) for _, d, _ in gathered]
+    all_steps = [t for _, d, _ in gathered for t in d]
+    p50 = quantile(all_steps, 0.5)
+    throughput = world * batch / p50
+    single = mean(single_per_rank)
+    out.measurements += [
+        Measurement(name="throughput_samples_per_second", value=throughput, node=node, per_rank=ddp_per_rank),
+        *(
+            Measurement(
+                name="step_seconds",
+                value=quantile(all_steps, q),
+                labels={"quantile": str(q)},
+                node=node,
+                per_rank=[quantile(d, q) for _, d, _ in gathered],
+            )
+            for q in QUANTILES
+        ),
+        Measurement(
+            name="single_rank_throughput_samples_per_second", value=single, node=node, per_rank=single_per_rank
+        ),
+        Measurement(name="scaling_efficiency_ratio", value=throughput / world / single, node=node),
+    ]
+    digests = [g for _, _, g in gathered]
+    majority, votes = Counter(digests).most_common(1)[0]
+    odd = [r for r, d in enumerate(digests) if d != majority] if votes * 2 > world else []
+    detail = f"{differing} parameter elements differ across ranks"
+    if differing and odd:
+        detail += "; differing rank(s): " + ", ".join(f"{r} (node {ctx.node_of(r)})" for r in odd)
+    elif differing:
+        detail += "; no majority to name the differing rank"
+    out.checks.append(
+        Check(
+            name="ddp.parameters_identical",
+            ok=differing == 0 and not odd,
+            detail=detail,
+            node=node if node is not None else (ctx.node_of(odd[0]) if len(odd) == 1 else None),
+            rank=odd[0] if len(odd) == 1 else None,
+        )
+    )
+    if not math.isfinite(throughput):
+        raise ValueError("non-finite DDP throughput")
+    return out
+
+
+def format_table(result: ProbeResult) -> str:
+    p = result.params
+    lines = [
+        f"# model: {p.get('n_layer')} layers, {p.get('n_head')} heads, {p.get('n_embd')} wide, "
+        f"seq {p.get('seq_len')}, vocab {p.get('vocab_size')}, {p.get('parameters')} parameters; "
+        f"batch {p.get('batch_size')} per rank; {p.get('warmup')} warm-up + {p.get('steps')} timed steps"
+    ]
+    for m in result.measurements:
+        label = f"{m.name}" + (f"{{quantile={m.labels['quantile']}}}" if "quantile" in m.labels else "")
+        per = "" if not m.per_rank else "  per rank: " + " ".join(f"{v:.4g}" for v in m.per_rank)
+        lines.append(f"  {label:<52} {m.value:>12.4g}{per}")
+    return "\n".join(lines)

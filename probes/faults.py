@@ -1,0 +1,51 @@
+"""Test-only fault injection: ``HEALTHD_PROBE_FAULT=<kind>:<rank>[,<kind>:<rank>...]``.
+
+Kinds:
+
+- ``corrupt:<rank>``: the rank damages its own result data after the measured operation and
+  before validation (nccl: a few elements of the received buffer; gemm: one output element;
+  ddp: one parameter), so the probe must report wrong data and outcome ``fail``.
+- ``hang:<rank>``: the rank stops (sleeps) when the measurement phase starts, as a stuck GPU
+  or collective would; the probe must end within ``--timeout`` naming the rank.
+- ``crash:<rank>``: the rank exits abruptly (``os._exit``, no cleanup, no report) when the
+  measurement phase starts.
+
+This exists so tests can exercise the failure paths with real processes. It is never set
+by the daemon.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+FAULT_ENV = "HEALTHD_PROBE_FAULT"
+CRASH_EXIT_CODE = 86
+
+FaultKind = Literal["corrupt", "hang", "crash"]
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: FaultKind
+    rank: int
+
+
+def parse_faults(spec: str | None) -> tuple[Fault, ...]:
+    """Parse the fault specification; raises ``ValueError`` on anything malformed."""
+    if not spec or not spec.strip():
+        return ()
+    faults: list[Fault] = []
+    for item in spec.split(","):
+        kind, sep, rank = item.strip().partition(":")
+        if not sep or kind not in get_args(FaultKind) or not rank.isdigit():
+            raise ValueError(f"{FAULT_ENV}: expected '<kind>:<rank>' with kind in {get_args(FaultKind)}, got {item!r}")
+        faults.append(Fault(kind=kind, rank=int(rank)))  # type: ignore[arg-type]
+    return tuple(faults)
+
+
+def active_faults(rank: int, environ: dict[str, str] | None = None) -> frozenset[FaultKind]:
+    """The fault kinds injected into ``rank``."""
+    env = os.environ if environ is None else environ
+    return frozenset(f.kind for f in parse_faults(env.get(FAULT_ENV)) if f.rank == rank)

@@ -1,0 +1,312 @@
+"""The ``gemm`` probe: matmul throughput and device memory bandwidth, each GPU on its own.
+
+Every rank measures its own device (one rank per GPU; on CPU, each rank with its share of
+the cores), all at the same time, dtype by dtype:
+
+- ``M = N = K = --size`` (8192 on GPU, 1024 on CPU), random normal operands;
+- several operand sets, rotated between iterations so that what is measured is not a cache
+  (at least 512 MiB of operands on GPU, 256 MiB on CPU, 2 to 16 sets);
+- ``--warmup`` untimed matmuls (and, on GPU, at least 0.2 s of them so clocks and cuBLAS
+  heuristics settle), then ``--iters`` timed ones, each timed on its own (CUDA events on GPU,
+  the host clock on CPU, where the op is synchronous); the median is used:
+  ``flop_per_second = 2*M*N*K / median``, PARAM's formula;
+- a result check: sampled rows of the last product against a float64 reference from the
+  same operands, ``max|C - ref| / sqrt(K)`` within the dtype's tolerance (:data:`TOLERANCE`);
+  a failure names the GPU and fails the probe;
+- ``memory_bandwidth_bytes_per_second``: a large device-to-device copy (``--copy-bytes``,
+  1 GiB on GPU, 64 MiB on CPU), bytes read + written over the median copy time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from probes.context import ProbeContext, ProbeOutput
+from probes.nccl import parse_size
+from probes.result import Check, Measurement, ProbeResult
+from probes.timing import median
+
+if TYPE_CHECKING:
+    import torch
+
+NAME = "gemm"
+HELP = "per-GPU matmul throughput (fp32/tf32/bf16/fp16/fp8) and memory bandwidth"
+
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
+TOLERANCE = {"fp32": 1e-3, "tf32": 5e-2, "bf16": 1e-1, "fp16": 2e-2, "fp8": 1e-1}
+"""Allowed ``max|C - ref| / sqrt(K)`` for N(0,1) operands: output rounding of a value of a
+few ``sqrt(K)`` in the dtype (bf16 2^-8, fp16 2^-11) or input rounding (tf32 2^-11 per
+product), with a wide margin: broken hardware is off by orders of magnitude, or NaN."""
+REFERENCE_ROWS = 8
+
+
+def _dtypes_arg(text: str) -> list[str]:
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [n for n in names if n not in DTYPES]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown dtype(s) {bad}; choose from {', '.join(DTYPES)}")
+    return list(dict.fromkeys(names))
+
+
+def _bytes_arg(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--size", type=int, default=None, help="M=N=K (default 8192 on GPU, 1024 on CPU)")
+    parser.add_argument(
+        "--dtypes",
+        type=_dtypes_arg,
+        default=None,
+        help=f"comma list from {','.join(DTYPES)} (default: all the device supports)",
+    )
+    parser.add_argument("--warmup", type=int, default=5, help="untimed matmuls per dtype (default 5)")
+    parser.add_argument("--iters", type=int, default=None, help="timed matmuls per dtype (default 20 GPU, 10 CPU)")
+    parser.add_argument(
+        "--copy-bytes", type=_bytes_arg, default=None, help="copy size for memory bandwidth (default 1G GPU, 64M CPU)"
+    )
+
+
+def support(dtype: str, device_type: str, capability: tuple[int, int] | None) -> str | None:
+    """``None`` if ``dtype`` can be measured on this device, else why not."""
+    if device_type == "cpu":
+        return None if dtype in ("fp32", "bf16") else "not supported on this device"
+    cap = capability or (0, 0)
+    if dtype in ("tf32", "bf16") and cap < (8, 0):
+        return "not supported on this device (needs compute capability 8.0)"
+    if dtype == "fp8":
+        import torch
+
+        if cap < (8, 9) or not hasattr(torch, "_scaled_mm") or not hasattr(torch, "float8_e4m3fn"):
+            return "not supported on this device (needs compute capability 8.9 and torch._scaled_mm)"
+    return None
+
+
+@dataclass
+class Operands:
+    a: list[torch.Tensor]
+    b: list[torch.Tensor]
+    c: list[torch.Tensor]
+    step: Callable[[int], None]
+    """Multiply operand set ``i mod len(a)`` into ``c[i mod len(a)]``."""
+
+
+def _operands(dtype: str, n: int, sets: int, device: torch.device, seed: int) -> Operands:
+    import torch
+
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+
+    def randn() -> torch.Tensor:
+        return torch.randn(n, n, device=device, generator=gen, dtype=torch.float32)
+
+    if dtype == "fp8":
+        a = [randn().to(torch.float8_e4m3fn) for _ in range(sets)]
+        b = [randn().to(torch.float8_e4m3fn).t().contiguous().t() for _ in range(sets)]  # column-major
+        c = [torch.empty(n, n, device=device, dtype=torch.bfloat16) for _ in range(sets)]
+        one = torch.ones((), device=device, dtype=torch.float32)
+
+        def step8(i: int) -> None:
+            k = i % sets
+            r = torch._scaled_mm(a[k], b[k], scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+            c[k] = r[0] if isinstance(r, tuple) else r  # torch < 2.4 also returned amax
+
+        return Operands(a, b, c, step8)
+    tdtype = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    a = [randn().to(tdtype) for _ in range(sets)]
+    b = [randn().to(tdtype) for _ in range(sets)]
+    c = [torch.empty(n, n, device=device, dtype=tdtype) for _ in range(sets)]
+
+    def step(i: int) -> None:
+        k = i % sets
+        torch.mm(a[k], b[k], out=c[k])
+
+    return Operands(a, b, c, step)
+
+
+def operand_sets(n: int, elem_bytes: int, device_type: str) -> int:
+    flush = (512 << 20) if device_type == "cuda" else (256 << 20)
+    per_set = 3 * n * n * elem_bytes
+    return max(2, min(16, math.ceil(flush / per_set)))
+
+
+@dataclass(frozen=True)
+class GemmRecord:
+    dtype: str
+    seconds: float
+    error: float
+    ok: bool
+
+
+def _time_each(ctx: ProbeContext, fn: Any, count: int) -> list[float]:
+    """Seconds of each of ``count`` calls of ``fn(i)``: CUDA events on GPU, host clock on CPU."""
+    import torch
+
+    if ctx.device_type == "cuda":
+        event: Callable[..., Any] = torch.cuda.Event
+        starts = [event(enable_timing=True) for _ in range(count)]
+        ends = [event(enable_timing=True) for _ in range(count)]
+        for i in range(count):
+            starts[i].record()
+            fn(i)
+            ends[i].record()
+        torch.cuda.synchronize(ctx.device)
+        return [s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends, strict=True)]
+    out = []
+    for i in range(count):
+        t = time.perf_counter()
+        fn(i)
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def _gemm(ctx: ProbeContext, dtype: str, n: int, warmup: int, iters: int) -> GemmRecord:
+    import torch
+
+    elem = 1 if dtype == "fp8" else (2 if dtype in ("bf16", "fp16") else 4)
+    sets = operand_sets(n, elem, ctx.device_type)
+    if ctx.device_type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+        torch.backends.cudnn.allow_tf32 = dtype == "tf32"
+    ops = _operands(dtype, n, sets, ctx.device, seed=1000 + ctx.rank)
+    step = ops.step
+
+    ctx.mark(f"gemm.{dtype}.warmup")
+    for i in range(warmup):
+        step(i)
+    ctx.sync()
+    if ctx.device_type == "cuda":
+        start, extra = time.perf_counter(), 0
+        while time.perf_counter() - start < 0.2 and extra < 1000:
+            step(extra)
+            extra += 1
+            if extra % 10 == 0:
+                ctx.sync()
+        ctx.sync()
+    ctx.barrier()
+    ctx.mark(f"gemm.{dtype}.timed")
+    times = _time_each(ctx, step, iters)
+    ctx.mark(f"gemm.{dtype}.check")
+    last = (iters - 1) % sets
+    c = ops.c[last]
+    rows = torch.tensor(
+        sorted({i * (n - 1) // max(1, REFERENCE_ROWS - 1) for i in range(REFERENCE_ROWS)}), device=ctx.device
+    )
+    if "corrupt" in ctx.faults:
+        c[rows[0], 0] = float(1e3 * math.sqrt(n))
+    a_rows = ops.a[last].view(torch.uint8)[rows].view(ops.a[last].dtype) if elem == 1 else ops.a[last][rows]
+    ref = a_rows.to(torch.float64) @ ops.b[last].to(torch.float64)
+    got = c[rows].to(torch.float64)
+    finite = bool(torch.isfinite(got).all().item())
+    err = float((got - ref).abs().max().item()) / math.sqrt(n) if finite else math.inf
+    del ops
+    return GemmRecord(dtype=dtype, seconds=median(times), error=err, ok=finite and err <= TOLERANCE[dtype])
+
+
+def _copy_bandwidth(ctx: ProbeContext, nbytes: int, iters: int) -> float:
+    import torch
+
+    elems = max(1, nbytes // 4)
+    src = torch.randn(elems, device=ctx.device)
+    dst = torch.empty_like(src)
+    ctx.mark("gemm.copy")
+    for _ in range(2):
+        dst.copy_(src)
+    ctx.sync()
+    ctx.barrier()
+    times = _time_each(ctx, lambda _: dst.copy_(src), iters)
+    return 2 * elems * 4 / median(times)
+
+
+def run(ctx: ProbeContext) -> ProbeOutput:
+    import torch
+
+    args = ctx.args
+    cuda = ctx.device_type == "cuda"
+    n: int = args.size or (8192 if cuda else 1024)
+    iters: int = args.iters or (20 if cuda else 10)
+    copy_bytes: int = args.copy_bytes or ((1 << 30) if cuda else (64 << 20))
+    if n < 1 or iters < 1 or args.warmup < 0:
+        raise ValueError("--size and --iters must be >= 1, --warmup >= 0")
+    capability = torch.cuda.get_device_capability(ctx.device) if cuda else None
+    wanted: list[str] = args.dtypes or list(DTYPES)
+    skipped = {d: why for d in wanted if (why := support(d, ctx.device_type, capability))}
+    # The ranks measure in lock-step (a barrier per dtype): agree on the dtypes first.
+    for other in ctx.gather(skipped):
+        for d, why in other.items():
+            skipped.setdefault(d, f"{why} (on another rank's device)")
+    dtypes = [d for d in wanted if d not in skipped]
+    records: list[GemmRecord] = []
+    for dtype in dtypes:
+        records.append(_gemm(ctx, dtype, n, args.warmup, iters))
+    bandwidth = _copy_bandwidth(ctx, copy_bytes, iters)
+    mine = (ctx.gpu, [(r.dtype, r.seconds, r.error, r.ok) for r in records], bandwidth)
+    gathered = ctx.gather(mine)
+    out = ProbeOutput(
+        params={
+            "size": n,
+            "dtypes": dtypes,
+            "warmup": args.warmup,
+            "iters": iters,
+            "copy_bytes": copy_bytes,
+            "skipped_dtypes": skipped,
+            "tolerance": {d: TOLERANCE[d] for d in dtypes},
+        }
+    )
+    if ctx.rank != 0:
+        return out
+    flop = 2.0 * n * n * n
+    for rank, (gpu, recs, bw) in enumerate(gathered):
+        node = ctx.node_of(rank)
+        for dtype, seconds, error, ok in recs:
+            out.measurements.append(
+                Measurement(
+                    name="flop_per_second",
+                    value=flop / seconds,
+                    labels={"gpu": str(gpu), "dtype": dtype},
+                    node=node,
+                )
+            )
+            out.checks.append(
+                Check(
+                    name=f"gemm.{dtype}.result",
+                    ok=ok,
+                    detail=f"max |C - ref| / sqrt(K) = {error:.3g} (tolerance {TOLERANCE[dtype]:g})",
+                    node=node,
+                    gpu=gpu,
+                    rank=rank,
+                )
+            )
+        out.measurements.append(
+            Measurement(name="memory_bandwidth_bytes_per_second", value=bw, labels={"gpu": str(gpu)}, node=node)
+        )
+    return out
+
+
+def format_table(result: ProbeResult) -> str:
+    lines = [f"# {'node':<20}  {'gpu':>3}  {'dtype':>5}  {'TFLOP/s':>9}  {'check':<5}  detail"]
+    checks = {(c.node, c.gpu, c.name.split(".")[1]): c for c in result.checks if c.name.startswith("gemm.")}
+    for m in result.measurements:
+        if m.name != "flop_per_second":
+            continue
+        c = checks.get((m.node, int(m.labels["gpu"]), m.labels["dtype"]))
+        lines.append(
+            f"  {m.node or '-':<20}  {m.labels['gpu']:>3}  {m.labels['dtype']:>5}  {m.value / 1e12:9.3f}"
+            f"  {'ok' if c is None or c.ok else 'FAIL':<5}  {c.detail if c else ''}"
+        )
+    lines.append(f"# {'node':<20}  {'gpu':>3}  {'copy GB/s':>9}")
+    for m in result.measurements:
+        if m.name == "memory_bandwidth_bytes_per_second":
+            lines.append(f"  {m.node or '-':<20}  {m.labels['gpu']:>3}  {m.value / 1e9:9.2f}")
+    skipped = result.params.get("skipped_dtypes") or {}
+    for dtype, why in skipped.items():
+        lines.append(f"# {dtype}: skipped: {why}")
+    return "\n".join(lines)

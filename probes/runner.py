@@ -1,0 +1,360 @@
+"""One rank's life: rendezvous, liveness, the probe body, the result document, the exit code.
+
+Global rank 0 writes the one :class:`~probes.result.ProbeResult`; every other rank writes
+nothing on stdout. Whatever ends the rank early (an exception, CUDA/NCCL error, a peer that
+died or hung, ``--timeout``, SIGTERM from the launcher) goes through :meth:`RankSession.fail`,
+which on rank 0 names the rank(s) at fault (:mod:`probes.liveness`) and still writes an
+``error`` document; the exit code is then 1.
+
+Time budget (``T`` = ``--timeout``, counted from the probe's start, see
+:func:`probes.timing.probe_t0`): the rank's watchdog fires at ``T - margin``; process-group
+timeouts end a stuck collective two seconds before that, so the error text of the collective
+is what gets reported; the standalone launcher kills whatever is left at ``T``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Any, NoReturn
+
+from probes import env as env_probe
+from probes.context import ProbeContext, ProbeModule, ProbeOutput
+from probes.dist import (
+    Backend,
+    DeviceType,
+    LaunchInfo,
+    gpu_slot,
+    init_process_group,
+    resolve_backend,
+    resolve_device,
+)
+from probes.faults import CRASH_EXIT_CODE, active_faults
+from probes.liveness import Liveness, diagnose, prefixed_client, tcp_store
+from probes.report import emit, render, reserve_stdout
+from probes.result import Check, Environment, Outcome, ProbeResult, RankInfo
+from probes.timing import Deadline, probe_t0, rank_margin_seconds
+
+RESULT_FILE_ENV = "HEALTHD_PROBE_RESULT_FILE"
+"""Set by the standalone launcher: rank 0 writes its JSON document there instead of stdout."""
+
+COLLECTIVE_TIMEOUT_LEAD_S = 2.0
+FAILING_GRACE_S = 15.0
+
+
+def log(msg: str) -> None:
+    sys.stderr.write(f"[probes] {msg}\n")
+    sys.stderr.flush()
+
+
+def common_params(args: argparse.Namespace, launch: LaunchInfo) -> dict[str, Any]:
+    return {
+        "backend": args.backend,
+        "device": args.device,
+        "timeout_s": args.timeout,
+        "expect_gpus": args.expect_gpus,
+        "world_size": launch.world_size,
+        "nproc": args.nproc if launch.launcher == "standalone" else None,
+    }
+
+
+def outcome_of(checks: list[Check]) -> Outcome:
+    return Outcome.PASS if all(c.ok for c in checks) else Outcome.FAIL
+
+
+def exit_code_of(outcome: Outcome) -> int:
+    return 1 if outcome is Outcome.ERROR else 0
+
+
+class RankSession:
+    """Shared state of one rank, and the single way out of it."""
+
+    def __init__(self, probe: ProbeModule, args: argparse.Namespace, launch: LaunchInfo) -> None:
+        self.probe = probe
+        self.args = args
+        self.launch = launch
+        self.t0 = probe_t0()
+        self.deadline = Deadline(self.t0 + float(args.timeout))
+        self.rank_deadline = Deadline(self.deadline.at - rank_margin_seconds(float(args.timeout)))
+        self.params = common_params(args, launch)
+        self.liveness: Liveness | None = None
+        self.ranks: list[RankInfo] = []
+        self.environment: Environment | None = None
+        self.backend: Backend | None = None
+        self.device_type: DeviceType | None = None
+        self.pg_ready_at: float | None = None
+        self.stage = "start-up: importing torch"
+        """What this rank is doing before the liveness store exists (for error reasons)."""
+        self._lock = threading.Lock()
+        self._finished = False
+        self._failing = False
+        self._exit_code = 1
+        self.result_file = os.environ.get(RESULT_FILE_ENV)
+
+    # -- the way out -------------------------------------------------------------------------
+    def _write(self, result: ProbeResult) -> None:
+        if self.result_file:
+            emit(result.to_json() + "\n", self.result_file)
+        else:
+            emit(render(result, self.args.format, self.probe.format_table), self.args.output)
+
+    def finish(self, output: ProbeOutput, measure_end: float) -> int:
+        """Write the normal document (rank 0) and return the exit code."""
+        with self._lock:
+            if self._finished:
+                return self._exit_code
+            self._finished = True
+            if self.launch.rank != 0:
+                self._exit_code = 0
+                return 0
+            checks = list(output.checks)
+            outcome = outcome_of(checks)
+            result = ProbeResult(
+                probe=self.probe.NAME,
+                run_id=self.args.run_id,
+                outcome=outcome,
+                reason="; ".join(f"{c.name}: {c.detail}" for c in checks if not c.ok),
+                started_at=self.t0,
+                finished_at=time.time(),
+                startup_seconds=(self.pg_ready_at - self.t0) if self.pg_ready_at else None,
+                measure_seconds=(measure_end - self.pg_ready_at) if self.pg_ready_at else None,
+                nodes=env_probe.nodes_in_order(self.ranks),
+                environment=self.environment,
+                params={**self.params, **output.params},
+                measurements=output.measurements,
+                checks=checks,
+            )
+            self._exit_code = exit_code_of(outcome)
+            self._write(result)
+            return self._exit_code
+
+    def fail(self, reason: str, *, observe: bool = True) -> NoReturn:
+        """End this rank with an error (from any thread); rank 0 writes the error document."""
+        with self._lock:
+            already, failing = self._finished, self._failing
+            self._finished = self._failing = True
+        if already:
+            if failing:
+                # Another thread is writing the error document and will exit; give it time.
+                time.sleep(FAILING_GRACE_S)
+            sys.stderr.flush()
+            os._exit(self._exit_code)
+        log(f"rank {self.launch.rank}: {reason}")
+        if self.liveness is not None:
+            self.liveness.report("err", reason)
+        if self.launch.rank != 0:
+            os._exit(1)
+        text = reason if self.liveness is not None else f"{reason} (rank {self.launch.rank} was in {self.stage})"
+        if observe and self.liveness is not None:
+            try:
+                diagnosis = diagnose(self.liveness.observe())
+                if diagnosis.lines:
+                    text = diagnosis.text
+            except Exception as exc:
+                text = f"{reason} (rank states unreadable: {type(exc).__name__}: {exc})"
+        environment = self.environment or self._partial_environment()
+        try:
+            result = ProbeResult(
+                probe=self.probe.NAME,
+                run_id=self.args.run_id,
+                outcome=Outcome.ERROR,
+                reason=text,
+                started_at=self.t0,
+                finished_at=time.time(),
+                startup_seconds=(self.pg_ready_at - self.t0) if self.pg_ready_at else None,
+                nodes=env_probe.nodes_in_order(self.ranks) if self.ranks else [self.launch.node],
+                environment=environment,
+                params=self.params,
+            )
+            self._write(result)
+        except Exception:
+            traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+
+    def _partial_environment(self) -> Environment | None:
+        if self.backend is None or self.device_type is None:
+            return None
+        try:
+            vers = env_probe.versions(self.device_type)
+            return env_probe.build_environment(self.launch.launcher, self.backend, self.device_type, vers, self.ranks)
+        except Exception:
+            return None
+
+    # -- threads -----------------------------------------------------------------------------
+    def start_signal_thread(self) -> None:
+        """SIGTERM is blocked in every thread (set before any thread exists) and taken here."""
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+        def wait_term() -> None:
+            signal.sigwait({signal.SIGTERM})
+            if self.launch.rank != 0:
+                if self.liveness is not None:
+                    self.liveness.report("term", "SIGTERM")
+                os._exit(143)
+            self.fail("terminated by SIGTERM (the launcher stopped the probe)")
+
+        threading.Thread(target=wait_term, name="healthd-sigterm", daemon=True).start()
+
+    def start_watchdog(self) -> None:
+        def watch() -> None:
+            remaining = self.rank_deadline.remaining()
+            if remaining > 0:
+                time.sleep(remaining)
+            self.fail(f"probe did not finish within its {self.args.timeout:g} s timeout")
+
+        threading.Thread(target=watch, name="healthd-watchdog", daemon=True).start()
+
+    def on_peer_failure(self, summary: str) -> None:
+        self.fail(f"stopped early: {summary}")
+
+    def on_leader_lost(self) -> None:
+        log(f"rank {self.launch.rank}: rank 0 is gone; exiting")
+        self.fail("rank 0 is gone", observe=False)
+
+
+def _cpu_threads(local_world_size: int) -> int:
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    return max(1, cores // max(1, local_world_size))
+
+
+def run_rank(probe: ProbeModule, args: argparse.Namespace, launch: LaunchInfo) -> int:
+    """Run ``probe`` as one rank of the job described by ``launch``; returns the exit code."""
+    if not os.environ.get(RESULT_FILE_ENV):
+        reserve_stdout()
+    session = RankSession(probe, args, launch)
+    session.start_signal_thread()
+    session.start_watchdog()
+    # CleanUpOnly: an NCCL error or timeout aborts the communicator and raises here instead
+    # of tearing the process down (torchrun's default), so the error can still be reported.
+    os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "2"
+    try:
+        return _run(session)
+    except Exception as exc:
+        session.fail(f"{type(exc).__name__}: {exc}".strip())
+    except KeyboardInterrupt:
+        session.fail("interrupted")
+
+
+def _run(session: RankSession) -> int:
+    args, launch = session.args, session.launch
+    import torch
+    import torch.distributed as dist
+
+    device_type = resolve_device(args.device, torch.cuda.is_available())
+    backend = resolve_backend(args.backend, device_type)
+    session.device_type, session.backend = device_type, backend
+    session.params.update({"backend": backend, "device": device_type})
+    if device_type == "cuda":
+        slot = gpu_slot(launch.local_rank, launch.local_world_size, torch.cuda.device_count(), os.environ)
+        torch.cuda.set_device(slot.ordinal)
+        device = torch.device("cuda", slot.ordinal)
+        gpu = slot.physical
+        physical_of = {slot.ordinal: slot.physical}
+    else:
+        if not os.environ.get("OMP_NUM_THREADS"):
+            torch.set_num_threads(_cpu_threads(launch.local_world_size))
+        device = torch.device("cpu")
+        gpu = launch.local_rank
+        physical_of = {}
+    faults = active_faults(launch.rank)
+
+    session.stage = f"start-up: connecting to the store at {launch.master_addr}:{launch.master_port}"
+    remaining = session.rank_deadline.remaining()
+    base = tcp_store(
+        launch.master_addr,
+        launch.master_port,
+        remaining,
+        is_master=(launch.rank == 0 and not launch.agent_store),
+    )
+    liveness = Liveness(
+        prefixed_client(launch.master_addr, launch.master_port, launch.store_prefix), launch.rank, launch.world_size
+    )
+    liveness.attach(dist.PrefixStore(launch.store_prefix, base))  # type: ignore[attr-defined]
+    session.liveness = liveness
+    liveness.start(session.on_peer_failure, session.on_leader_lost)
+    liveness.mark("init")
+
+    pg_timeout = session.rank_deadline.remaining() - COLLECTIVE_TIMEOUT_LEAD_S
+    init_process_group(
+        backend,
+        dist.PrefixStore(f"{launch.store_prefix}/pg", base),  # type: ignore[attr-defined]
+        launch.rank,
+        launch.world_size,
+        pg_timeout,
+        device,
+    )
+    if backend == "gloo":
+        meta = dist.group.WORLD
+    else:
+        from datetime import timedelta
+
+        meta = dist.new_group(backend="gloo", timeout=timedelta(seconds=max(1.0, pg_timeout)))
+    dist.barrier(group=meta)
+    session.pg_ready_at = time.time()
+
+    liveness.mark("environment")
+    if device_type == "cuda":
+        from probes.env import cuda_devices
+
+        devices = cuda_devices(physical_of)
+    else:
+        devices = []
+    mine = env_probe.rank_info(launch, str(device), devices)
+    session.ranks = [mine]
+    gathered: list[Any] = [None] * launch.world_size
+    dist.all_gather_object(gathered, mine.model_dump(), group=meta)
+    session.ranks = [RankInfo.model_validate(r) for r in gathered]
+    liveness.nodes = {r.rank: r.node for r in session.ranks}
+    if launch.rank == 0:
+        session.environment = env_probe.build_environment(
+            launch.launcher, backend, device_type, env_probe.versions(device_type), session.ranks
+        )
+
+    ctx = ProbeContext(
+        args=args,
+        launch=launch,
+        device=device,
+        device_type=device_type,
+        backend=backend,
+        gpu=gpu,
+        ranks=session.ranks,
+        faults=faults,
+        mark=liveness.mark,
+        meta_group=meta,
+        deadline_at=session.rank_deadline.at,
+    )
+    liveness.mark("probe.start")
+    if "crash" in faults:
+        log(f"rank {launch.rank}: injected crash ({CRASH_EXIT_CODE})")
+        os._exit(CRASH_EXIT_CODE)
+    if "hang" in faults:
+        log(f"rank {launch.rank}: injected hang")
+        while True:
+            time.sleep(3600)
+
+    output = session.probe.run(ctx)
+    liveness.mark("probe.end")
+    dist.barrier(group=meta)  # every rank got through the probe before a document says so
+    env_checks, expected = env_probe.gpu_count_checks(session.ranks, args.expect_gpus, device_type)
+    output.checks[:0] = env_checks
+    if expected:
+        output.params.setdefault("expected_gpus_per_node", expected)
+    measure_end = time.time()
+    liveness.mark("finish")
+
+    code = session.finish(output, measure_end)
+    liveness.report("done", "1")
+    liveness.mark("done")
+    dist.barrier(group=meta)
+    liveness.stop()
+    dist.destroy_process_group()
+    return code

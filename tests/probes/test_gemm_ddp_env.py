@@ -1,0 +1,124 @@
+"""gemm, ddp and env probes with real ranks on CPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from probes.result import Outcome, ProbeResult
+from tests.probes.helpers import dump, run_probe
+
+pytestmark = pytest.mark.slow
+
+
+def test_gemm_per_rank_on_cpu() -> None:
+    run = run_probe(["gemm", "--size", "256", "--iters", "4", "--warmup", "1", "--copy-bytes", "8M"])
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = run.result
+    assert result.outcome is Outcome.PASS, dump(result)
+    node = result.nodes[0]
+    flops = {(m.labels["gpu"], m.labels["dtype"]): m for m in result.measurements if m.name == "flop_per_second"}
+    assert set(flops) == {("0", "fp32"), ("0", "bf16"), ("1", "fp32"), ("1", "bf16")}
+    for m in flops.values():
+        assert m.node == node
+        assert 1e8 < m.value < 1e14  # a CPU core: between 0.1 GFLOP/s and 100 TFLOP/s
+    bw = {m.labels["gpu"]: m for m in result.measurements if m.name == "memory_bandwidth_bytes_per_second"}
+    assert set(bw) == {"0", "1"}
+    assert all(1e8 < m.value < 1e12 and m.node == node for m in bw.values())
+    checks = {(c.gpu, c.name): c for c in result.checks}
+    assert set(checks) == {(g, f"gemm.{d}.result") for g in (0, 1) for d in ("fp32", "bf16")}
+    assert all(c.ok and c.node == node for c in checks.values())
+    assert checks[(0, "gemm.fp32.result")].detail.endswith("(tolerance 0.001)")
+    assert result.params["size"] == 256
+    assert result.params["dtypes"] == ["fp32", "bf16"]
+    assert result.params["skipped_dtypes"] == {
+        "tf32": "not supported on this device",
+        "fp16": "not supported on this device",
+        "fp8": "not supported on this device",
+    }
+
+
+def test_gemm_wrong_result_names_the_gpu() -> None:
+    run = run_probe(
+        ["gemm", "--size", "128", "--iters", "2", "--warmup", "0", "--dtypes", "fp32", "--copy-bytes", "1M"],
+        env={"HEALTHD_PROBE_FAULT": "corrupt:1"},
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = run.result
+    assert result.outcome is Outcome.FAIL
+    failed = [c for c in result.checks if not c.ok]
+    assert [(c.name, c.gpu, c.rank) for c in failed] == [("gemm.fp32.result", 1, 1)]
+    error = float(failed[0].detail.removeprefix("max |C - ref| / sqrt(K) = ").split()[0])
+    assert 990 < error < 1010  # the injected element is 1000 * sqrt(K), the reference a few sqrt(K)
+    assert failed[0].detail.endswith("(tolerance 0.001)")
+    assert result.reason == f"gemm.fp32.result: {failed[0].detail}"
+
+
+def _ddp(extra: list[str], env: dict[str, str] | None = None) -> ProbeResult:
+    run = run_probe(["ddp", "--steps", "4", "--warmup", "1", *extra], env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run.result
+
+
+def test_ddp_two_ranks() -> None:
+    result = _ddp([])
+    assert result.outcome is Outcome.PASS, dump(result)
+    m = {(x.name, x.labels.get("quantile")): x for x in result.measurements}
+    assert set(m) == {
+        ("throughput_samples_per_second", None),
+        ("step_seconds", "0.5"),
+        ("step_seconds", "0.9"),
+        ("single_rank_throughput_samples_per_second", None),
+        ("scaling_efficiency_ratio", None),
+    }
+    batch = result.params["batch_size"]
+    assert batch == 4 and result.params["steps"] == 4
+    p50 = m[("step_seconds", "0.5")].value
+    assert m[("throughput_samples_per_second", None)].value == pytest.approx(2 * batch / p50)
+    assert m[("step_seconds", "0.9")].value >= p50
+    single = m[("single_rank_throughput_samples_per_second", None)]
+    assert single.per_rank is not None and len(single.per_rank) == 2
+    assert single.value == pytest.approx(sum(single.per_rank) / 2)
+    eff = m[("scaling_efficiency_ratio", None)].value
+    assert eff == pytest.approx(m[("throughput_samples_per_second", None)].value / 2 / single.value)
+    assert 0 < eff < 5
+    assert [(c.name, c.ok, c.detail) for c in result.checks] == [
+        ("ddp.parameters_identical", True, "0 parameter elements differ across ranks")
+    ]
+    assert result.params["parameters"] > 0
+
+
+def test_ddp_differing_parameters_fail() -> None:
+    result = _ddp(["--n-layer", "1", "--steps", "1"], env={"HEALTHD_PROBE_FAULT": "corrupt:1"})
+    assert result.outcome is Outcome.FAIL
+    (check,) = result.checks
+    assert check.name == "ddp.parameters_identical" and not check.ok
+    assert check.detail == "1 parameter elements differ across ranks; no majority to name the differing rank"
+
+
+def test_env_probe_table_to_file(tmp_path: Path) -> None:
+    out = tmp_path / "env.txt"
+    run = run_probe(["env", "--format", "table", "--output", str(out), "--run-id", "abc"])
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout == ""
+    text = out.read_text()
+    assert text.startswith("# probe env  outcome pass  run abc\n")
+    assert "backend gloo  device cpu" in text
+    assert "visible_gpus" in text
+
+
+def test_env_probe_expecting_gpus_on_cpu_fails(tmp_path: Path) -> None:
+    out = tmp_path / "env.json"
+    run = run_probe(["env", "--expect-gpus", "1", "--output", str(out)])
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = ProbeResult.model_validate(json.loads(out.read_text()))
+    node = result.nodes[0]
+    assert result.outcome is Outcome.FAIL
+    assert [(c.name, c.ok, c.detail, c.node) for c in result.checks] == [
+        ("env.gpu_count", False, "0 GPU(s) visible, 1 expected", node)
+    ]
+    assert [(m.name, m.value, m.node) for m in result.measurements] == [("visible_gpus", 0.0, node)]
+    assert result.params["expected_gpus_per_node"] == {node: 1}
+    assert result.environment is not None and result.environment.device_type == "cpu"
