@@ -19,6 +19,7 @@ from healthd.cluster.base import ClusterBackend
 from healthd.errors import BackendError, HealthdError, ParseError
 from healthd.logging import get_logger
 from healthd.model import JobState, JobStatus, Outcome, ProbeJob, ProbeResult
+from healthd.parsers.expand import expand_nccl_tests_result
 from healthd.parsers.healthd_json import parse_result
 from healthd.store import RunRow, Store
 
@@ -45,7 +46,7 @@ def read_result(path: Path) -> ProbeResult:
         raise ParseError(f"no result file {path}") from None
     except OSError as exc:
         raise ParseError(f"cannot read the result file {path}: {exc}") from None
-    return parse_result(text)
+    return expand_nccl_tests_result(parse_result(text))
 
 
 def log_tail(result_path: Path) -> str:

@@ -202,6 +202,7 @@ MIGRATIONS: tuple[str, ...] = (
         reason       TEXT NOT NULL,
         actor        TEXT NOT NULL,
         automatic    INTEGER NOT NULL,
+        probes       TEXT NOT NULL DEFAULT '[]',
         drained_at   REAL NOT NULL,
         undrained_at REAL,
         undrained_by TEXT
@@ -423,7 +424,14 @@ class Store:
             if result is not None:
                 self._insert_result(db, run_id, probe, result, finished_at)
             self._bump(db, "probe_runs_total", {"probe": probe, "outcome": outcome.value}, 1.0)
-            self._bump(db, "probe_seconds_total", {"probe": probe}, max(0.0, finished_at - start))
+            seconds = max(0.0, finished_at - start)
+            self._bump(db, "probe_seconds_total", {"probe": probe}, seconds)
+            gpus = db.execute(
+                "SELECT COALESCE(SUM(n.gpus), 0) FROM run_nodes r JOIN nodes n ON n.name = r.node WHERE r.run_id = ?",
+                (run_id,),
+            ).fetchone()[0]
+            if outcome is not Outcome.SKIPPED:
+                self._bump(db, "probe_gpu_seconds_total", {"probe": probe}, seconds * gpus)
             return True
 
     def _insert_result(
@@ -769,8 +777,9 @@ class Store:
                 "INSERT OR REPLACE INTO judge_series (node, probe, name, labels, accepted, last_value, last_at,"
                 " last_run_id, floor, baseline, spread) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [(s["node"], s["probe"], s["name"],
-                  s["labels"] if isinstance(s["labels"], str) else canonical_labels(s["labels"]), json.dumps(s["accepted"]),
-                  s["last_value"], s["last_at"], s["last_run_id"], s["floor"], s["baseline"], s["spread"])
+                  s["labels"] if isinstance(s["labels"], str) else canonical_labels(s["labels"]),
+                  json.dumps(s["accepted"]), s["last_value"], s["last_at"], s["last_run_id"], s["floor"],
+                  s["baseline"], s["spread"])
                  for s in series],
             )
             db.executemany(
@@ -888,6 +897,12 @@ class Store:
         return [(r[0], r[1], r[2], r[3]) for r in self._query(
             "SELECT at, probe, severity, code FROM judge_marks WHERE node = ? AND at > ? ORDER BY at", (node, since))]
 
+    def group_marks_since(self, node: str, since: float) -> list[tuple[float, str, int, str]]:
+        """(at, probe, severity, code) of the multi-node results the node was in after ``since``."""
+        return [(r[0], r[1], r[2], r[3]) for r in self._query(
+            "SELECT at, probe, severity, code FROM judge_groups WHERE at > ?"
+            " AND EXISTS (SELECT 1 FROM json_each(members) WHERE value = ?) ORDER BY at", (since, node))]
+
     def fleet_events(self, *, active_only: bool = False, limit: int = 100) -> list[dict[str, Any]]:
         where = "WHERE ended_at IS NULL" if active_only else ""
         out = [dict(r) for r in self._query(
@@ -968,10 +983,13 @@ class Store:
         return [AuditRow(at=r["at"], actor=r["actor"], action=r["action"], node=r["node"], result=r["result"],
                          reason=r["reason"], detail=json.loads(r["detail"])) for r in rows]
 
-    def add_drain(self, *, node: str, node_class: str, reason: str, actor: str, automatic: bool, at: float) -> None:
+    def add_drain(self, *, node: str, node_class: str, reason: str, actor: str, automatic: bool, at: float,
+                  probes: Sequence[str] = ()) -> None:
+        """A drain healthd made; ``probes``: those whose findings caused it (what must pass again)."""
         with self._tx() as db:
-            db.execute("INSERT INTO drains (node, node_class, reason, actor, automatic, drained_at)"
-                       " VALUES (?, ?, ?, ?, ?, ?)", (node, node_class, reason, actor, int(automatic), at))
+            db.execute("INSERT INTO drains (node, node_class, reason, actor, automatic, probes, drained_at)"
+                       " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                       (node, node_class, reason, actor, int(automatic), json.dumps(sorted(probes)), at))
 
     def close_drain(self, node: str, *, at: float, by: str) -> bool:
         with self._tx() as db:
@@ -988,7 +1006,7 @@ class Store:
         rows = self._query(f"SELECT * FROM drains WHERE {' AND '.join(clauses)} ORDER BY drained_at, id", params)
         return [DrainRow(node=r["node"], node_class=r["node_class"], reason=r["reason"], actor=r["actor"],
                          automatic=bool(r["automatic"]), drained_at=r["drained_at"], undrained_at=r["undrained_at"],
-                         undrained_by=r["undrained_by"]) for r in rows]
+                         undrained_by=r["undrained_by"], probes=tuple(json.loads(r["probes"]))) for r in rows]
 
     def remediation_state(self, key: str) -> Any:
         rows = self._query("SELECT value FROM remediation_state WHERE key = ?", (key,))
@@ -1038,3 +1056,4 @@ class DrainRow:
     drained_at: float
     undrained_at: float | None
     undrained_by: str | None
+    probes: tuple[str, ...] = ()

@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from probes import ddp, env, gemm, nccl
+from probes import ddp, env, gemm, nccl, nccl_tests
 from probes.context import ProbeModule
 from probes.dist import LaunchError, detect_launch, node_name
 from probes.report import emit, render, reserve_stdout
@@ -81,11 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m probes",
         description="healthd probes for compute nodes; prints one ProbeResult JSON document",
     )
-    sub = parser.add_subparsers(dest="probe", required=True, metavar="{" + ",".join(PROBES) + "}")
+    names = [*PROBES, nccl_tests.NAME]
+    sub = parser.add_subparsers(dest="probe", required=True, metavar="{" + ",".join(names) + "}")
     common = common_parser()
     for name, module in PROBES.items():
         p = sub.add_parser(name, parents=[common], help=module.HELP, description=module.HELP)
         module.add_arguments(p)
+    nccl_tests.register(sub, common)
     return parser
 
 
@@ -109,6 +111,8 @@ def _launch_error(module: ProbeModule, args: argparse.Namespace, reason: str) ->
 def main(argv: Sequence[str] | None = None) -> int:
     raw = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(raw)
+    if args.probe == nccl_tests.NAME:
+        return nccl_tests.run(args)
     module = PROBES[args.probe]
     try:
         launch = detect_launch(os.environ)

@@ -92,7 +92,7 @@ def start(tmp_path: Path, config: Path, port: int, env: dict[str, str]) -> Daemo
 
 
 def test_probes_only_idle_nodes_and_leaves_foreign_drains_alone(tmp_path: Path, cluster: SlurmTestCluster) -> None:
-    user = cluster.command("sbatch", "--parsable", "-J", "user-training", "-w", "node1", "--exclusive",
+    user = cluster.command("sbatch", "--parsable", "-J", "user-training", "-w", "node1", "--exclusive", "-o", "/dev/null",
                            "--wrap", "sleep 300")
     assert user.returncode == 0, user.stderr
     assert cluster.command("scontrol", "update", "nodename=node2", "state=drain",

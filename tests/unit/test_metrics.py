@@ -59,6 +59,8 @@ def test_values_from_the_store(store: Store) -> None:
     assert v("healthd_probe_runs_total", {"probe": "gemm", "outcome": "pass"}) == 1.0
     assert v("healthd_probe_runs_total", {"probe": "gemm", "outcome": "error"}) == 1.0
     assert v("healthd_probe_seconds_total", {"probe": "nccl"}) == 30.0
+    assert v("healthd_probe_gpu_seconds_total", {"probe": "gemm"}) == 30.0 * 8  # n1 has 8 GPUs; n2's error run 0
+    assert v("healthd_probe_gpu_seconds_total", {"probe": "nccl"}) == 30.0 * 8
     assert v("healthd_node_verdict", {"node": "n2", "probe": "gemm", "outcome": "error",
                                       "reason_code": "probe_error"}) == 1.0
     assert v("healthd_cluster_nodes", {"state": "idle"}) == 1.0

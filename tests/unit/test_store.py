@@ -65,6 +65,7 @@ def test_finish_is_idempotent_and_counts_once(tmp_path: Path) -> None:
     assert len(store.measurements(run_id="r1")) == 1
     assert len(store.checks("r1")) == 1
     assert store.counters() == [
+        ("probe_gpu_seconds_total", {"probe": "nccl"}, 0.0),  # n1 is not in the nodes table: no GPUs known
         ("probe_runs_total", {"outcome": "pass", "probe": "nccl"}, 1.0),
         ("probe_seconds_total", {"probe": "nccl"}, 10.0),
     ]
@@ -135,7 +136,7 @@ def test_prune_keeps_unfinished_runs_counters_and_newest_verdict(tmp_path: Path)
     assert store.run("old") is None and store.measurements() == []
     assert store.run("inflight") is not None
     assert len(store.current_verdicts()) == 1
-    assert store.counters()[0][2] == 1.0
+    assert ("probe_runs_total", {"outcome": "pass", "probe": "nccl"}, 1.0) in store.counters()
 
 
 def test_snapshot_counts_in_flight(tmp_path: Path) -> None:
