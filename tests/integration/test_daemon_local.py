@@ -18,7 +18,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.daemons import free_port, get, probe_processes
 
-
 pytestmark = pytest.mark.slow
 
 

@@ -92,8 +92,8 @@ def start(tmp_path: Path, config: Path, port: int, env: dict[str, str]) -> Daemo
 
 
 def test_probes_only_idle_nodes_and_leaves_foreign_drains_alone(tmp_path: Path, cluster: SlurmTestCluster) -> None:
-    user = cluster.command("sbatch", "--parsable", "-J", "user-training", "-w", "node1", "--exclusive", "-o", "/dev/null",
-                           "--wrap", "sleep 300")
+    user = cluster.command("sbatch", "--parsable", "-J", "user-training", "-w", "node1", "--exclusive",
+                           "-o", "/dev/null", "--wrap", "sleep 300")
     assert user.returncode == 0, user.stderr
     assert cluster.command("scontrol", "update", "nodename=node2", "state=drain",
                            "reason=hw: bad PSU ticket 42").returncode == 0
@@ -129,8 +129,8 @@ def test_probes_only_idle_nodes_and_leaves_foreign_drains_alone(tmp_path: Path, 
 def test_pair_all_reduce_across_two_nodes(tmp_path: Path, cluster: SlurmTestCluster) -> None:
     port = free_port()
     probes = "[probes.nccl]\ninterval_s = 3600\nnodes_per_job = 2\n"
-    daemon = start(tmp_path, write_config(tmp_path, port, probes=probes, slurm_extra="exclude_nodes = ['node3', 'node4']"),
-                   port, cluster.env)
+    config = write_config(tmp_path, port, probes=probes, slurm_extra="exclude_nodes = ['node3', 'node4']")
+    daemon = start(tmp_path, config, port, cluster.env)
     try:
         done = wait(lambda: [r for r in runs(port) if r["state"] == "finished"], 150, "the pair run", daemon)
         (run,) = done  # type: ignore[misc]
