@@ -85,7 +85,7 @@ def _default_probes() -> dict[str, ProbeSettings]:
     }
 
 
-KNOWN_PROBES = ("env", "nccl", "gemm", "ddp")
+KNOWN_PROBES = ("env", "nccl", "gemm", "ddp", "nccl_tests")
 
 
 class LocalSettings(_Section):

@@ -26,10 +26,12 @@ from healthd.collector import Collected, Collector
 from healthd.config import Settings, load_settings
 from healthd.errors import BackendError, ConfigError, HealthdError, SlurmError, StoreError
 from healthd.http import HttpApp, HttpServer
-from healthd.judge.outcome import FinishedRun, verdicts_from_runs
+from healthd.judge.engine import judge_collected, load_judge
+from healthd.judge.metrics import JudgeCollector
 from healthd.logging import get_logger, setup_logging
 from healthd.metrics import DaemonMetrics, StoreCollector
 from healthd.planning import PlanLimits, plan
+from healthd.remediation import Remediator, recommendations_document
 from healthd.sdnotify import Notifier
 from healthd.store import Store
 
@@ -58,12 +60,16 @@ class Daemon:
         self.metrics.backend_up.labels(self.backend.name).set(1)
         self.metrics.slurm_up.set(0)
         self.registry.register(StoreCollector(self._snapshot, lambda: self.backend.name))
+        self.registry.register(JudgeCollector(self.store))
+        self.judge = load_judge(self.store, settings.judge, now=time.time())
+        self.remediator = Remediator(self.store, self.backend, settings.remediation)
         self.collector = Collector(
             self.store, self.backend, settings.results_dir,
             pending_timeout_s=settings.slurm.pending_timeout_s,
             on_error=lambda kind: self.metrics.errors.labels(kind).inc(),
         )
-        self.http = HttpServer(HttpApp(self.registry, self.store, self.healthy), settings.http.host,
+        routes = {"/api/v1/recommendations": lambda: recommendations_document(self.store, self.settings.remediation)}
+        self.http = HttpServer(HttpApp(self.registry, self.store, self.healthy, routes), settings.http.host,
                                settings.http.port)
         self.scheduler = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(max_workers=4)},
@@ -136,14 +142,20 @@ class Daemon:
             exclude=frozenset(s.slurm.exclude_nodes),
             own_reservation=s.slurm.reservation,
         )
+        now = time.time()
+        last_attempts = self.store.last_attempts()
+        priority = self.judge.requests(now, s.probes) + self.judge.recheck_requests(
+            self.remediator.recheck_nodes(), s.probes, last_attempts, now
+        )
         jobs = plan(
-            self.store.nodes(seen_since=time.time() - 3 * s.scheduler.discover_interval_s - 60),
+            self.store.nodes(seen_since=now - 3 * s.scheduler.discover_interval_s - 60),
             probes=s.probes,
-            last_attempts=self.store.last_attempts(),
+            last_attempts=last_attempts,
             busy_nodes={n for r in runs for n in r.nodes},
             in_flight=len(runs),
-            now=time.time(),
+            now=now,
             limits=limits,
+            priority=priority,
         )
         for job in jobs:
             self.collector.launch(job)
@@ -158,19 +170,15 @@ class Daemon:
         self._judge(done)
 
     def _judge(self, done: list[Collected]) -> None:
+        """Judge the runs just collected, persist verdicts, then let remediation act on them."""
         if not done:
             return
-        now = time.time()
-        verdicts = verdicts_from_runs(
-            FinishedRun(c.run_id, c.probe, c.nodes, c.outcome, c.reason,
-                        c.result.finished_at if c.result else now)
-            for c in done
-        )
-        self.store.put_verdicts(verdicts)
+        self.remediator.apply(judge_collected(self.judge, self.store, done, now=time.time()))
 
     def housekeeping(self) -> None:
         cutoff = time.time() - self.settings.store.retention_days * 86400
         deleted = self.store.prune(cutoff)
+        self.store.prune_judgement(cutoff)
         if deleted:
             log.info("store_pruned", runs=deleted)
 
@@ -245,6 +253,8 @@ class Daemon:
                 log.warning("config_change_needs_restart", key=key)
         self.settings = new
         self.collector.pending_timeout_s = new.slurm.pending_timeout_s
+        self.judge.reconfigure(new.judge)
+        self.remediator.settings = new.remediation
         for name, interval in (("discover", new.scheduler.discover_interval_s),
                                ("plan", new.scheduler.plan_interval_s),
                                ("collect", new.scheduler.collect_interval_s),

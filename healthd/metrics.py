@@ -103,7 +103,7 @@ class StoreCollector(Collector):
                                    labels=["probe", "outcome"])
         seconds = CounterMetricFamily("healthd_probe_seconds", "Wall-clock seconds of finished probe runs",
                                       labels=["probe"])
-        gpu_seconds = CounterMetricFamily(
+        gpu_seconds_total = CounterMetricFamily(
             "healthd_probe_gpu_seconds",
             "GPU-seconds held by finished probe runs (wall time x GPUs of the run's nodes): the cost of probing",
             labels=["probe"],
@@ -114,10 +114,10 @@ class StoreCollector(Collector):
             elif name == "probe_seconds_total":
                 seconds.add_metric([labels["probe"]], value)
             elif name == "probe_gpu_seconds_total":
-                gpu_seconds.add_metric([labels["probe"]], value)
+                gpu_seconds_total.add_metric([labels["probe"]], value)
         yield runs
         yield seconds
-        yield gpu_seconds
+        yield gpu_seconds_total
 
         in_flight = GaugeMetricFamily("healthd_probes_in_flight", "Probe runs submitted and not yet finished")
         in_flight.add_metric([], float(snap.in_flight))

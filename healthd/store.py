@@ -1008,6 +1008,24 @@ class Store:
                          automatic=bool(r["automatic"]), drained_at=r["drained_at"], undrained_at=r["undrained_at"],
                          undrained_by=r["undrained_by"], probes=tuple(json.loads(r["probes"]))) for r in rows]
 
+    def prune_judgement(self, older_than: float) -> int:
+        """Retention for the judgement tables (the daemon's housekeeping): audit rows, closed
+        recommendations, ended fleet events, closed drains and series not measured since
+        ``older_than`` are deleted; open drains, active recommendations and events stay."""
+        with self._tx() as db:
+            deleted = 0
+            for sql in (
+                "DELETE FROM remediation_audit WHERE at < ?",
+                "DELETE FROM recommendations WHERE state != 'active' AND closed_at < ?",
+                "DELETE FROM fleet_events WHERE ended_at IS NOT NULL AND ended_at < ?",
+                "DELETE FROM drains WHERE undrained_at IS NOT NULL AND undrained_at < ?",
+                "DELETE FROM judge_series WHERE last_at < ?",
+                "DELETE FROM judge_marks WHERE at < ?",
+                "DELETE FROM judge_groups WHERE at < ?",
+            ):
+                deleted += db.execute(sql, (older_than,)).rowcount
+        return deleted
+
     def remediation_state(self, key: str) -> Any:
         rows = self._query("SELECT value FROM remediation_state WHERE key = ?", (key,))
         return json.loads(rows[0][0]) if rows else None

@@ -85,6 +85,8 @@ def test_daemon_measures_exports_and_stops_cleanly(tmp_path: Path, daemon_factor
     assert node["name"] == "testnode" and node["verdicts"]["gemm"]["outcome"] == "pass"
     assert {m["name"] for m in node["probes"]["nccl"]["measurements"]} >= {"busbw_bytes_per_second"}
     assert get(port, "/nope")[0] == 404
+    status, body = get(port, "/api/v1/recommendations")
+    assert status == 200 and json.loads(body)["recommendations"] == []  # a healthy machine: nothing to drain
 
     cli = subprocess.run(
         [sys.executable, "-m", "healthd.cli", "status", "--config", str(tmp_path / "healthd.toml")],

@@ -1,0 +1,110 @@
+"""Confirmation and fault localisation (pure).
+
+*N of M*: a node's finding counts only when ``n`` of its last ``m`` judged results of the probe
+carry one (errors and skips are not results). One bad run is a reason to re-probe, not to drain.
+
+*Localisation*: a multi-node result names a group, not a node. Each bad group result is
+explained by its *candidates*, the suspects of the run (every member of a regular run; the
+re-probed nodes of a re-probe) that have not passed a multi-node run since. A node that is the
+only candidate of some bad result is *blamed*; bad results that a blamed node explains need no
+other culprit; the rest are *unresolved* and their candidates are re-probed with known-good
+partners (two at a time), or bisected (larger groups: each half with known-good partners).
+A blamed node is confirmed once it is a candidate in ``n`` of its last ``m`` group results.
+So an innocent partner of a bad node is cleared by its next good pairing and never blamed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from healthd.judge.model import GroupRecord, Mark, Severity
+
+
+def count_flagged(marks: Sequence[Mark], m: int, severity: Severity) -> tuple[int, int]:
+    """(results at or above ``severity``, results considered) among the last ``m`` marks."""
+    last = list(marks)[-m:]
+    return sum(1 for mk in last if mk.severity >= severity), len(last)
+
+
+def confirmed(marks: Sequence[Mark], *, n: int, m: int, severity: Severity) -> bool:
+    """True when ``n`` of the last ``m`` marks are at or above ``severity``.
+
+    >>> from healthd.judge.model import ReasonCode
+    >>> mk = lambda s: Mark("r", "a", "gemm", 0.0, s, ReasonCode.OK, "", True)
+    >>> confirmed([mk(Severity.FAIL), mk(Severity.NONE), mk(Severity.FAIL)], n=2, m=3, severity=Severity.FAIL)
+    True
+    >>> confirmed([mk(Severity.FAIL), mk(Severity.NONE), mk(Severity.NONE)], n=2, m=3, severity=Severity.FAIL)
+    False
+    """
+    flagged, _ = count_flagged(marks, m, severity)
+    return flagged >= n
+
+
+def candidates(record: GroupRecord, last_pass: Mapping[str, float]) -> tuple[str, ...]:
+    """Suspects of a bad group result that have not passed a group result since (at or after it)."""
+    return tuple(s for s in record.suspects if last_pass.get(s, float("-inf")) < record.at)
+
+
+@dataclass
+class Attribution:
+    blamed: dict[str, list[GroupRecord]] = field(default_factory=dict)
+    """Node → the bad results it is a candidate of (it is the only candidate of at least one)."""
+    unresolved: list[tuple[GroupRecord, tuple[str, ...]]] = field(default_factory=list)
+    """Bad results no blamed node explains, with their candidates (two or more)."""
+    cleared: list[GroupRecord] = field(default_factory=list)
+    """Bad results every suspect of which has passed since: a path or a transient, no node."""
+
+    def suspects(self) -> dict[str, list[GroupRecord]]:
+        out: dict[str, list[GroupRecord]] = {}
+        for record, cands in self.unresolved:
+            for c in cands:
+                out.setdefault(c, []).append(record)
+        return out
+
+
+def attribute(flagged: Iterable[GroupRecord], last_pass: Mapping[str, float]) -> Attribution:
+    """Localise bad group results (see the module docstring). Deterministic for a given input."""
+    result = Attribution()
+    with_cands = [(r, candidates(r, last_pass)) for r in sorted(flagged, key=lambda r: (r.at, r.run_id))]
+    for _, cands in with_cands:
+        if len(cands) == 1:
+            result.blamed.setdefault(cands[0], [])
+    for record, cands in with_cands:
+        if not cands:
+            result.cleared.append(record)
+            continue
+        hit = [c for c in cands if c in result.blamed]
+        for c in hit:
+            result.blamed[c].append(record)
+        if not hit:
+            result.unresolved.append((record, cands))
+    return result
+
+
+def blame_confirmed(node: str, history: Sequence[GroupRecord], last_pass: Mapping[str, float], *, n: int,
+                    m: int) -> tuple[int, int]:
+    """(bad results among the node's last ``m`` group results in which it is a candidate, results)."""
+    last = list(history)[-m:]
+    count = sum(1 for r in last if r.flagged and node in candidates(r, last_pass))
+    return count, len(last)
+
+
+def split(nodes: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Bisect a suspect set: the first half (rounded up) and the rest, in sorted order."""
+    ordered = sorted(nodes)
+    half = (len(ordered) + 1) // 2
+    return tuple(ordered[:half]), tuple(ordered[half:])
+
+
+def pick_partners(suspect: str, pool: Iterable[str], k: int) -> tuple[str, ...]:
+    """``k`` partners from ``pool`` in an order that depends on the suspect (spreads the load)."""
+    def rank(name: str) -> bytes:
+        return hashlib.blake2b(f"{suspect}\0{name}".encode(), digest_size=8).digest()
+
+    return tuple(sorted((p for p in pool if p != suspect), key=rank)[:k])
+
+
+def max_severity(records: Iterable[GroupRecord]) -> Severity:
+    return max((r.severity for r in records), default=Severity.NONE)

@@ -1,0 +1,865 @@
+"""The judge: finished runs in, verdicts, recommendations, fleet events and re-probe requests out.
+
+``Judge.evaluate`` is deterministic: the same state and runs give the same output. It keeps its
+state in memory (each node's accepted history per series, recent marks, group results, fleet
+pools, pending re-probes) and reports every change in the ``JudgeOutput`` so that the store can
+persist it (``save_output``) and a restarted daemon can ``Judge.restore`` it. ``replay`` and the
+simulator run the same code without a store.
+
+Per run and node: the judged series (``series.select``) go through the three layers, floor
+(``floors``), own baseline (``baseline``) and fleet (``fleet``, including the node's own GPUs
+as peers); a failed probe check is a finding too. A multi-node measurement becomes a group
+record, localised by ``confirm.attribute``. A finding becomes a verdict of ``fail`` (floor,
+check) or ``degraded`` (drift, outlier) only once confirmed (N of M); a drop shared by a large
+part of the class is a fleet event and never a recommendation. ``error`` runs say nothing about
+a node: they never make a finding and never erase one.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+
+from healthd.config import JudgeSettings, ProbeSettings
+from healthd.judge.baseline import Baseline, baseline_of, drift, robust_stats
+from healthd.judge.confirm import (
+    Attribution,
+    attribute,
+    blame_confirmed,
+    count_flagged,
+    max_severity,
+    pick_partners,
+    split,
+)
+from healthd.judge.fleet import FleetStats, check_event, fleet_stats, outlier
+from healthd.judge.floors import FloorTable, below_floor, floor_rules
+from healthd.judge.model import (
+    CheckInput,
+    Direction,
+    Finding,
+    FleetEvent,
+    GroupRecord,
+    JudgeOutput,
+    Mark,
+    MeasurementInput,
+    ReasonCode,
+    RecommendationCandidate,
+    Request,
+    RunInput,
+    SeriesKey,
+    SeriesState,
+    Severity,
+)
+from healthd.judge.series import key_of, missing_required, select
+from healthd.model import Node, Outcome, Verdict
+from healthd.planning import PriorityRequest
+
+if TYPE_CHECKING:
+    from healthd.collector import Collected
+    from healthd.store import Store
+
+DEFAULT_CLASS = "default"
+_CODE_RANK = {
+    ReasonCode.CHECK_FAILED: 5, ReasonCode.BELOW_FLOOR: 4, ReasonCode.LOCALISED: 3, ReasonCode.FLEET_OUTLIER: 2,
+    ReasonCode.BASELINE_DRIFT: 1,
+}
+PASS_TEXT = "every judged series within its floor, baseline and fleet"
+
+
+def class_of(node: Node) -> str:
+    """The node's class: the backend's ``node_class``, else ``<gpu type>x<gpus>``, else ``default``."""
+    if node.node_class:
+        return node.node_class
+    if node.gpus:
+        return f"{node.gpu_type or 'gpu'}x{node.gpus}"
+    return DEFAULT_CLASS
+
+
+GPU_PEERS_MIN = 4
+"""A node's GPUs are compared with each other when it has at least this many."""
+
+
+def small_stats(values: Sequence[float], *, peers: str) -> FleetStats:
+    """``fleet_stats`` for a handful of values (a node's GPUs), without numpy's overhead."""
+    median, spread = robust_stats(values)
+    return FleetStats(median, spread, len(values), len(values), peers)
+
+
+def worst(findings: Iterable[Finding]) -> Finding | None:
+    def rank(f: Finding) -> tuple[int, int, float]:
+        spread = abs(f.value - f.reference) / abs(f.reference) if f.reference else 0.0
+        return int(f.severity), _CODE_RANK.get(f.code, 0), spread
+
+    return max(findings, key=rank, default=None)
+
+
+@dataclass(frozen=True)
+class _Status:
+    kind: Literal["judged", "error", "missing"]
+    at: float
+    run_id: str
+    text: str
+
+
+class _Selected(NamedTuple):
+    m: MeasurementInput
+    direction: Direction
+    key: SeriesKey
+    fkey: SeriesKey
+    """The fleet key: the series without its ``gpu`` label (a class's GPUs are pooled)."""
+
+
+@dataclass
+class _RunEval:
+    node_findings: dict[str, list[Finding]] = field(default_factory=dict)
+    group_findings: list[Finding] = field(default_factory=list)
+    values: list[tuple[str, SeriesKey, float, bool]] = field(default_factory=list)
+    """(node, series, value, from a group measurement)."""
+
+
+class Judge:
+    """Judgement state and its evaluation. One instance per daemon (or replay, or simulation)."""
+
+    def __init__(self, settings: JudgeSettings) -> None:
+        self.settings = settings
+        self.floors = FloorTable(floor_rules(settings))
+        self._lock = threading.RLock()
+        self.series: dict[tuple[str, SeriesKey], SeriesState] = {}
+        self.pools: dict[tuple[str, SeriesKey], dict[tuple[str, SeriesKey], tuple[float, float]]] = defaultdict(dict)
+        self.marks: dict[tuple[str, str], list[Mark]] = {}
+        self.status: dict[tuple[str, str], _Status] = {}
+        self.group_history: dict[tuple[str, str], list[GroupRecord]] = {}
+        self.flagged_groups: dict[str, list[GroupRecord]] = defaultdict(list)
+        self.last_group_pass: dict[str, dict[str, float]] = defaultdict(dict)
+        self.samples: dict[tuple[str, str], dict[str, tuple[float, bool]]] = defaultdict(dict)
+        self.events: dict[tuple[str, str], FleetEvent] = {}
+        self.pending: dict[tuple[str, str], Request] = {}
+        self.verdicts: dict[tuple[str, str], Verdict] = {}
+        self.classes: dict[str, str] = {}
+        self.drained: set[str] = set()
+        self.resets: dict[str, float] = {}
+
+    def reconfigure(self, settings: JudgeSettings) -> None:
+        """New settings (SIGHUP) with the state kept: new thresholds apply from the next evaluation."""
+        with self._lock:
+            self.settings = settings
+            self.floors = FloorTable(floor_rules(settings))
+
+    # -- thresholds ---------------------------------------------------------------------------
+    @property
+    def drift_fraction(self) -> float:
+        return max(self.settings.baseline.drift_fraction, 2 * self.settings.noise_band)
+
+    @property
+    def min_deviation(self) -> float:
+        return max(self.settings.fleet.min_deviation, 2 * self.settings.noise_band)
+
+    def node_class(self, node: str) -> str:
+        return self.classes.get(node, DEFAULT_CLASS)
+
+    # -- evaluation ---------------------------------------------------------------------------
+    def evaluate(
+        self, runs: Sequence[RunInput], nodes: Sequence[Node] = (), *, now: float,
+        resets: Mapping[str, float] | None = None,
+    ) -> JudgeOutput:
+        """Judge newly finished ``runs`` (any order); ``nodes``: the cluster's nodes (classes, drains);
+        ``resets``: node → time before which its evidence is forgotten (an undrain). Thread-safe."""
+        with self._lock:
+            return self._evaluate(runs, nodes, now, resets)
+
+    def _evaluate(self, runs: Sequence[RunInput], nodes: Sequence[Node], now: float,
+                  resets: Mapping[str, float] | None) -> JudgeOutput:
+        out = JudgeOutput(at=now)
+        for node in nodes:
+            self.classes[node.name] = class_of(node)
+        if nodes:
+            self.drained = {n.name for n in nodes if n.drained}
+        touched: set[tuple[str, str]] = set()
+        if resets:
+            touched |= self._apply_resets(resets)
+        self._expire(now, out)
+
+        judged: list[RunInput] = []
+        for run in sorted(runs, key=lambda r: (r.at, r.run_id)):
+            if run.outcome is Outcome.SKIPPED:
+                continue
+            touched.update((n, run.probe) for n in run.nodes)
+            if run.outcome is Outcome.ERROR:
+                for n in run.nodes:
+                    self.status[(n, run.probe)] = _Status("error", run.at, run.run_id, run.reason or "probe error")
+                continue
+            if run.outcome is not Outcome.FAIL:
+                missing = missing_required(run, self.settings.series)
+                if missing:
+                    names = ", ".join(sorted({s.name for s in missing}))
+                    text = f"the probe passed without its {names} measurement (required: failing closed)"
+                    for n in run.nodes:
+                        self.status[(n, run.probe)] = _Status("missing", run.at, run.run_id, text)
+                    continue
+            judged.append(run)
+
+        selections = {run.run_id: self._ingest(run) for run in judged}
+        cache: dict[tuple[str, SeriesKey], FleetStats | None] = {}
+        evals = {run.run_id: self._judge_run(run, selections[run.run_id], cache, now) for run in judged}
+
+        for run in judged:
+            if run.priority:
+                continue
+            ev = evals[run.run_id]
+            for n in run.nodes:
+                flagged = bool(ev.node_findings.get(n)) or bool(ev.group_findings)
+                self.samples[(self.node_class(n), run.probe)][n] = (run.at, flagged)
+        changed = self._update_events({(self.node_class(n), p) for n, p in touched}, now, out)
+        if changed:
+            cache.clear()
+            for run in judged:
+                if any((self.node_class(n), run.probe) in changed for n in run.nodes):
+                    evals[run.run_id] = self._judge_run(run, selections[run.run_id], cache, now)
+
+        for run in judged:
+            self._record(run, evals[run.run_id], out)
+
+        attributions: dict[str, Attribution] = {}
+        suspects: dict[str, dict[str, list[GroupRecord]]] = {}
+        for probe in sorted({p for _, p in touched} | {e.probe for e in out.fleet_events}):
+            attributions[probe] = self._localise(probe, now)
+            suspects[probe] = attributions[probe].suspects()
+            for record in self.flagged_groups[probe]:
+                touched.update((m, probe) for m in record.members)
+        for event in out.fleet_events:
+            touched.update(key for key in self.verdicts if key[1] == event.probe
+                           and self.node_class(key[0]) == event.node_class)
+
+        for name, probe in sorted(touched):
+            self._conclude(name, probe, attributions.get(probe), suspects.get(probe, {}), now, out)
+        self._request(attributions, now, out)
+        return out
+
+    def _ingest(self, run: RunInput) -> list[_Selected]:
+        if run.outcome is Outcome.FAIL:
+            return []
+        selected = []
+        for m, direction in select(run, self.settings.series):
+            key = key_of(run.probe, m)
+            fkey = key.without("gpu")
+            selected.append(_Selected(m, direction, key, fkey))
+            for node in (m.node,) if m.node else run.nodes:
+                st = self._state(node, key)
+                st.last_value, st.last_at, st.last_run_id = m.value, run.at, run.run_id
+                self.pools[(self.node_class(node), fkey)][(node, key)] = (m.value, run.at)
+        return selected
+
+    def _state(self, node: str, key: SeriesKey) -> SeriesState:
+        st = self.series.get((node, key))
+        if st is None:
+            st = self.series[(node, key)] = SeriesState(node, key)
+        return st
+
+    def _fleet(self, cls: str, fkey: SeriesKey, now: float,
+               cache: dict[tuple[str, SeriesKey], FleetStats | None]) -> FleetStats | None:
+        if (cls, fkey) in cache:
+            return cache[(cls, fkey)]
+        cutoff = now - self.settings.fleet.window_s
+        event = self.events.get((cls, fkey.probe))
+        if event is not None:
+            cutoff = max(cutoff, event.started_at)
+        values: list[float] = []
+        nodes: set[str] = set()
+        for (node, _), (value, at) in self.pools.get((cls, fkey), {}).items():
+            if at >= cutoff:
+                values.append(value)
+                nodes.add(node)
+        peers = f"the {cls} class" + (" since its fleet event began" if event is not None else "")
+        stats = fleet_stats(values, nodes=len(nodes), min_nodes=self.settings.fleet.min_nodes, peers=peers)
+        cache[(cls, fkey)] = stats
+        return stats
+
+    def _judge_run(self, run: RunInput, selected: Sequence[_Selected],
+                   cache: dict[tuple[str, SeriesKey], FleetStats | None], now: float) -> _RunEval:
+        ev = _RunEval()
+        if run.outcome is Outcome.FAIL:
+            self._check_findings(run, ev)
+            return ev
+        s = self.settings
+        gpu_values: dict[tuple[str, SeriesKey], list[float]] = defaultdict(list)
+        for sel in selected:
+            if sel.m.node and "gpu" in sel.m.labels:
+                gpu_values[(sel.m.node, sel.fkey)].append(sel.m.value)
+        gpu_peers = {k: small_stats(v, peers=f"this node's {len(v)} GPUs") for k, v in gpu_values.items()
+                     if len(v) >= GPU_PEERS_MIN}
+        classes = self.classes
+        for m, direction, key, fkey in selected:
+            members = (m.node,) if m.node else run.nodes
+            for node in members:
+                cls = classes.get(node, DEFAULT_CLASS)
+                found: list[Finding] = []
+                st = self._state(node, key)
+                rule = self.floors.lookup(cls, key)
+                st.floor = rule.value if rule is not None else None
+                if rule is not None:
+                    f = below_floor(key, m.value, rule.value, direction)
+                    if f is not None:
+                        found.append(f)
+                if st.baseline is not None and st.spread is not None and len(st.accepted) >= s.baseline.min_samples:
+                    base = Baseline(st.baseline, st.spread, len(st.accepted))
+                    f = drift(key, m.value, base, direction, fraction=self.drift_fraction, spread_k=s.baseline.spread_k)
+                    if f is not None:
+                        found.append(f)
+                stats = self._fleet(cls, fkey, now, cache)
+                in_event = (cls, run.probe) in self.events
+                if stats is not None:
+                    f = outlier(key, m.value, stats, direction, z_threshold=s.fleet.z_threshold,
+                                min_deviation=self.min_deviation, event_proof=in_event)
+                    if f is not None:
+                        found.append(f)
+                gstats = gpu_peers.get((node, fkey)) if m.node else None
+                if gstats is not None:
+                    f = outlier(key, m.value, gstats, direction, z_threshold=s.fleet.z_threshold,
+                                min_deviation=self.min_deviation, event_proof=True)
+                    if f is not None:
+                        found.append(f)
+                ev.values.append((node, key, m.value, m.node is None))
+                if m.node:
+                    ev.node_findings.setdefault(node, []).extend(found)
+                else:
+                    ev.group_findings.extend(found)
+        return ev
+
+    def _check_findings(self, run: RunInput, ev: _RunEval) -> None:
+        checks = list(run.failed_checks) or [CheckInput(name="probe", detail=run.reason or "the probe failed")]
+        for c in checks:
+            labels = {"gpu": str(c.gpu)} if c.gpu is not None else {}
+            key = SeriesKey.of(run.probe, f"check:{c.name}", labels)
+            where = f"gpu {c.gpu} " if c.gpu is not None else ""
+            f = Finding(ReasonCode.CHECK_FAILED, Severity.FAIL, key, 0.0, 1.0, 1.0,
+                        f"{where}check {c.name} failed: {c.detail}".strip(), event_proof=True)
+            if c.node is not None and c.node in run.nodes:
+                ev.node_findings.setdefault(c.node, []).append(f)
+            elif len(run.nodes) == 1:
+                ev.node_findings.setdefault(run.nodes[0], []).append(f)
+            else:
+                ev.group_findings.append(f)
+
+    # -- fleet events -------------------------------------------------------------------------
+    def _update_events(self, keys: set[tuple[str, str]], now: float, out: JudgeOutput) -> set[tuple[str, str]]:
+        changed: set[tuple[str, str]] = set()
+        cutoff = now - self.settings.fleet.event_window_s
+        for cls, probe in sorted(keys):
+            sample = [s for s in self.samples.get((cls, probe), {}).values() if s[0] >= cutoff]
+            active = self.events.get((cls, probe))
+            check = check_event(sample, self.settings.fleet, active=active is not None)
+            if active is None and check is not None:
+                event = FleetEvent(cls, probe, check.started_at, None, check.flagged, check.sampled, (),
+                                   f"fleet event: {probe} on {cls}: {check.text}")
+                self.events[(cls, probe)] = event
+                out.fleet_events.append(event)
+                changed.add((cls, probe))
+            elif active is not None and check is None:
+                ended = replace(active, ended_at=now, text=active.text + "; over")
+                del self.events[(cls, probe)]
+                out.fleet_events.append(ended)
+                changed.add((cls, probe))
+        return changed
+
+    def _suppressed(self, node: str, probe: str, f: Finding, at: float) -> bool:
+        event = self.events.get((self.node_class(node), probe))
+        return event is not None and not f.event_proof and at >= event.started_at
+
+    # -- recording ----------------------------------------------------------------------------
+    def _record(self, run: RunInput, ev: _RunEval, out: JudgeOutput) -> None:
+        probe = run.probe
+        suspects = tuple(n for n in run.nodes if self._under_suspicion(n, probe, run.at))
+        kept_group = [f for f in ev.group_findings if not any(self._suppressed(n, probe, f, run.at) for n in run.nodes)]
+        group_suppressed = bool(ev.group_findings) and not kept_group
+        for n in run.nodes:
+            raw = ev.node_findings.get(n, [])
+            kept = [f for f in raw if not self._suppressed(n, probe, f, run.at)]
+            top = worst(kept)
+            if top is not None:
+                code, sev, text = top.code, top.severity, top.detail
+                more = len({f.key for f in kept}) - 1
+                if more > 0:
+                    text += f" (and {more} more series)"
+            elif raw or group_suppressed:
+                event = self.events.get((self.node_class(n), probe))
+                code, sev = ReasonCode.FLEET_EVENT, Severity.NONE
+                text = (event.text if event is not None else "fleet event") + (f": {worst(raw).detail}"  # type: ignore[union-attr]
+                                                                               if raw else "")
+            else:
+                code, sev, text = ReasonCode.OK, Severity.NONE, PASS_TEXT
+            mark = Mark(run.run_id, n, probe, run.at, sev, code, text, not run.priority,
+                        event_proof=any(f.event_proof for f in kept), findings=tuple(kept),
+                        raw_flagged=bool(raw) or bool(ev.group_findings))
+            self._add_mark(mark)
+            out.marks.append(mark)
+            self.status[(n, probe)] = _Status("judged", run.at, run.run_id, "")
+            pending = self.pending.get((n, probe))
+            if pending is not None and pending.requested_at <= run.at:
+                del self.pending[(n, probe)]
+                out.satisfied.append((n, probe))
+        if len(run.nodes) > 1 and (ev.group_findings or any(g for *_, g in ev.values)):
+            top = worst(kept_group)
+            if top is not None:
+                code, sev, text = top.code, top.severity, top.detail
+            elif group_suppressed:
+                code, sev, text = ReasonCode.FLEET_EVENT, Severity.NONE, "fleet event"
+            else:
+                code, sev, text = ReasonCode.OK, Severity.NONE, PASS_TEXT
+            record = GroupRecord(run.run_id, probe, run.at, tuple(run.nodes), sev, code, text,
+                                 suspects if run.priority and suspects else tuple(run.nodes),
+                                 event_proof=any(f.event_proof for f in kept_group), findings=tuple(kept_group))
+            self._add_group(record, suppressed=group_suppressed)
+            out.groups.append(record)
+        flagged_keys = {(n, f.key) for n, fs in ev.node_findings.items() for f in fs
+                        if not self._suppressed(n, probe, f, run.at)}
+        flagged_keys |= {(n, f.key) for f in kept_group for n in run.nodes}
+        window = self.settings.baseline.window
+        oldest = run.at - self.settings.baseline.max_age_s
+        for node, key, value, _ in ev.values:
+            st = self._state(node, key)
+            if (node, key) not in flagged_keys:
+                history = [(a, v) for a, v in st.accepted if a >= oldest][-(window - 1):] if window > 1 else []
+                st.accepted = [*history, (run.at, value)]
+                base = baseline_of([v for _, v in st.accepted], min_samples=self.settings.baseline.min_samples)
+                st.baseline, st.spread = (base.median, base.spread) if base else (None, None)
+            out.series.append(SeriesState(st.node, st.key, list(st.accepted), st.last_value, st.last_at,
+                                          st.last_run_id, st.floor, st.baseline, st.spread))
+
+    def _under_suspicion(self, node: str, probe: str, at: float) -> bool:
+        """In a re-probe, a member under suspicion (a pending request, or a verdict other than a pass)
+        is a suspect; the others are the known-good partners the planner added."""
+        pending = self.pending.get((node, probe))
+        if pending is not None and pending.requested_at <= at:
+            return True
+        verdict = self.verdicts.get((node, probe))
+        return verdict is not None and verdict.outcome is not Outcome.PASS
+
+    def _add_mark(self, mark: Mark) -> None:
+        marks = self.marks.setdefault((mark.node, mark.probe), [])
+        marks.append(mark)
+        keep = max(self.settings.confirm.m, 1)
+        if len(marks) > keep:
+            del marks[: len(marks) - keep]
+
+    def _add_group(self, record: GroupRecord, *, suppressed: bool = False) -> None:
+        keep = max(self.settings.confirm.m, 1)
+        for member in record.members:
+            hist = self.group_history.setdefault((member, record.probe), [])
+            hist.append(record)
+            if len(hist) > keep:
+                del hist[: len(hist) - keep]
+            if not record.flagged and not suppressed:
+                last = self.last_group_pass[record.probe]
+                last[member] = max(last.get(member, float("-inf")), record.at)
+        if record.flagged:
+            self.flagged_groups[record.probe].append(record)
+
+    # -- localisation, verdicts, requests -------------------------------------------------------
+    def _localise(self, probe: str, now: float) -> Attribution:
+        cutoff = now - self.settings.confirm.window_s
+        records = [r for r in self.flagged_groups.get(probe, []) if r.at >= cutoff]
+        self.flagged_groups[probe] = records
+        live = []
+        for r in records:
+            if any(self.resets.get(m, float("-inf")) > r.at for m in r.members):
+                continue
+            event = self.events.get((self.node_class(r.members[0]), probe))
+            if event is None or r.event_proof or r.at < event.started_at:
+                live.append(r)
+        return attribute(live, self.last_group_pass.get(probe, {}))
+
+    def _recent_marks(self, node: str, probe: str, now: float) -> list[Mark]:
+        """The node's marks in the confirmation window, after its last reset, with findings a fleet
+        event explains taken out (they may predate the event's declaration)."""
+        cutoff = max(now - self.settings.confirm.window_s, self.resets.get(node, float("-inf")))
+        event = self.events.get((self.node_class(node), probe))
+        marks = [mk for mk in self.marks.get((node, probe), []) if mk.at >= cutoff]
+        if event is None:
+            return marks
+        return [self._under_event(mk, event) for mk in marks]
+
+    @staticmethod
+    def _under_event(mark: Mark, event: FleetEvent) -> Mark:
+        if mark.at < event.started_at or not mark.flagged:
+            return mark
+        kept = tuple(f for f in mark.findings if f.event_proof)
+        if len(kept) == len(mark.findings):
+            return mark
+        top = worst(kept)
+        if top is None:
+            return replace(mark, severity=Severity.NONE, code=ReasonCode.FLEET_EVENT,
+                           text=f"{event.text}: {mark.text}", findings=())
+        return replace(mark, severity=top.severity, code=top.code, text=top.detail, findings=kept)
+
+    def _conclude(self, node: str, probe: str, attribution: Attribution | None,
+                  suspects: Mapping[str, list[GroupRecord]], now: float, out: JudgeOutput) -> None:
+        c = self.settings.confirm
+        marks = self._recent_marks(node, probe, now)
+        status = self.status.get((node, probe))
+        if not marks and status is None:
+            return
+        out.evaluated.add((node, probe))
+        latest = marks[-1] if marks else None
+        fail_n, seen = count_flagged(marks, c.m, Severity.FAIL)
+        bad_n, _ = count_flagged(marks, c.m, Severity.DEGRADED)
+        blamed = attribution.blamed.get(node) if attribution else None
+        blame_n, blame_seen = (0, 0)
+        if blamed:
+            cutoff = max(now - c.window_s, self.resets.get(node, float("-inf")))
+            history = [r for r in self.group_history.get((node, probe), []) if r.at >= cutoff]
+            blame_n, blame_seen = blame_confirmed(node, history, self.last_group_pass.get(probe, {}), n=c.n, m=c.m)
+        at = max(latest.at if latest else 0.0, status.at if status else 0.0)
+
+        verdict: Verdict
+        recommend = False
+        evidence: dict[str, object] = {}
+        node_sev = Severity.FAIL if fail_n >= c.n else Severity.DEGRADED if bad_n >= c.n else Severity.NONE
+        blame_sev = max_severity(blamed) if blamed and blame_n >= c.n else Severity.NONE
+        if node_sev or blame_sev:
+            if node_sev >= blame_sev:
+                flagged = [mk for mk in marks[-c.m:] if mk.severity >= node_sev]
+                top = worst(f for mk in flagged for f in mk.findings) or None
+                code = top.code if top else flagged[-1].code
+                text = (top.detail if top else flagged[-1].text) + \
+                    f"; confirmed in {len(flagged)} of the last {min(seen, c.m)} runs"
+                run_ids = tuple(mk.run_id for mk in flagged)
+                outcome = Outcome.FAIL if node_sev is Severity.FAIL else Outcome.DEGRADED
+                findings = [f for mk in flagged for f in mk.findings]
+            else:
+                assert blamed is not None
+                partners = sorted({m for r in blamed for m in r.members if m != node})
+                top = worst(f for r in blamed for f in r.findings)
+                code = ReasonCode.LOCALISED
+                text = (f"multi-node results are bad with this node ({blame_n} of its last {blame_seen}, with "
+                        f"{', '.join(partners)}) and good without it: {top.detail if top else blamed[-1].text}")
+                run_ids = tuple(r.run_id for r in blamed)
+                outcome = Outcome.FAIL if blame_sev is Severity.FAIL else Outcome.DEGRADED
+                findings = [f for r in blamed for f in r.findings]
+                evidence["partners"] = partners
+            evidence.update(self._evidence(node, findings, run_ids, f"{max(len(run_ids), blame_n)}/{c.m}"))
+            verdict = Verdict(node, probe, outcome, text, code.value, run_ids, _flat(evidence, top), at)
+            recommend = True
+        elif status is not None and status.kind != "judged" and (latest is None or status.at >= latest.at):
+            code = ReasonCode.PROBE_ERROR if status.kind == "error" else ReasonCode.MEASUREMENT_MISSING
+            verdict = Verdict(node, probe, Outcome.ERROR, status.text, code.value, (status.run_id,), {}, status.at)
+        elif latest is not None and latest.flagged:
+            top = worst(latest.findings)
+            text = latest.text + f"; seen in {bad_n} of the last {min(seen, c.m)} runs, re-probe requested"
+            verdict = Verdict(node, probe, Outcome.DEGRADED, text, latest.code.value, (latest.run_id,),
+                              _flat(self._evidence(node, list(latest.findings), (latest.run_id,),
+                                                   f"{bad_n}/{c.n}"), top), at)
+        elif blamed:
+            top = worst(f for r in blamed for f in r.findings)
+            text = (f"multi-node results are bad with this node ({blame_n} so far) and good without it: "
+                    f"{top.detail if top else blamed[-1].text}; re-probe with known-good partners requested")
+            verdict = Verdict(node, probe, Outcome.DEGRADED, text, ReasonCode.LOCALISED.value,
+                              tuple(r.run_id for r in blamed), _flat({}, top), at)
+        elif node in suspects:
+            records = suspects[node]
+            others = sorted({m for r in records for m in r.members if m != node})
+            text = (f"in a bad multi-node result with {', '.join(others)}: {records[-1].text}; "
+                    "re-pairing with known-good partners requested")
+            verdict = Verdict(node, probe, Outcome.DEGRADED, text, ReasonCode.GROUP_SUSPECT.value,
+                              tuple(r.run_id for r in records), _flat({}, worst(records[-1].findings)), at)
+        elif latest is not None and latest.code is ReasonCode.FLEET_EVENT:
+            verdict = Verdict(node, probe, Outcome.DEGRADED, latest.text, ReasonCode.FLEET_EVENT.value,
+                              (latest.run_id,), {}, at)
+        else:
+            verdict = Verdict(node, probe, Outcome.PASS, PASS_TEXT, ReasonCode.OK.value,
+                              (latest.run_id,) if latest else (), {}, at)
+        old = self.verdicts.get((node, probe))
+        if old is None or (old.outcome, old.reason_code, old.reason) != (verdict.outcome, verdict.reason_code,
+                                                                          verdict.reason):
+            out.verdicts.append(verdict)
+        self.verdicts[(node, probe)] = verdict
+        if recommend:
+            out.recommendations.append(RecommendationCandidate(
+                node, probe, verdict.outcome, ReasonCode(verdict.reason_code), verdict.reason,
+                {"run_ids": list(verdict.run_ids), **evidence}, at))
+
+    def _evidence(self, node: str, findings: Sequence[Finding], run_ids: Sequence[str],
+                  confirmed: str) -> dict[str, object]:
+        out: dict[str, object] = {"confirmed": confirmed, "run_ids": list(run_ids),
+                                  "findings": [f.evidence() for f in findings][:8]}
+        top = worst(findings)
+        if top is not None:
+            st = self.series.get((node, top.key))
+            if st is not None:
+                if st.floor is not None:
+                    out["floor"] = st.floor
+                if st.baseline is not None:
+                    out["baseline"] = st.baseline
+        return out
+
+    def _request(self, attributions: Mapping[str, Attribution], now: float, out: JudgeOutput) -> None:
+        c = self.settings.confirm
+
+        def ask(kind: Literal["reprobe", "localise", "bisect"], probe: str, nodes: tuple[str, ...], why: str) -> None:
+            if any(n in self.drained or (n, probe) in self.pending for n in nodes):
+                return
+            req = Request(kind, probe, nodes, now, why)
+            for n in nodes:
+                self.pending[(n, probe)] = req
+            out.requests.append(req)
+
+        for (node, probe) in sorted(out.evaluated):
+            v = self.verdicts.get((node, probe))
+            if v is None or v.outcome is not Outcome.DEGRADED:
+                continue
+            if v.reason_code in (ReasonCode.GROUP_SUSPECT.value, ReasonCode.FLEET_EVENT.value):
+                continue
+            if (node, probe) in {(r.node, r.probe) for r in out.recommendations}:
+                continue
+            kind: Literal["reprobe", "localise"] = "localise" if v.reason_code == ReasonCode.LOCALISED.value \
+                else "reprobe"
+            ask(kind, probe, (node,), v.reason)
+        for probe, attribution in sorted(attributions.items()):
+            for record, cands in attribution.unresolved:
+                if record.at < now - c.window_s:
+                    continue
+                if len(record.members) <= 2 or len(cands) <= 2:
+                    for cand in cands:
+                        ask("localise", probe, (cand,), f"localise a bad {probe} result ({record.run_id})")
+                else:
+                    for half in split(cands):
+                        if half:
+                            ask("bisect", probe, half, f"bisect a bad {probe} result ({record.run_id})")
+
+    def _expire(self, now: float, out: JudgeOutput) -> None:
+        timeout = self.settings.confirm.request_timeout_s
+        for key, req in list(self.pending.items()):
+            if req.requested_at + timeout < now:
+                del self.pending[key]
+                out.satisfied.append(key)
+
+    def _apply_resets(self, resets: Mapping[str, float]) -> set[tuple[str, str]]:
+        touched: set[tuple[str, str]] = set()
+        for node, at in resets.items():
+            if at > self.resets.get(node, float("-inf")):
+                self.resets[node] = at
+                touched.update(k for k in self.verdicts if k[0] == node)
+        return touched
+
+    # -- re-probes for the planner ----------------------------------------------------------------
+    def requests(self, now: float, probes: Mapping[str, ProbeSettings]) -> list[PriorityRequest]:
+        """Pending re-probes as planner requests, oldest first, each multi-node one with known-good
+        partners of the same class (nodes whose latest verdict for the probe is a pass)."""
+        with self._lock:
+            return self._requests(now, probes)
+
+    def _requests(self, now: float, probes: Mapping[str, ProbeSettings]) -> list[PriorityRequest]:
+        timeout = self.settings.confirm.request_timeout_s
+        groups: dict[tuple[str, tuple[str, ...]], Request] = {}
+        for req in self.pending.values():
+            if req.requested_at + timeout >= now:
+                groups.setdefault((req.probe, req.nodes), req)
+        busy = {n for n, _ in self.pending}
+        out: list[PriorityRequest] = []
+        pools: dict[tuple[str, str], list[str]] = {}
+        for (probe, nodes), req in sorted(groups.items(), key=lambda item: (item[1].requested_at, item[0])):
+            settings = probes.get(probe)
+            if settings is None or not settings.enabled:
+                continue
+            size = max(settings.nodes_per_job, len(nodes))
+            partners: tuple[str, ...] = ()
+            if size > len(nodes):
+                cls = self.node_class(nodes[0])
+                if (cls, probe) not in pools:
+                    pools[(cls, probe)] = sorted(
+                        n for (n, p), v in self.verdicts.items()
+                        if p == probe and v.outcome is Outcome.PASS and self.node_class(n) == cls
+                        and n not in busy and n not in self.drained)
+                partners = pick_partners(nodes[0], pools[(cls, probe)], self.settings.confirm.partners
+                                         + size - len(nodes) - 1)
+            out.append(PriorityRequest(probe, nodes, partners, size, reason=f"{req.kind}: {req.reason}"[:200]))
+        return out
+
+    def partners(self, node: str, probe: str, k: int, *, exclude: Iterable[str] = ()) -> tuple[str, ...]:
+        """Up to ``k`` known-good partners for ``node``: same class, latest verdict for ``probe`` a
+        pass, no pending re-probe, not drained."""
+        with self._lock:
+            return self._partners(node, probe, k, exclude)
+
+    def _partners(self, node: str, probe: str, k: int, exclude: Iterable[str]) -> tuple[str, ...]:
+        cls = self.node_class(node)
+        busy = {n for n, _ in self.pending} | set(exclude)
+        pool = [n for (n, p), v in self.verdicts.items()
+                if p == probe and v.outcome is Outcome.PASS and n not in busy and n not in self.drained
+                and self.node_class(n) == cls]
+        return pick_partners(node, pool, k)
+
+    def recheck_requests(self, rechecks: Mapping[str, Sequence[str]], probes: Mapping[str, ProbeSettings],
+                         last_attempts: Mapping[tuple[str, str], float], now: float) -> list[PriorityRequest]:
+        """Re-probes of healthd-drained nodes (node → the probes it was drained for), each at most
+        once per probe interval, multi-node ones with known-good partners."""
+        with self._lock:
+            return self._recheck_requests(rechecks, probes, last_attempts, now)
+
+    def _recheck_requests(self, rechecks: Mapping[str, Sequence[str]], probes: Mapping[str, ProbeSettings],
+                          last_attempts: Mapping[tuple[str, str], float], now: float) -> list[PriorityRequest]:
+        out: list[PriorityRequest] = []
+        for node, wanted in sorted(rechecks.items()):
+            for probe in sorted(set(wanted)):
+                settings = probes.get(probe)
+                if settings is None or not settings.enabled:
+                    continue
+                if now - last_attempts.get((node, probe), float("-inf")) < settings.interval_s:
+                    continue
+                size = settings.nodes_per_job
+                partners = self._partners(node, probe, self.settings.confirm.partners + size - 2,
+                                          rechecks) if size > 1 else ()
+                out.append(PriorityRequest(probe, (node,), partners, size, allow_drained=True,
+                                           reason="recheck of a healthd drain"))
+        return out
+
+    def active_events(self) -> list[FleetEvent]:
+        with self._lock:
+            return sorted(self.events.values(), key=lambda e: (e.node_class, e.probe))
+
+    # -- persistence --------------------------------------------------------------------------
+    def restore(self, rows: Mapping[str, Sequence[dict[str, Any]]], nodes: Sequence[Node], *, now: float) -> None:
+        """Rebuild the state from ``Store.load_judgement`` rows (a daemon restart)."""
+        for node in nodes:
+            self.classes[node.name] = class_of(node)
+        self.drained = {n.name for n in nodes if n.drained}
+        for r in rows.get("series", ()):
+            key = SeriesKey.of(r["probe"], r["name"], r["labels"])
+            st = SeriesState(r["node"], key, [(float(a), float(v)) for a, v in r["accepted"]], r["last_value"],
+                             r["last_at"], r["last_run_id"], r["floor"], r["baseline"], r["spread"])
+            self.series[(r["node"], key)] = st
+            if st.last_value is not None:
+                self.pools[(self.node_class(st.node), key.without("gpu"))][(st.node, key)] = (st.last_value, st.last_at)
+        for r in sorted(rows.get("marks", ()), key=lambda r: (r["at"], r["run_id"])):
+            mark = Mark(r["run_id"], r["node"], r["probe"], r["at"], Severity(r["severity"]), ReasonCode(r["code"]),
+                        r["text"], bool(r["regular"]), bool(r["event_proof"]),
+                        tuple(Finding.from_dict(f) for f in r["findings"]), bool(r["raw_flagged"]))
+            self._add_mark(mark)
+            self.status[(mark.node, mark.probe)] = _Status("judged", mark.at, mark.run_id, "")
+            if mark.regular:
+                self.samples[(self.node_class(mark.node), mark.probe)][mark.node] = (mark.at, mark.raw_flagged)
+        for r in sorted(rows.get("groups", ()), key=lambda r: (r["at"], r["run_id"])):
+            record = GroupRecord(r["run_id"], r["probe"], r["at"], tuple(r["members"]), Severity(r["severity"]),
+                                 ReasonCode(r["code"]), r["text"], tuple(r["suspects"]), bool(r["event_proof"]),
+                                 tuple(Finding.from_dict(f) for f in r["findings"]))
+            self._add_group(record, suppressed=record.code is ReasonCode.FLEET_EVENT)
+        for r in rows.get("events", ()):
+            self.events[(r["node_class"], r["probe"])] = FleetEvent(
+                r["node_class"], r["probe"], r["started_at"], None, r["flagged"], r["sampled"], tuple(r["series"]),
+                r["text"], r["id"])
+        for r in rows.get("pending", ()):
+            self.pending[(r["node"], r["probe"])] = Request(r["kind"], r["probe"], tuple(r["nodes"]),
+                                                             r["requested_at"], r["reason"])
+        for v in rows.get("verdicts", ()):
+            verdict = v["verdict"]
+            assert isinstance(verdict, Verdict)
+            self.verdicts[(verdict.node, verdict.probe)] = verdict
+        for r in rows.get("resets", ()):
+            self.resets[r["node"]] = max(self.resets.get(r["node"], float("-inf")), float(r["at"]))
+
+
+def _flat(evidence: Mapping[str, object], top: Finding | None) -> dict[str, float | str]:
+    """Verdict evidence: numbers and short strings only (the metric and API show it)."""
+    out: dict[str, float | str] = {}
+    if top is not None:
+        out.update(top.evidence())
+    for key in ("confirmed", "floor", "baseline"):
+        value = evidence.get(key)
+        if isinstance(value, int | float | str):
+            out[key] = value
+    partners = evidence.get("partners")
+    if isinstance(partners, list):
+        out["partners"] = ",".join(str(p) for p in partners)
+    return out
+
+
+# -- inputs ------------------------------------------------------------------------------------
+def run_from_collected(c: Collected, now: float) -> RunInput:
+    """A collected run as judge input (the daemon's path)."""
+    result = c.result
+    measurements: tuple[MeasurementInput, ...] = ()
+    failed: tuple[CheckInput, ...] = ()
+    if result is not None:
+        measurements = tuple(MeasurementInput(m.name, m.value, dict(m.labels), m.node) for m in result.measurements)
+        failed = tuple(CheckInput(ch.name, ch.detail, ch.node, ch.gpu) for ch in result.checks if not ch.ok)
+    return RunInput(c.run_id, c.probe, tuple(c.nodes), c.outcome, c.reason,
+                    result.finished_at if result is not None else now, measurements, failed)
+
+
+def runs_from_store(store: Store, *, since: float = 0.0, until: float = math.inf) -> list[RunInput]:
+    """Finished runs with their measurements and failed checks, oldest first (replay's path)."""
+    rows = store.judge_history(since=since, until=until)
+    return [
+        RunInput(r["run_id"], r["probe"], tuple(r["nodes"]), Outcome(r["outcome"]), r["reason"], r["at"],
+                 tuple(MeasurementInput(m["name"], m["value"], m["labels"], m["node"]) for m in r["measurements"]),
+                 tuple(CheckInput(ch["name"], ch["detail"], ch["node"], ch["gpu"]) for ch in r["failed_checks"]))
+        for r in rows
+    ]
+
+
+# -- the daemon's entry points -------------------------------------------------------------------
+def save_output(store: Store, output: JudgeOutput, *, keep_s: float) -> None:
+    """Persist one evaluation (verdicts, series, marks, groups, events, re-probes) in one transaction."""
+    store.save_judgement(
+        verdicts=output.verdicts,
+        series=[{"node": s.node, "probe": s.key.probe, "name": s.key.name, "labels": _labels_json(s.key),
+                 "accepted": s.accepted, "last_value": s.last_value, "last_at": s.last_at,
+                 "last_run_id": s.last_run_id, "floor": s.floor, "baseline": s.baseline, "spread": s.spread}
+                for s in output.series],
+        marks=[{"run_id": m.run_id, "node": m.node, "probe": m.probe, "at": m.at, "severity": int(m.severity),
+                "code": m.code.value, "text": m.text, "regular": m.regular, "event_proof": m.event_proof,
+                "raw_flagged": m.raw_flagged, "findings": [f.to_dict() for f in m.findings]} for m in output.marks],
+        groups=[{"run_id": g.run_id, "probe": g.probe, "at": g.at, "members": list(g.members),
+                 "suspects": list(g.suspects), "severity": int(g.severity), "code": g.code.value, "text": g.text,
+                 "event_proof": g.event_proof, "findings": [f.to_dict() for f in g.findings]}
+                for g in output.groups],
+        events=[{"node_class": e.node_class, "probe": e.probe, "started_at": e.started_at, "ended_at": e.ended_at,
+                 "flagged": e.flagged, "sampled": e.sampled, "series": list(e.series), "text": e.text}
+                for e in output.fleet_events],
+        pending=[{"node": n, "probe": r.probe, "kind": r.kind, "nodes": list(r.nodes),
+                  "requested_at": r.requested_at, "reason": r.reason}
+                 for r in output.requests for n in r.nodes],
+        satisfied=output.satisfied,
+        prune_before=output.at - keep_s,
+    )
+
+
+_LABELS_JSON: dict[SeriesKey, str] = {}
+
+
+def _labels_json(key: SeriesKey) -> str:
+    """The store's canonical JSON of a series' labels, computed once per series."""
+    text = _LABELS_JSON.get(key)
+    if text is None:
+        if len(_LABELS_JSON) > 200_000:
+            _LABELS_JSON.clear()
+        text = _LABELS_JSON[key] = key.canonical_labels
+    return text
+
+
+def judge_collected(judge: Judge, store: Store, done: Sequence[Collected], *, now: float,
+                    nodes: Sequence[Node] | None = None) -> JudgeOutput:
+    """What the daemon calls after each collect: judge the collected runs and persist the result.
+
+    ``nodes`` (classes, drain state; default: the store's) and the undrain times that reset a
+    node's evidence come from the store; the caller hands the output to ``Remediator.apply``.
+    """
+    runs = [run_from_collected(c, now) for c in done]
+    output = judge.evaluate(runs, store.nodes() if nodes is None else nodes, now=now, resets=store.judge_resets())
+    save_output(store, output, keep_s=keep_seconds(judge.settings))
+    return output
+
+
+def keep_seconds(settings: JudgeSettings) -> float:
+    """How long marks and group records are kept: the confirmation window (and an hour of slack)."""
+    return max(settings.confirm.window_s, settings.fleet.event_window_s) + 3600.0
+
+
+def load_judge(store: Store, settings: JudgeSettings, *, now: float) -> Judge:
+    """A judge with the state a previous daemon left in the store."""
+    judge = Judge(settings)
+    judge.restore(store.load_judgement(since=now - keep_seconds(settings)), store.nodes(), now=now)
+    return judge

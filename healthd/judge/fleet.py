@@ -1,0 +1,116 @@
+"""Layer 3: the fleet (pure): robust outliers within a node class, and fleet events.
+
+Outliers: for the same probe, measurement and labels (GPUs pooled), the class's latest values
+give a median and a robust spread (1.4826 x MAD); a value is an outlier when its robust z-score
+is below ``-z_threshold`` *and* it is at least ``min_deviation`` worse than the median, so a
+straggler that still passes its floor is flagged, and a very tight fleet does not flag noise.
+
+Fleet events: when a large share of a class is flagged at once on one probe, the cause is a
+fabric, firmware or software change, not that many broken nodes; one fleet verdict is raised
+and the nodes' drops are attributed to it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from healthd.config import FleetSettings
+from healthd.judge.baseline import MAD_TO_SD
+from healthd.judge.model import Direction, Finding, ReasonCode, SeriesKey, Severity, human
+
+
+@dataclass(frozen=True)
+class FleetStats:
+    median: float
+    spread: float
+    n: int
+    nodes: int
+    peers: str
+    """Who the value was compared with: ``h100x8 fleet`` or ``the node's 8 GPUs``."""
+
+
+def fleet_stats(values: Sequence[float] | np.ndarray, *, nodes: int, min_nodes: int, peers: str) -> FleetStats | None:
+    """Median and robust spread of ``values`` from ``nodes`` nodes, or ``None`` if too few nodes."""
+    if nodes < min_nodes or len(values) == 0:
+        return None
+    arr = np.asarray(values, dtype=float)
+    median = float(np.median(arr))
+    spread = MAD_TO_SD * float(np.median(np.abs(arr - median)))
+    return FleetStats(median, spread, int(arr.size), nodes, peers)
+
+
+def robust_z(value: float, stats: FleetStats, direction: Direction) -> float:
+    """Signed so that negative is worse; ``-inf`` for a worse value in a fleet with no spread."""
+    delta = value - stats.median if direction == "higher" else stats.median - value
+    if stats.spread > 0:
+        return delta / stats.spread
+    if delta == 0:
+        return 0.0
+    return math.copysign(math.inf, delta)
+
+
+def outlier(
+    key: SeriesKey, value: float, stats: FleetStats, direction: Direction, *, z_threshold: float,
+    min_deviation: float, event_proof: bool = False,
+) -> Finding | None:
+    """A ``degraded`` finding when ``value`` is a low robust outlier of ``stats``, else ``None``."""
+    if stats.median == 0:
+        return None
+    z = robust_z(value, stats, direction)
+    deficit = -(value - stats.median) / abs(stats.median) if direction == "higher" else \
+        (value - stats.median) / abs(stats.median)
+    if z > -z_threshold or deficit < min_deviation:
+        return None
+    word = "below" if direction == "higher" else "above"
+    threshold = stats.median * (1 - min_deviation) if direction == "higher" else stats.median * (1 + min_deviation)
+    z_text = f"robust z {z:.1f}" if math.isfinite(z) else "no spread among peers"
+    detail = (f"{key.describe()} {human(key.name, value)} is {deficit * 100:.1f}% {word} the median "
+              f"{human(key.name, stats.median)} of {stats.peers} ({z_text}, {stats.n} values)")
+    return Finding(ReasonCode.FLEET_OUTLIER, Severity.DEGRADED, key, value, stats.median, threshold, detail,
+                   score=z if math.isfinite(z) else None, event_proof=event_proof)
+
+
+@dataclass(frozen=True)
+class EventCheck:
+    flagged: int
+    sampled: int
+    recent_flagged: int
+    recent: int
+    started_at: float
+    """The earliest flagged result in the triggering sample (the event's onset)."""
+
+    @property
+    def text(self) -> str:
+        return (f"{self.flagged} of {self.sampled} nodes flagged at once "
+                f"({self.recent_flagged} of the {self.recent} newest results)")
+
+
+def check_event(samples: Sequence[tuple[float, bool]], settings: FleetSettings, *, active: bool) -> EventCheck | None:
+    """Whether the class is in a fleet event, from each node's latest regular ``(at, flagged)``.
+
+    Starts when ``event_share`` of the sample, or ``event_recent_share`` of the ``event_recent``
+    newest results, are flagged (and at least ``event_min_nodes`` nodes); an active event ends
+    when both shares fall under half their thresholds. Returns the check when the class is (still)
+    in an event, else ``None``.
+    """
+    if not samples:
+        return None
+    ordered = sorted(samples, key=lambda s: s[0], reverse=True)
+    recent = ordered[: settings.event_recent]
+    flagged = sum(1 for _, f in ordered if f)
+    recent_flagged = sum(1 for _, f in recent if f)
+    scale = 0.5 if active else 1.0
+    need_all = max(settings.event_min_nodes if not active else 1, settings.event_share * scale * len(ordered))
+    need_recent = max(settings.event_min_nodes if not active else 1,
+                      math.ceil(settings.event_recent_share * scale * len(recent)))
+    by_window = flagged >= need_all and flagged >= (1 if active else settings.event_min_nodes)
+    by_recent = recent_flagged >= need_recent
+    if not (by_window or by_recent):
+        return None
+    source = recent if by_recent and not by_window else ordered
+    onset = min((at for at, f in source if f), default=ordered[0][0])
+    return EventCheck(flagged, len(ordered), recent_flagged, len(recent), onset)

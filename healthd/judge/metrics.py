@@ -1,0 +1,143 @@
+"""Prometheus families of judgement and remediation, built from the store at scrape time.
+
+``judge_metric_families(judge_snapshot(store))`` yields them; ``JudgeCollector(store)`` is a
+ready ``prometheus_client`` collector to register next to the daemon's ``StoreCollector``.
+Labels stay bounded (node, the measurement's own labels, reason codes, node classes, probes).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from healthd.judge.model import ReasonCode
+from healthd.model import Outcome, Verdict
+from healthd.store import RecommendationRow, Store
+
+OUTCOMES = [o.value for o in Outcome]
+ACTIONS = ("drain", "undrain")
+RESULTS = ("done", "refused", "failed")
+
+
+@dataclass(frozen=True)
+class JudgeSnapshot:
+    series: tuple[dict[str, Any], ...]
+    """Judged series: node, probe, name, labels, floor, baseline."""
+    recommendations: tuple[RecommendationRow, ...]
+    verdicts: tuple[Verdict, ...]
+    breaker_open: bool
+    fleet_events: tuple[dict[str, Any], ...]
+    """Recent fleet events (active ones have ``ended_at`` None)."""
+    counters: tuple[tuple[str, dict[str, str], float], ...]
+
+
+def judge_snapshot(store: Store) -> JudgeSnapshot:
+    breaker = store.remediation_state("breaker")
+    return JudgeSnapshot(
+        series=tuple(store.judge_series()),
+        recommendations=tuple(store.recommendations()),
+        verdicts=tuple(store.current_verdicts()),
+        breaker_open=bool(isinstance(breaker, dict) and breaker.get("open")),
+        fleet_events=tuple(store.fleet_events(limit=200)),
+        counters=tuple(store.counters()),
+    )
+
+
+def _family(kind: str, probe: str, name: str) -> str:
+    return f"healthd_{kind}_{probe}_{name}".replace("-", "_")
+
+
+def judge_metric_families(snap: JudgeSnapshot, *, verdicts: bool = False) -> Iterator[Metric]:
+    """The judgement families. ``verdicts=True`` also yields ``healthd_node_verdict`` (the daemon's
+    ``StoreCollector`` yields it today; exactly one of the two must)."""
+    if verdicts:
+        family = GaugeMetricFamily("healthd_node_verdict",
+                                   "1 for the node's current verdict for the probe, 0 for the others",
+                                   labels=["node", "probe", "outcome", "reason_code"])
+        for v in snap.verdicts:
+            for outcome in OUTCOMES:
+                current = v.outcome.value == outcome
+                family.add_metric([v.node, v.probe, outcome, v.reason_code if current else ""], float(current))
+        yield family
+
+    for kind, column, help_text in (
+        ("baseline", "baseline", "The node's own baseline (median of its recent passing results) of"),
+        ("floor", "floor", "The floor of the node's class (lowest acceptable; highest for times) of"),
+    ):
+        rows: dict[str, list[tuple[dict[str, str], float]]] = defaultdict(list)
+        for s in snap.series:
+            value = s.get(column)
+            if value is None:
+                continue
+            rows[_family(kind, s["probe"], s["name"])].append(({"node": s["node"], **s["labels"]}, float(value)))
+        for family_name in sorted(rows):
+            entries = rows[family_name]
+            keys = ["node", *sorted({k for labels, _ in entries for k in labels} - {"node"})]
+            suffix = family_name.split("_", 3)[3]
+            family = GaugeMetricFamily(family_name, f"{help_text} {suffix.replace('_', ' ')}", labels=keys)
+            for labels, value in entries:
+                family.add_metric([labels.get(k, "") for k in keys], value)
+            yield family
+
+    recommended = GaugeMetricFamily("healthd_drain_recommended",
+                                    "1 while healthd recommends draining the node (with the reason code), else 0",
+                                    labels=["node", "reason_code"])
+    by_node: dict[str, RecommendationRow] = {}
+    for r in snap.recommendations:
+        best = by_node.get(r.node)
+        if best is None or (r.outcome == Outcome.FAIL.value and best.outcome != Outcome.FAIL.value):
+            by_node[r.node] = r
+    for node in sorted(by_node):
+        recommended.add_metric([node, by_node[node].reason_code], 1.0)
+    for node in sorted({v.node for v in snap.verdicts} - set(by_node)):
+        recommended.add_metric([node, ""], 0.0)
+    yield recommended
+
+    actions = CounterMetricFamily("healthd_remediation_actions",
+                                  "Drains and undrains healthd did (done), was refused (ownership, breaker, cap,"
+                                  " repeat offender) or could not do (failed)", labels=["action", "result"])
+    seen: dict[tuple[str, str], float] = {(a, r): 0.0 for a in ACTIONS for r in RESULTS}
+    for name, labels, value in snap.counters:
+        if name == "remediation_actions_total":
+            seen[(labels.get("action", ""), labels.get("result", ""))] = value
+    for (action, result), value in sorted(seen.items()):
+        actions.add_metric([action, result], value)
+    yield actions
+
+    breaker = GaugeMetricFamily("healthd_remediation_breaker_open",
+                                "1 while the remediation circuit breaker is open (no automatic action)")
+    breaker.add_metric([], float(snap.breaker_open))
+    yield breaker
+
+    events = GaugeMetricFamily("healthd_fleet_event_active",
+                               "1 while a large share of the class is degraded at once on the probe (a fleet event)",
+                               labels=["node_class", "probe"])
+    state: dict[tuple[str, str], bool] = {}
+    for e in sorted(snap.fleet_events, key=lambda e: e["started_at"]):
+        key = (e["node_class"], e["probe"])
+        state[key] = state.get(key, False) or e["ended_at"] is None
+    for (cls, probe), active in sorted(state.items()):
+        events.add_metric([cls, probe], float(active))
+    yield events
+
+
+class JudgeCollector(Collector):
+    """A ``prometheus_client`` collector of the judgement families (one store read per scrape)."""
+
+    def __init__(self, store: Store, *, verdicts: bool = False) -> None:
+        self._store = store
+        self._verdicts = verdicts
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        yield from judge_metric_families(judge_snapshot(self._store), verdicts=self._verdicts)
+
+
+__all__ = ["JudgeCollector", "JudgeSnapshot", "ReasonCode", "judge_metric_families", "judge_snapshot"]

@@ -1,0 +1,306 @@
+"""Types of the judgement layers: findings, reason codes, run inputs and the judge's output.
+
+A *finding* is one layer's statement about one value ("below the floor", "15% under this
+node's baseline", "an outlier in its class"). A *mark* is what one run says about one node
+(its worst finding, or nothing). Verdicts and recommendations are derived from marks after
+confirmation; see ``healthd.judge.engine``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from enum import IntEnum, StrEnum
+from typing import Literal, NamedTuple
+
+from healthd.model import Outcome, Verdict
+from healthd.planning import is_priority_run
+
+Direction = Literal["higher", "lower"]
+
+
+class ReasonCode(StrEnum):
+    """Why a verdict or a recommendation is what it is (a closed set, exported as a label)."""
+
+    OK = "ok"
+    BELOW_FLOOR = "below_floor"
+    """A value worse than the floor of the node's class (``fail`` once confirmed)."""
+    BASELINE_DRIFT = "baseline_drift"
+    """A value worse than the node's own baseline by the configured fraction (``degraded``)."""
+    FLEET_OUTLIER = "fleet_outlier"
+    """A robust outlier among the same series of the node's class, or among the node's own GPUs."""
+    CHECK_FAILED = "check_failed"
+    """The probe's own sanity check failed on the node (wrong data, GPUs missing)."""
+    LOCALISED = "localised"
+    """Multi-node results are bad with this node in them and good without it."""
+    GROUP_SUSPECT = "group_suspect"
+    """In a bad multi-node result whose culprit is not known yet (re-pairing requested)."""
+    FLEET_EVENT = "fleet_event"
+    """The drop is shared by a large part of the class at once: a fleet event, not this node."""
+    PROBE_ERROR = "probe_error"
+    """The probe or the infrastructure failed; says nothing about the node."""
+    MEASUREMENT_MISSING = "measurement_missing"
+    """The probe passed without a measurement it must report (fail closed: ``error``)."""
+    MANUAL = "manual"
+    """An operator's ``healthd drain``."""
+
+
+RECOMMENDABLE = frozenset(
+    {ReasonCode.BELOW_FLOOR, ReasonCode.BASELINE_DRIFT, ReasonCode.FLEET_OUTLIER, ReasonCode.CHECK_FAILED,
+     ReasonCode.LOCALISED}
+)
+
+
+class Severity(IntEnum):
+    NONE = 0
+    DEGRADED = 1
+    FAIL = 2
+
+
+class SeriesKey(NamedTuple):
+    """One judged series of one node: probe, measurement name and labels (``labels`` sorted)."""
+
+    probe: str
+    name: str
+    labels: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def of(cls, probe: str, name: str, labels: dict[str, str]) -> SeriesKey:
+        return cls(probe, name, tuple(sorted(labels.items())))
+
+    @property
+    def label_dict(self) -> dict[str, str]:
+        return dict(self.labels)
+
+    @property
+    def canonical_labels(self) -> str:
+        return json.dumps(dict(self.labels), sort_keys=True, separators=(",", ":"))
+
+    def without(self, *keys: str) -> SeriesKey:
+        return SeriesKey(self.probe, self.name, tuple(kv for kv in self.labels if kv[0] not in keys))
+
+    def describe(self) -> str:
+        """``gpu 3 flop_per_second{dtype=bf16}``: the GPU first, so one slow GPU is named."""
+        labels = dict(self.labels)
+        gpu = labels.pop("gpu", None)
+        inner = ",".join(f"{k}={_short_size(k, v)}" for k, v in sorted(labels.items()))
+        text = f"{self.name}{{{inner}}}" if inner else self.name
+        return f"gpu {gpu} {text}" if gpu is not None else text
+
+
+def _short_size(key: str, value: str) -> str:
+    if key != "size_bytes" or not value.isdigit():
+        return value
+    size = int(value)
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if size >= scale and size % scale == 0:
+            return f"{size // scale}{unit}"
+    return value
+
+
+def human(name: str, value: float) -> str:
+    """A value in the unit people read: TFLOP/s, GB/s, ms."""
+    for unit, scale, suffix in (("flop_per_second", 1e12, " TFLOP/s"), ("bytes_per_second", 1e9, " GB/s"),
+                                ("samples_per_second", 1.0, " samples/s"), ("seconds", 1e-3, " ms")):
+        if name.endswith(unit):
+            return f"{value / scale:.4g}{suffix}"
+    return f"{value:.4g}"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One layer's statement about one value of one series."""
+
+    code: ReasonCode
+    severity: Severity
+    key: SeriesKey
+    value: float
+    reference: float
+    """The floor, the baseline median or the fleet median the value was compared with."""
+    threshold: float
+    """The value past which it is flagged (``reference`` shifted by the allowed deviation)."""
+    detail: str
+    score: float | None = None
+    """The robust z-score for fleet findings."""
+    event_proof: bool = False
+    """True when a fleet-wide shift cannot explain it (a failed check; an outlier against the
+    class as it is during the event)."""
+
+    def to_dict(self) -> dict[str, object]:
+        return {"code": self.code.value, "severity": int(self.severity), "probe": self.key.probe,
+                "name": self.key.name, "labels": dict(self.key.labels), "value": self.value,
+                "reference": self.reference, "threshold": self.threshold, "detail": self.detail,
+                "score": self.score, "event_proof": self.event_proof}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, object]) -> Finding:
+        labels = d["labels"]
+        assert isinstance(labels, dict)
+        score = d.get("score")
+        return cls(ReasonCode(str(d["code"])), Severity(int(str(d["severity"]))),
+                   SeriesKey.of(str(d["probe"]), str(d["name"]), {str(k): str(v) for k, v in labels.items()}),
+                   float(str(d["value"])), float(str(d["reference"])), float(str(d["threshold"])), str(d["detail"]),
+                   float(str(score)) if score is not None else None, bool(d.get("event_proof", False)))
+
+    def evidence(self) -> dict[str, float | str]:
+        out: dict[str, float | str] = {"layer": self.code.value, "series": self.key.describe(), "value": self.value,
+                                       "reference": self.reference, "threshold": self.threshold}
+        if self.score is not None:
+            out["z"] = round(self.score, 2)
+        gpu = self.key.label_dict.get("gpu")
+        if gpu is not None:
+            out["gpu"] = gpu
+        return out
+
+
+class MeasurementInput(NamedTuple):
+    name: str
+    value: float
+    labels: dict[str, str]
+    node: str | None
+
+
+@dataclass(frozen=True)
+class CheckInput:
+    name: str
+    detail: str
+    node: str | None = None
+    gpu: int | None = None
+
+
+@dataclass(frozen=True)
+class RunInput:
+    """A finished run as the judge sees it (built from ``Collected`` or from the store)."""
+
+    run_id: str
+    probe: str
+    nodes: tuple[str, ...]
+    outcome: Outcome
+    reason: str
+    at: float
+    measurements: tuple[MeasurementInput, ...] = ()
+    failed_checks: tuple[CheckInput, ...] = ()
+
+    @property
+    def priority(self) -> bool:
+        return is_priority_run(self.run_id)
+
+
+@dataclass(frozen=True)
+class Mark:
+    """What one judged run says about one node for its probe (``severity`` NONE: it passed)."""
+
+    run_id: str
+    node: str
+    probe: str
+    at: float
+    severity: Severity
+    code: ReasonCode
+    text: str
+    regular: bool
+    event_proof: bool = False
+    findings: tuple[Finding, ...] = ()
+    raw_flagged: bool = False
+    """Any finding before fleet-event attribution (what fleet-event detection samples)."""
+
+    @property
+    def flagged(self) -> bool:
+        return self.severity > Severity.NONE
+
+
+@dataclass(frozen=True)
+class GroupRecord:
+    """A multi-node result: who was in it, whether it was bad, and who was under suspicion."""
+
+    run_id: str
+    probe: str
+    at: float
+    members: tuple[str, ...]
+    severity: Severity
+    code: ReasonCode
+    text: str
+    suspects: tuple[str, ...]
+    """Members that may be at fault: all of a regular run; the re-probed ones of a priority run."""
+    event_proof: bool = False
+    findings: tuple[Finding, ...] = ()
+
+    @property
+    def flagged(self) -> bool:
+        return self.severity > Severity.NONE
+
+
+@dataclass(frozen=True)
+class FleetEvent:
+    """A large share of a class degraded at once on one probe (one fleet-level verdict)."""
+
+    node_class: str
+    probe: str
+    started_at: float
+    ended_at: float | None
+    flagged: int
+    sampled: int
+    series: tuple[str, ...]
+    text: str
+    event_id: int | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.ended_at is None
+
+
+@dataclass(frozen=True)
+class Request:
+    """A re-probe the judge wants: confirm a finding, localise a bad group, or bisect one."""
+
+    kind: Literal["reprobe", "localise", "bisect", "recheck"]
+    probe: str
+    nodes: tuple[str, ...]
+    requested_at: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class RecommendationCandidate:
+    node: str
+    probe: str
+    outcome: Outcome
+    reason_code: ReasonCode
+    text: str
+    evidence: dict[str, object]
+    at: float
+
+
+@dataclass
+class JudgeOutput:
+    """What one evaluation produced; ``evaluated`` are the (node, probe) pairs it re-judged."""
+
+    at: float
+    verdicts: list[Verdict] = field(default_factory=list)
+    recommendations: list[RecommendationCandidate] = field(default_factory=list)
+    evaluated: set[tuple[str, str]] = field(default_factory=set)
+    fleet_events: list[FleetEvent] = field(default_factory=list)
+    """Events that started or ended in this evaluation."""
+    requests: list[Request] = field(default_factory=list)
+    """Re-probes asked for in this evaluation (all pending ones: ``Judge.requests``)."""
+    marks: list[Mark] = field(default_factory=list)
+    groups: list[GroupRecord] = field(default_factory=list)
+    series: list[SeriesState] = field(default_factory=list)
+    """Series whose state changed (for the store)."""
+    satisfied: list[tuple[str, str]] = field(default_factory=list)
+    """(node, probe) whose pending re-probe was answered or given up."""
+
+
+@dataclass
+class SeriesState:
+    """Per node and series: the accepted (passing) history, the latest value, the floor."""
+
+    node: str
+    key: SeriesKey
+    accepted: list[tuple[float, float]] = field(default_factory=list)
+    """(at, value) of recent passing results, oldest first, at most ``baseline.window``."""
+    last_value: float | None = None
+    last_at: float = 0.0
+    last_run_id: str = ""
+    floor: float | None = None
+    baseline: float | None = None
+    spread: float | None = None

@@ -1,0 +1,678 @@
+"""``healthd simulate``: a synthetic fleet through the real planner, collector, store, judge and
+remediation, to see what a set of thresholds finds, recommends and drains.
+
+Nothing is mocked but the cluster: ``SimCluster`` implements the ``ClusterBackend`` protocol in
+memory (node states, jobs, drains) and its "probes" write real ``ProbeResult`` files whose values
+follow the scenario (nominal values, noise, injected faults, fleet-wide events). Each simulated
+tick does what the daemon does: discover, collect (``Collector``), judge (``judge_collected``),
+remediate (``Remediator.apply``), plan (``planning.plan`` with the judge's re-probe requests) and
+launch. The store is a real SQLite file in a temporary directory.
+
+The scenario format is documented in ``docs/judgement.md``; ``bench/scenarios/`` has examples.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import tempfile
+import time
+import tomllib
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from healthd.collector import Collected, Collector
+from healthd.config import Settings
+from healthd.errors import BackendError, ConfigError, PolicyRefused
+from healthd.judge.engine import Judge, judge_collected
+from healthd.judge.model import JudgeOutput
+from healthd.model import JobState, JobStatus, Node, Outcome, ProbeJob, validate_node_name
+from healthd.planning import PlanLimits, plan
+from healthd.remediation import Action, Remediator
+from healthd.store import Store
+from probes.result import Check, Measurement, ProbeResult
+
+SIM_EPOCH = 1_700_000_000.0
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SeriesSpec(_Model):
+    """One measurement a simulated probe reports, with its healthy value."""
+
+    probe: str
+    name: str
+    per: Literal["gpu", "node", "group"] = "node"
+    """``gpu``: one value per GPU (label ``gpu``); ``node``: one per node; ``group``: one per
+    multi-node job (no node: the measurement describes the group)."""
+    labels: dict[str, str] = Field(default_factory=dict)
+    value: float = Field(gt=0)
+    noise: float | None = Field(default=None, ge=0)
+    """Relative standard deviation; default: the class's ``noise``."""
+
+
+class ClassSpec(_Model):
+    name: str = Field(pattern=r"^[A-Za-z0-9._-]+$")
+    count: int = Field(ge=1)
+    prefix: str = Field(default="node", pattern=r"^[A-Za-z][A-Za-z0-9-]*$")
+    gpus: int = Field(default=8, ge=0)
+    gpu_type: str = "gpu"
+    partitions: list[str] = Field(default_factory=lambda: ["gpu"])
+    noise: float = Field(default=0.02, ge=0)
+    series: list[SeriesSpec] = Field(default_factory=list)
+
+
+class FaultSpec(_Model):
+    """A fault injected on a node (or GPU, or link) from ``from_round`` to ``until_round``."""
+
+    kind: Literal["node", "gpu", "link", "check", "error"]
+    """``node``: node- and GPU-level values of the node scale by ``factor``; ``gpu``: one GPU's
+    values; ``link``: every multi-node value of a job the node is in (with ``peer`` set: only jobs
+    with both); ``check``: the probe fails its sanity check on the node; ``error``: the probe
+    cannot run on the node (an infrastructure error, never the node's fault) with ``rate``."""
+    node: str
+    probe: str
+    name: str = "*"
+    factor: float = Field(default=1.0, gt=0)
+    gpu: int | None = Field(default=None, ge=0)
+    peer: str | None = None
+    rate: float = Field(default=1.0, gt=0, le=1)
+    from_round: int = Field(default=1, ge=1)
+    until_round: int = Field(default=0, ge=0)
+    """Last round of the fault (0: to the end)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> FaultSpec:
+        if self.kind == "gpu" and self.gpu is None:
+            raise ValueError("a gpu fault needs gpu = <index>")
+        return self
+
+    def active(self, rnd: int) -> bool:
+        return self.from_round <= rnd and (self.until_round == 0 or rnd <= self.until_round)
+
+    def describe(self) -> str:
+        what = {"node": "node", "gpu": "gpu", "link": "link", "check": "check", "error": "error"}[self.kind]
+        scale = f" x{self.factor:g}" if self.kind in ("node", "gpu", "link") else ""
+        name = "" if self.name == "*" else f" {self.name.replace('_bytes_per_second', '').replace('_per_second', '')}"
+        return f"{what} {self.probe}{name}{scale}"
+
+
+class EventSpec(_Model):
+    """A fleet-wide change: every value of the class matching probe and name scales by ``factor``."""
+
+    node_class: str
+    probe: str
+    name: str = "*"
+    factor: float = Field(gt=0)
+    from_round: int = Field(ge=1)
+    until_round: int = Field(default=0, ge=0)
+
+    def active(self, rnd: int) -> bool:
+        return self.from_round <= rnd and (self.until_round == 0 or rnd <= self.until_round)
+
+
+class UserSpec(_Model):
+    """Users taking nodes (``allocated``) from ``from_round`` to ``until_round``."""
+
+    nodes: list[str] = Field(default_factory=list)
+    count: int = Field(default=0, ge=0)
+    """Random nodes taken in addition (never a node with an injected fault)."""
+    from_round: int = Field(default=1, ge=1)
+    until_round: int = Field(default=0, ge=0)
+
+
+class AdminDrainSpec(_Model):
+    """An administrator drains a node for their own reason (healthd must never touch it)."""
+
+    node: str
+    reason: str = "maintenance (admin)"
+    from_round: int = Field(default=1, ge=1)
+
+
+class Scenario(_Model):
+    name: str = "scenario"
+    description: str = ""
+    seed: int = 1
+    rounds: int = Field(default=10, ge=1)
+    round_s: float = Field(default=900.0, gt=0)
+    tick_s: float = Field(default=60.0, gt=0)
+    probe_seconds: dict[str, float] = Field(default_factory=lambda: {"gemm": 45.0, "nccl": 75.0, "ddp": 90.0})
+    healthd: dict[str, Any] = Field(default_factory=dict)
+    """healthd settings, the same keys as ``healthd.toml`` (probes, judge, remediation, slurm limits)."""
+    classes: list[ClassSpec] = Field(min_length=1)
+    faults: list[FaultSpec] = Field(default_factory=list)
+    events: list[EventSpec] = Field(default_factory=list)
+    users: list[UserSpec] = Field(default_factory=list)
+    admin_drains: list[AdminDrainSpec] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check(self) -> Scenario:
+        if self.tick_s > self.round_s:
+            raise ValueError("tick_s is longer than round_s")
+        names = {f"{c.prefix}{i:0{len(str(c.count - 1))}d}" for c in self.classes for i in range(c.count)}
+        for where, node in ([("faults", f.node) for f in self.faults]
+                            + [("faults.peer", f.peer) for f in self.faults if f.peer]
+                            + [("users", n) for u in self.users for n in u.nodes]
+                            + [("admin_drains", d.node) for d in self.admin_drains]):
+            if node not in names:
+                raise ValueError(f"{where}: no node {node!r} in the scenario's classes")
+        classes = {c.name for c in self.classes}
+        for e in self.events:
+            if e.node_class not in classes:
+                raise ValueError(f"events: no class {e.node_class!r}")
+        return self
+
+
+def load_scenario(path: Path) -> Scenario:
+    try:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: scenario file not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    try:
+        return Scenario(**data)
+    except ValidationError as exc:
+        lines = [f"{path}: {exc.error_count()} invalid scenario setting(s)"]
+        lines += [f"  {'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        raise ConfigError("\n".join(lines)) from None
+
+
+def scenario_settings(scenario: Scenario, state_dir: Path) -> Settings:
+    data = dict(scenario.healthd)
+    data["state_dir"] = str(state_dir)
+    data.setdefault("backend", "local")
+    try:
+        return Settings(**data)
+    except ValidationError as exc:
+        raise ConfigError(f"scenario [healthd] settings: {exc}") from None
+
+
+# -- the simulated cluster ---------------------------------------------------------------------
+@dataclass
+class _SimNode:
+    name: str
+    spec: ClassSpec
+    drain_reason: str | None = None
+    user: bool = False
+
+
+@dataclass
+class _SimJob:
+    job: ProbeJob
+    path: Path
+    start: float
+    end: float
+    result_written: bool = False
+
+
+class SimCluster:
+    """An in-memory cluster implementing ``ClusterBackend``: idle/allocated/drained nodes, jobs
+    that finish after the probe's simulated duration and write a ``ProbeResult`` file."""
+
+    name = "sim"
+
+    def __init__(self, scenario: Scenario, *, reason_prefix: str = "healthd:") -> None:
+        self.scenario = scenario
+        self.reason_prefix = reason_prefix
+        self.rng = random.Random(scenario.seed)
+        self.now = SIM_EPOCH
+        self.round = 1
+        self.nodes: dict[str, _SimNode] = {}
+        for spec in scenario.classes:
+            width = len(str(spec.count - 1))
+            for i in range(spec.count):
+                name = f"{spec.prefix}{i:0{width}d}"
+                self.nodes[name] = _SimNode(name, spec)
+        self.jobs: dict[str, _SimJob] = {}
+        self.running: dict[str, str] = {}
+        self._next = 0
+        self.drain_log: list[tuple[float, str, str]] = []
+        self.undrain_log: list[tuple[float, str]] = []
+
+    # ClusterBackend
+    def list_nodes(self) -> list[Node]:
+        out = []
+        for n in self.nodes.values():
+            state = "allocated" if n.name in self.running or n.user else "idle"
+            flags = frozenset({"DRAIN"}) if n.drain_reason is not None else frozenset()
+            out.append(Node(name=n.name, state=state, flags=flags, partitions=tuple(n.spec.partitions),
+                            gpus=n.spec.gpus, gpu_type=n.spec.gpu_type, reason=n.drain_reason,
+                            node_class=n.spec.name))
+        return out
+
+    def submit(self, job: ProbeJob, result_path: Path) -> str:
+        for name in job.nodes:
+            node = self.nodes.get(name)
+            if node is None:
+                raise BackendError(f"no node {name!r} in the simulated cluster")
+            if name in self.running or node.user:
+                raise BackendError(f"{name} is busy")
+        self._next += 1
+        job_id = f"sim{self._next}"
+        duration = self.scenario.probe_seconds.get(job.probe, 60.0)
+        self.jobs[job_id] = _SimJob(job, result_path, self.now, self.now + duration)
+        for name in job.nodes:
+            self.running[name] = job_id
+        return job_id
+
+    def poll(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
+        out: dict[str, JobStatus] = {}
+        for job_id in job_ids:
+            sim = self.jobs.get(job_id)
+            if sim is None:
+                continue
+            if self.now < sim.end:
+                out[job_id] = JobStatus(job_id, JobState.RUNNING, started_at=sim.start, nodes=sim.job.nodes)
+                continue
+            if not sim.result_written:
+                self._write_result(sim)
+                sim.result_written = True
+                for name in sim.job.nodes:
+                    if self.running.get(name) == job_id:
+                        del self.running[name]
+            out[job_id] = JobStatus(job_id, JobState.COMPLETED, exit_code=0, started_at=sim.start,
+                                    finished_at=sim.end, nodes=sim.job.nodes)
+        return out
+
+    def forget(self, job_ids: Sequence[str]) -> None:
+        for job_id in job_ids:
+            self.jobs.pop(job_id, None)
+
+    def adopt(self) -> list[JobStatus]:
+        return []
+
+    def cancel(self, job_ids: Sequence[str]) -> None:
+        for job_id in job_ids:
+            sim = self.jobs.pop(job_id, None)
+            if sim is not None:
+                for name in sim.job.nodes:
+                    self.running.pop(name, None)
+
+    def drain(self, node: str, reason: str) -> None:
+        validate_node_name(node)
+        n = self.nodes.get(node)
+        if n is None:
+            raise BackendError(f"no node {node!r}")
+        if n.drain_reason is not None and not n.drain_reason.startswith(self.reason_prefix):
+            raise PolicyRefused(f"{node} is already drained by someone else")
+        n.drain_reason = reason
+        self.drain_log.append((self.now, node, reason))
+
+    def undrain(self, node: str) -> None:
+        n = self.nodes.get(node)
+        if n is None or n.drain_reason is None:
+            raise PolicyRefused(f"{node} is not drained")
+        if not n.drain_reason.startswith(self.reason_prefix):
+            raise PolicyRefused(f"{node} was drained by someone else")
+        n.drain_reason = None
+        self.undrain_log.append((self.now, node))
+
+    def close(self) -> None:
+        pass
+
+    # the simulated probes
+    def _write_result(self, sim: _SimJob) -> None:
+        job, rnd = sim.job, self.round
+        faults = [f for f in self.scenario.faults if f.active(rnd) and f.probe == job.probe]
+        for f in faults:
+            if f.kind == "error" and f.node in job.nodes and self.rng.random() < f.rate:
+                result = ProbeResult(probe=job.probe, run_id=job.run_id, outcome=Outcome.ERROR,
+                                     reason="simulated infrastructure error: NCCL communicator init timed out",
+                                     started_at=sim.start, finished_at=sim.end, nodes=list(job.nodes))
+                sim.path.parent.mkdir(parents=True, exist_ok=True)
+                sim.path.write_text(result.to_json())
+                return
+        members = [self.nodes[n] for n in job.nodes]
+        spec = members[0].spec
+        events = [e for e in self.scenario.events if e.active(rnd) and e.probe == job.probe
+                  and e.node_class == spec.name]
+        measurements: list[Measurement] = []
+        for s in spec.series:
+            if s.probe != job.probe:
+                continue
+            noise = spec.noise if s.noise is None else s.noise
+            base = s.value
+            for e in events:
+                if fnmatchcase(s.name, e.name):
+                    base *= e.factor
+            if s.per == "group":
+                if len(members) < 2:
+                    continue
+                factor = 1.0
+                for f in faults:
+                    if f.kind == "link" and f.node in job.nodes and (f.peer is None or f.peer in job.nodes) \
+                            and fnmatchcase(s.name, f.name):
+                        factor *= f.factor
+                labels = {**s.labels, "nodes": str(len(members))}
+                measurements.append(Measurement.model_construct(
+                    name=s.name, value=base * factor * self._noise(noise), labels=labels, node=None, per_rank=None))
+                continue
+            for m in members:
+                node_factor = 1.0
+                for f in faults:
+                    if f.kind == "node" and f.node == m.name and fnmatchcase(s.name, f.name):
+                        node_factor *= f.factor
+                if s.per == "node":
+                    measurements.append(Measurement.model_construct(
+                        name=s.name, value=base * node_factor * self._noise(noise), labels=dict(s.labels),
+                        node=m.name, per_rank=None))
+                    continue
+                for gpu in range(m.spec.gpus):
+                    factor = node_factor
+                    for f in faults:
+                        if f.kind == "gpu" and f.node == m.name and f.gpu == gpu and fnmatchcase(s.name, f.name):
+                            factor *= f.factor
+                    measurements.append(Measurement.model_construct(
+                        name=s.name, value=base * factor * self._noise(noise), labels={**s.labels, "gpu": str(gpu)},
+                        node=m.name, per_rank=None))
+        checks = [Check(name=f"{job.probe}.sanity", ok=True, detail="ok", node=n) for n in job.nodes]
+        outcome, reason = Outcome.PASS, ""
+        for f in faults:
+            if f.kind == "check" and f.node in job.nodes and self.rng.random() < f.rate:
+                checks.append(Check(name=f"{job.probe}.wrong_data", ok=False, node=f.node,
+                                    detail="simulated: 1024 wrong elements"))
+                outcome, reason = Outcome.FAIL, f"wrong data on {f.node}"
+        result = ProbeResult(probe=job.probe, run_id=job.run_id, outcome=outcome, reason=reason,
+                             started_at=sim.start, finished_at=sim.end, nodes=list(job.nodes),
+                             measurements=measurements, checks=checks)
+        sim.path.parent.mkdir(parents=True, exist_ok=True)
+        sim.path.write_text(result.to_json())
+
+    def _noise(self, sd: float) -> float:
+        return max(0.01, self.rng.gauss(1.0, sd)) if sd > 0 else 1.0
+
+
+# -- the run -----------------------------------------------------------------------------------
+@dataclass
+class FaultOutcome:
+    fault: FaultSpec
+    found_round: int | None = None
+    named_right: bool | None = None
+    drained_round: int | None = None
+    detail: str = ""
+
+    @property
+    def rounds_to_find(self) -> int | None:
+        return None if self.found_round is None else self.found_round - self.fault.from_round + 1
+
+
+@dataclass
+class RoundLine:
+    round: int
+    runs: Counter[str] = field(default_factory=Counter)
+    recommended: list[str] = field(default_factory=list)
+    drained: list[str] = field(default_factory=list)
+    undrained: list[str] = field(default_factory=list)
+    refused: Counter[str] = field(default_factory=Counter)
+    events: list[str] = field(default_factory=list)
+    requests: int = 0
+
+
+@dataclass
+class SimReport:
+    scenario: Scenario
+    rounds: list[RoundLine]
+    faults: list[FaultOutcome]
+    false_recommendations: list[tuple[int, str, str]]
+    false_drains: list[tuple[int, str, str]]
+    fleet_events: list[tuple[int, str, str, str]]
+    event_drains: int
+    foreign_touched: list[str]
+    elapsed_s: float
+    jobs: int
+
+    @property
+    def ok(self) -> bool:
+        return (all(f.found_round is not None for f in self.faults if f.fault.kind in ("node", "gpu", "link", "check"))
+                and not self.false_drains)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario.name, "elapsed_s": round(self.elapsed_s, 2), "jobs": self.jobs,
+            "faults": [{"fault": f.fault.describe(), "node": f.fault.node, "gpu": f.fault.gpu,
+                        "injected_round": f.fault.from_round, "found_round": f.found_round,
+                        "rounds_to_find": f.rounds_to_find, "named_right": f.named_right,
+                        "drained_round": f.drained_round} for f in self.faults],
+            "false_recommendations": [{"round": r, "node": n, "why": w} for r, n, w in self.false_recommendations],
+            "false_drains": [{"round": r, "node": n, "reason": w} for r, n, w in self.false_drains],
+            "fleet_events": [{"round": r, "node_class": c, "probe": p, "text": t}
+                             for r, c, p, t in self.fleet_events],
+            "drains_during_fleet_events": self.event_drains,
+            "foreign_drains_touched": self.foreign_touched,
+            "rounds": [{"round": r.round, "runs": dict(r.runs), "recommended": r.recommended, "drained": r.drained,
+                        "undrained": r.undrained, "refused": dict(r.refused), "events": r.events,
+                        "requests": r.requests} for r in self.rounds],
+        }
+
+
+class Simulation:
+    def __init__(self, scenario: Scenario, workdir: Path, *, echo: bool = True) -> None:
+        self.scenario = scenario
+        self.settings = scenario_settings(scenario, workdir / "state")
+        self.cluster = SimCluster(scenario, reason_prefix=self.settings.remediation.reason_prefix)
+        self.store = Store(workdir / "sim.sqlite")
+        self.collector = Collector(self.store, self.cluster, workdir / "results",
+                                   pending_timeout_s=self.settings.slurm.pending_timeout_s,
+                                   clock=lambda: self.cluster.now)
+        self.judge = Judge(self.settings.judge)
+        self.remediator = Remediator(self.store, self.cluster, self.settings.remediation,
+                                     clock=lambda: self.cluster.now)
+        self.limits = PlanLimits(max_jobs_in_flight=self.settings.slurm.max_concurrent_jobs,
+                                 max_idle_share=self.settings.slurm.max_idle_share)
+        self.echo = echo
+        self.nodes: list[Node] = self.cluster.list_nodes()
+        self.outcomes = [FaultOutcome(f) for f in scenario.faults]
+        self.false_recs: list[tuple[int, str, str]] = []
+        self.false_drains: list[tuple[int, str, str]] = []
+        self.fleet_events: list[tuple[int, str, str, str]] = []
+        self.event_drains = 0
+        self.jobs = 0
+        self.admin = {d.node: d for d in scenario.admin_drains}
+        rng = random.Random(scenario.seed + 1)
+        faulted = {f.node for f in scenario.faults} | {f.peer for f in scenario.faults if f.peer}
+        self.user_sets: list[tuple[UserSpec, set[str]]] = []
+        spare = sorted(n for n in self.cluster.nodes if n not in faulted and n not in self.admin)
+        for u in scenario.users:
+            picked = set(u.nodes) | set(rng.sample(spare, min(u.count, len(spare))))
+            self.user_sets.append((u, picked))
+
+    def _faulty(self, node: str, rnd: int) -> bool:
+        return any(f.node == node and f.kind != "error" and f.from_round <= rnd
+                   and (f.until_round == 0 or rnd <= f.until_round + 1) for f in self.scenario.faults)
+
+    def run(self) -> SimReport:
+        started = time.perf_counter()
+        s = self.scenario
+        ticks = max(1, round(s.round_s / s.tick_s))
+        lines: list[RoundLine] = []
+        for rnd in range(1, s.rounds + 1):
+            self.cluster.round = rnd
+            line = RoundLine(rnd)
+            self._round_start(rnd)
+            for k in range(ticks):
+                self.cluster.now = SIM_EPOCH + (rnd - 1) * s.round_s + k * s.tick_s
+                self._tick(rnd, line)
+            lines.append(line)
+            if self.echo:
+                print(format_round(line), flush=True)
+        return SimReport(s, lines, self.outcomes, self.false_recs, self.false_drains, self.fleet_events,
+                         self.event_drains, self._foreign_touched(), time.perf_counter() - started, self.jobs)
+
+    def _round_start(self, rnd: int) -> None:
+        for u, picked in self.user_sets:
+            active = u.from_round <= rnd and (u.until_round == 0 or rnd <= u.until_round)
+            for name in picked:
+                self.cluster.nodes[name].user = active
+        for d in self.scenario.admin_drains:
+            if d.from_round == rnd:
+                self.cluster.nodes[d.node].drain_reason = d.reason
+
+    def _tick(self, rnd: int, line: RoundLine) -> None:
+        now = self.cluster.now
+        done = self.collector.collect()
+        for c in done:
+            line.runs[c.outcome.value] += 1
+        if done:
+            out = judge_collected(self.judge, self.store, done, now=now, nodes=self.nodes)
+            actions = self.remediator.apply(out)
+            self._account(rnd, line, out, actions, done)
+        self.nodes = self.cluster.list_nodes()
+        self.store.upsert_nodes(self.nodes, now)
+        probes = self.settings.probes
+        runs = self.store.unfinished_runs()
+        attempts = self.store.last_attempts()
+        requests = self.judge.requests(now, probes)
+        requests += self.judge.recheck_requests(self.remediator.recheck_nodes(), probes, attempts, now)
+        line.requests += len(requests)
+        jobs = plan(self.nodes, probes=probes, last_attempts=attempts,
+                    busy_nodes={n for r in runs for n in r.nodes}, in_flight=len(runs), now=now,
+                    limits=self.limits, priority=requests)
+        for job in jobs:
+            self.collector.launch(job)
+        self.jobs += len(jobs)
+
+    def _account(self, rnd: int, line: RoundLine, out: JudgeOutput, actions: Sequence[Action],
+                 done: Sequence[Collected]) -> None:
+        in_event = any(e.active(rnd) for e in self.scenario.events)
+        for e in out.fleet_events:
+            text = f"{'started' if e.active else 'ended'}: {e.text}"
+            line.events.append(text)
+            if e.active:
+                self.fleet_events.append((rnd, e.node_class, e.probe, e.text))
+        for a in actions:
+            if a.action == "recommend":
+                line.recommended.append(a.node or "?")
+                if a.node and not self._faulty(a.node, rnd):
+                    self.false_recs.append((rnd, a.node, a.reason))
+            elif a.action == "drain" and a.result == "done":
+                line.drained.append(a.node or "?")
+                if in_event:
+                    self.event_drains += 1
+                if a.node and not self._faulty(a.node, rnd):
+                    self.false_drains.append((rnd, a.node, a.reason))
+            elif a.action == "undrain" and a.result == "done":
+                line.undrained.append(a.node or "?")
+            elif a.result == "refused":
+                line.refused[a.reason.split(":")[0][:40]] += 1
+        if any(f.found_round is None or f.drained_round is None for f in self.outcomes):
+            active = self.store.recommendations()
+            drained = {name for name, n in self.cluster.nodes.items()
+                       if n.drain_reason and n.drain_reason.startswith(self.settings.remediation.reason_prefix)}
+            for fo in self.outcomes:
+                if not fo.fault.active(rnd) or fo.fault.kind == "error":
+                    continue
+                recs = [r for r in active if r.node == fo.fault.node and r.probe == fo.fault.probe]
+                if fo.found_round is None and recs:
+                    fo.found_round = rnd
+                    fo.named_right, fo.detail = self._named_right(fo.fault, recs, active)
+                if fo.drained_round is None and fo.fault.node in drained:
+                    fo.drained_round = rnd
+
+    @staticmethod
+    def _named_right(fault: FaultSpec, recs: Sequence[Any], active: Sequence[Any]) -> tuple[bool, str]:
+        rec = recs[0]
+        if fault.kind == "gpu":
+            gpus = {str(f.get("gpu")) for f in rec.evidence.get("findings", []) if isinstance(f, dict)}
+            return gpus == {str(fault.gpu)}, f"gpu {','.join(sorted(gpus)) or '?'}"
+        if fault.kind == "link":
+            others = sorted({r.node for r in active if r.probe == fault.probe and r.reason_code == "localised"
+                             and r.node != fault.node})
+            return rec.reason_code == "localised" and not others, rec.reason_code + (
+                f"; also blamed {','.join(others)}" if others else "")
+        return True, rec.reason_code
+
+    def _foreign_touched(self) -> list[str]:
+        touched = []
+        for name, d in self.admin.items():
+            node = self.cluster.nodes[name]
+            if node.drain_reason != d.reason:
+                touched.append(name)
+        return touched
+
+
+def format_round(line: RoundLine) -> str:
+    def names(xs: Sequence[str], limit: int = 8) -> str:
+        shown = ",".join(xs[:limit])
+        return shown + (f",+{len(xs) - limit}" if len(xs) > limit else "")
+
+    runs = " ".join(f"{k} {v}" for k, v in sorted(line.runs.items()))
+    parts = [f"round {line.round:>3}: runs {sum(line.runs.values())} ({runs}); re-probes asked {line.requests}"]
+    if line.recommended:
+        parts.append(f"recommended {len(line.recommended)}: {names(line.recommended)}")
+    if line.drained:
+        parts.append(f"drained {len(line.drained)}: {names(line.drained)}")
+    if line.undrained:
+        parts.append(f"undrained {len(line.undrained)}: {names(line.undrained)}")
+    if line.refused:
+        parts.append("refused " + ", ".join(f"{k} x{v}" for k, v in line.refused.most_common(3)))
+    parts += [f"fleet event {e}" for e in line.events]
+    return "\n    ".join(parts)
+
+
+def format_report(report: SimReport) -> str:
+    header = f"{'fault':<28} {'where':<16} {'injected':>8} {'found':>6} {'rounds':>6} {'drained':>8}  named"
+    lines = [f"scenario {report.scenario.name}: {report.scenario.rounds} rounds of {report.scenario.round_s:g} s, "
+             f"{sum(c.count for c in report.scenario.classes)} nodes, {report.jobs} probe jobs", "", header,
+             "-" * len(header)]
+    for f in report.faults:
+        where = f.fault.node + (f" gpu {f.fault.gpu}" if f.fault.gpu is not None else "")
+        found = str(f.found_round) if f.found_round is not None else "-"
+        rounds = str(f.rounds_to_find) if f.rounds_to_find is not None else "-"
+        drained = str(f.drained_round) if f.drained_round is not None else "-"
+        named = "-" if f.named_right is None else ("yes" if f.named_right else "NO") + f" ({f.detail})"
+        if f.fault.kind == "error":
+            named = "(infrastructure: must never be drained)"
+        lines.append(f"{f.fault.describe():<28} {where:<16} {f.fault.from_round:>8} {found:>6} {rounds:>6} "
+                     f"{drained:>8}  {named}")
+    for e in report.scenario.events:
+        raised = [fe for fe in report.fleet_events if fe[1] == e.node_class and fe[2] == e.probe]
+        lines.append(f"{'fleet event ' + e.probe + ' x' + format(e.factor, 'g'):<28} {e.node_class:<16} "
+                     f"{e.from_round:>8} {raised[0][0] if raised else '-':>6} {'-':>6} {'-':>8}  "
+                     f"{len(raised)} fleet verdict(s), {report.event_drains} drain(s) during the event")
+    node_faults = [f for f in report.faults if f.fault.kind != "error"]
+    found_faults = [f for f in node_faults if f.found_round is not None]
+    fast = [f for f in found_faults if (f.rounds_to_find or 99) <= 2]
+    named_right = [f for f in found_faults if f.named_right]
+    lines += [
+        "",
+        f"faults injected {len(node_faults)}, found {len(found_faults)} (within 2 rounds {len(fast)}), named right "
+        f"{len(named_right)}; false recommendations {len(report.false_recommendations)}; false drains "
+        f"{len(report.false_drains)}; fleet events raised {len(report.fleet_events)}; foreign drains touched "
+        f"{len(report.foreign_touched)}",
+    ]
+    for r, n, why in report.false_recommendations[:10]:
+        lines.append(f"  false recommendation, round {r}: {n}: {why}")
+    for r, n, why in report.false_drains[:10]:
+        lines.append(f"  false drain, round {r}: {n}: {why}")
+    lines.append(f"simulated in {report.elapsed_s:.1f} s")
+    return "\n".join(lines)
+
+
+def simulate(scenario: Scenario, *, echo: bool = True, workdir: Path | None = None) -> SimReport:
+    """Run ``scenario`` (in a temporary directory unless ``workdir`` is given) and return its report."""
+    if workdir is not None:
+        return _run(Simulation(scenario, workdir, echo=echo))
+    scratch = Path("/dev/shm")
+    with tempfile.TemporaryDirectory(prefix="healthd-sim-", dir=scratch if scratch.is_dir() else None) as tmp:
+        return _run(Simulation(scenario, Path(tmp), echo=echo))
+
+
+def _run(sim: Simulation) -> SimReport:
+    try:
+        return sim.run()
+    finally:
+        sim.store.close()
+
+
+def report_json(report: SimReport) -> str:
+    return json.dumps(report.to_dict(), indent=1, sort_keys=True)

@@ -1,0 +1,313 @@
+"""The judge end to end on hand-built runs: what each situation must give, and why."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from healthd.config import JudgeSettings, ProbeSettings
+from healthd.judge.engine import Judge, keep_seconds, load_judge, save_output
+from healthd.judge.model import CheckInput, JudgeOutput, MeasurementInput, ReasonCode, Request, RunInput, SeriesKey
+from healthd.model import Node, Outcome
+from healthd.store import Store
+
+CLASS = "h100x8"
+GIB = str(1 << 30)
+GEMM = {"gemm": ProbeSettings()}
+
+
+def nodes(names: list[str]) -> list[Node]:
+    return [Node(n, "idle", gpus=8, gpu_type="h100", node_class=CLASS) for n in names]
+
+
+def wobble(i: int, j: int) -> float:
+    """A deterministic +-0.4% spread, so the fleet has a (small) spread like a real one."""
+    return 1 + 0.002 * ((i * 7 + j * 3) % 5 - 2)
+
+
+class Fleet:
+    """Builds runs with fresh ids and a clock, and feeds them to a judge."""
+
+    def __init__(self, names: list[str], settings: JudgeSettings | None = None) -> None:
+        self.names = names
+        self.nodes = nodes(names)
+        self.judge = Judge(settings or JudgeSettings())
+        self.t = 10_000.0
+        self.k = 0
+
+    def rid(self, priority: bool) -> str:
+        self.k += 1
+        return f"rp{self.k:014x}" if priority else f"{self.k:016x}"
+
+    def gemm(self, node: str, gpu_values: dict[int, float] | None = None, *, scale: float = 1.0,
+             priority: bool = False) -> RunInput:
+        i = self.names.index(node)
+        ms = tuple(MeasurementInput("flop_per_second", (gpu_values or {}).get(g, 700e12 * scale) * wobble(i, g),
+                                    {"gpu": str(g), "dtype": "bf16"}, node) for g in range(8))
+        return RunInput(self.rid(priority), "gemm", (node,), Outcome.PASS, "", self.t, ms)
+
+    def nccl(self, members: tuple[str, ...], group: float = 440e9, *, priority: bool = False) -> RunInput:
+        ms = [MeasurementInput("busbw_bytes_per_second", 480e9 * wobble(self.names.index(n), 1),
+                               {"collective": "all_reduce", "size_bytes": GIB, "scope": "node"}, n)
+              for n in members]
+        ms.append(MeasurementInput("busbw_bytes_per_second", group * wobble(self.k, 2),
+                                   {"collective": "all_reduce", "size_bytes": GIB, "scope": "group",
+                                    "nodes": str(len(members))}, None))
+        return RunInput(self.rid(priority), "nccl", members, Outcome.PASS, "", self.t, tuple(ms))
+
+    def feed(self, runs: list[RunInput], *, advance: float = 900.0, **kw: object) -> JudgeOutput:
+        out = self.judge.evaluate(runs, self.nodes, now=self.t, **kw)  # type: ignore[arg-type]
+        self.t += advance
+        return out
+
+    def healthy_gemm_rounds(self, rounds: int = 3) -> None:
+        for _ in range(rounds):
+            self.feed([self.gemm(n) for n in self.names])
+
+
+def findings_of(evidence: dict[str, object]) -> list[dict[str, object]]:
+    findings = evidence["findings"]
+    assert isinstance(findings, list)
+    return findings
+
+
+def verdict(fleet: Fleet, node: str, probe: str = "gemm") -> tuple[str, str]:
+    v = fleet.judge.verdicts[(node, probe)]
+    return v.outcome.value, v.reason_code
+
+
+def test_one_slow_gpu_is_named_re_probed_then_confirmed() -> None:
+    fleet = Fleet([f"n{i}" for i in range(10)])
+    fleet.healthy_gemm_rounds()
+    assert {verdict(fleet, n) for n in fleet.names} == {("pass", "ok")}
+
+    out = fleet.feed([fleet.gemm(n, {5: 350e12} if n == "n3" else None) for n in fleet.names], advance=60)
+    (v,) = out.verdicts
+    assert (v.node, v.outcome, v.reason_code) == ("n3", Outcome.DEGRADED, "below_floor")
+    assert v.reason.startswith("gpu 5 flop_per_second{dtype=bf16} 349.3 TFLOP/s is below the floor 525 TFLOP/s")
+    assert v.reason.endswith("seen in 1 of the last 3 runs, re-probe requested")
+    assert v.evidence["gpu"] == "5" and v.evidence["floor"] == 525e12
+    assert out.recommendations == []  # one bad run is a reason to re-probe, not to drain
+    assert [(r.kind, r.nodes) for r in out.requests] == [("reprobe", ("n3",))]
+    (req,) = fleet.judge.requests(fleet.t, GEMM)
+    assert (req.probe, req.nodes, req.partners, req.size) == ("gemm", ("n3",), (), 1)
+
+    out = fleet.feed([fleet.gemm("n3", {5: 350e12}, priority=True)])
+    (v,) = out.verdicts
+    assert (v.outcome, v.reason_code) == (Outcome.FAIL, "below_floor")
+    assert v.reason.endswith("confirmed in 2 of the last 3 runs")
+    assert out.satisfied == [("n3", "gemm")] and fleet.judge.requests(fleet.t, GEMM) == []
+    (rec,) = out.recommendations
+    assert (rec.node, rec.probe, rec.outcome, rec.reason_code) == ("n3", "gemm", Outcome.FAIL, ReasonCode.BELOW_FLOOR)
+    findings = findings_of(rec.evidence)
+    layers = {f["layer"] for f in findings}
+    assert layers == {"below_floor", "baseline_drift", "fleet_outlier"}  # all three layers saw it
+    assert {f["gpu"] for f in findings} == {"5"}
+    assert rec.evidence["confirmed"] == "2/3" and len(rec.evidence["run_ids"]) == 2  # type: ignore[arg-type]
+    assert abs(float(rec.evidence["baseline"]) - 700e12) < 10e12  # type: ignore[arg-type]
+
+    # fixed: one pass is not enough to clear a confirmed failure (2 of the last 3 still bad), two are
+    fleet.feed([fleet.gemm("n3")])
+    assert verdict(fleet, "n3") == ("fail", "below_floor")
+    out = fleet.feed([fleet.gemm("n3")])
+    assert verdict(fleet, "n3") == ("pass", "ok") and out.recommendations == []
+    assert ("n3", "gemm") in out.evaluated  # so remediation clears the recommendation
+
+
+def test_a_drop_above_the_floor_is_degraded_by_baseline_and_fleet() -> None:
+    fleet = Fleet([f"n{i}" for i in range(10)])
+    fleet.healthy_gemm_rounds()
+    out = fleet.feed([fleet.gemm(n, scale=0.885 if n == "n4" else 1.0) for n in fleet.names], advance=60)
+    (v,) = out.verdicts
+    assert (v.node, v.outcome, v.reason_code) == ("n4", Outcome.DEGRADED, "fleet_outlier")
+    # every GPU is slow: the worst is named, the others counted
+    assert v.reason.startswith("gpu 4 flop_per_second{dtype=bf16} 617 TFLOP/s is 11.9% below the median 700 TFLOP/s"
+                               " of the h100x8 class")
+    assert "(and 7 more series); seen in 1 of the last 3 runs" in v.reason
+    out = fleet.feed([fleet.gemm("n4", scale=0.885, priority=True)])
+    (rec,) = out.recommendations
+    assert (rec.outcome, rec.reason_code) == (Outcome.DEGRADED, ReasonCode.FLEET_OUTLIER)
+    assert {f["layer"] for f in findings_of(rec.evidence)} == {"baseline_drift", "fleet_outlier"}
+
+
+def test_errors_never_count_against_a_node_nor_erase_a_finding() -> None:
+    fleet = Fleet([f"n{i}" for i in range(10)])
+    fleet.healthy_gemm_rounds()
+    crashed = RunInput(fleet.rid(False), "gemm", ("n1",), Outcome.ERROR, "CUDA error: an illegal memory access",
+                       fleet.t, (MeasurementInput("flop_per_second", 1.0, {"gpu": "0", "dtype": "bf16"}, "n1"),))
+    out = fleet.feed([crashed])
+    (v,) = out.verdicts
+    assert (v.outcome, v.reason_code) == (Outcome.ERROR, "probe_error")
+    assert v.reason == "CUDA error: an illegal memory access"
+    assert out.requests == [] and out.recommendations == []
+    gpu0 = SeriesKey.of("gemm", "flop_per_second", {"gpu": "0", "dtype": "bf16"})
+    assert fleet.judge.series[("n1", gpu0)].last_value != 1.0  # an error's numbers are never used
+
+    # a confirmed failure survives later errors: an error cannot check, so it cannot clear either
+    fleet.feed([fleet.gemm("n2", {0: 300e12})], advance=60)
+    fleet.feed([fleet.gemm("n2", {0: 300e12}, priority=True)])
+    assert verdict(fleet, "n2") == ("fail", "below_floor")
+    out = fleet.feed([RunInput(fleet.rid(False), "gemm", ("n2",), Outcome.ERROR, "timeout", fleet.t)])
+    assert verdict(fleet, "n2") == ("fail", "below_floor")
+    assert [r.node for r in out.recommendations] == ["n2"]
+
+
+def test_a_pass_without_its_measurement_is_an_error_not_a_pass() -> None:
+    fleet = Fleet(["n0"])
+    bare = RunInput(fleet.rid(False), "gemm", ("n0",), Outcome.PASS, "", fleet.t,
+                    (MeasurementInput("memory_bandwidth_bytes_per_second", 2e12, {"gpu": "0"}, "n0"),))
+    (v,) = fleet.feed([bare]).verdicts
+    assert (v.outcome, v.reason_code) == (Outcome.ERROR, "measurement_missing")
+    assert v.reason == "the probe passed without its flop_per_second measurement (required: failing closed)"
+
+
+def test_failed_checks_are_findings_confirmed_like_any_other() -> None:
+    fleet = Fleet([f"n{i}" for i in range(6)])
+    check = CheckInput("nccl.wrong_data", "1024 wrong elements", node="n2")
+    first = RunInput(fleet.rid(False), "nccl", ("n2", "n3"), Outcome.FAIL, "wrong data", fleet.t, (), (check,))
+    out = fleet.feed([first], advance=60)
+    assert verdict(fleet, "n2", "nccl") == ("degraded", "check_failed")
+    assert verdict(fleet, "n3", "nccl") == ("pass", "ok")  # the check named n2
+    assert [(r.kind, r.nodes) for r in out.requests] == [("reprobe", ("n2",))]
+    again = RunInput(fleet.rid(True), "nccl", ("n2", "n4"), Outcome.FAIL, "wrong data", fleet.t, (), (check,))
+    out = fleet.feed([again])
+    assert verdict(fleet, "n2", "nccl") == ("fail", "check_failed")
+    assert "check nccl.wrong_data failed: 1024 wrong elements" in fleet.judge.verdicts[("n2", "nccl")].reason
+    # a failed check naming no node in a multi-node run suspects the group, not a node
+    anon = RunInput(fleet.rid(False), "nccl", ("n0", "n1"), Outcome.FAIL, "rank 3 saw wrong data", fleet.t, (),
+                    (CheckInput("nccl.wrong_data", "rank 3"),))
+    fleet.feed([anon])
+    assert verdict(fleet, "n0", "nccl") == ("degraded", "group_suspect")
+    assert verdict(fleet, "n1", "nccl") == ("degraded", "group_suspect")
+
+
+def test_fleet_event_gives_one_fleet_verdict_and_no_recommendation() -> None:
+    fleet = Fleet([f"n{i:02d}" for i in range(12)])
+    fleet.healthy_gemm_rounds()
+    out = fleet.feed([fleet.gemm(n, scale=0.7) for n in fleet.names], advance=60)  # 490 TFLOP/s: under the floor
+    (event,) = out.fleet_events
+    assert (event.node_class, event.probe, event.active) == (CLASS, "gemm", True)
+    assert event.text == "fleet event: gemm on h100x8: 12 of 12 nodes flagged at once (12 of the 12 newest results)"
+    assert {verdict(fleet, n) for n in fleet.names} == {("degraded", "fleet_event")}
+    assert out.recommendations == [] and out.requests == []
+
+    # during the event, a GPU far below the class *as it is now* is still found (the event cannot explain it)
+    out = fleet.feed([fleet.gemm(n, {1: 245e12} if n == "n02" else None, scale=0.7) for n in fleet.names],
+                     advance=60)
+    assert verdict(fleet, "n02") == ("degraded", "fleet_outlier")
+    assert "since its fleet event began" in fleet.judge.verdicts[("n02", "gemm")].reason
+    out = fleet.feed([fleet.gemm("n02", {1: 245e12}, scale=0.7, priority=True)])
+    (rec,) = out.recommendations
+    assert (rec.node, rec.outcome, rec.reason_code) == ("n02", Outcome.DEGRADED, ReasonCode.FLEET_OUTLIER)
+
+    # back to normal: the event ends, verdicts are passes again
+    out = fleet.feed([fleet.gemm(n) for n in fleet.names if n != "n02"])
+    (ended,) = out.fleet_events
+    assert not ended.active and ended.ended_at is not None and fleet.judge.active_events() == []
+    assert verdict(fleet, "n05") == ("pass", "ok")
+
+
+def pairs_fleet() -> Fleet:
+    fleet = Fleet(["a", "b", "c", "d", "e", "f"])
+    for round_pairs in ((("a", "b"), ("c", "d"), ("e", "f")), (("a", "c"), ("b", "e"), ("d", "f")),
+                        (("a", "d"), ("b", "f"), ("c", "e"))):
+        fleet.feed([fleet.nccl(p) for p in round_pairs])
+    return fleet
+
+
+def test_a_bad_link_is_localised_to_its_node_not_its_partner() -> None:
+    fleet = pairs_fleet()
+    out = fleet.feed([fleet.nccl(("a", "b"), group=220e9), fleet.nccl(("c", "d")), fleet.nccl(("e", "f"))],
+                     advance=60)
+    assert verdict(fleet, "a", "nccl") == verdict(fleet, "b", "nccl") == ("degraded", "group_suspect")
+    assert sorted((r.kind, r.nodes) for r in out.requests) == [("localise", ("a",)), ("localise", ("b",))]
+    requests = fleet.judge.requests(fleet.t, {"nccl": ProbeSettings(nodes_per_job=2)})
+    assert [(r.nodes, r.size) for r in requests] == [(("a",), 2), (("b",), 2)]
+    assert all(set(r.partners) <= {"c", "d", "e", "f"} and len(r.partners) == 4 for r in requests)
+
+    out = fleet.feed([fleet.nccl(("a", "c"), group=220e9, priority=True), fleet.nccl(("b", "d"), priority=True)])
+    assert verdict(fleet, "a", "nccl") == ("degraded", "localised")
+    assert {verdict(fleet, n, "nccl") for n in "bcd"} == {("pass", "ok")}  # the innocent partner, and c, cleared
+    (rec,) = out.recommendations
+    assert (rec.node, rec.reason_code) == ("a", ReasonCode.LOCALISED)
+    assert rec.evidence["partners"] == ["b", "c"]
+    assert rec.text.startswith("multi-node results are bad with this node (2 of its last 3, with b, c)")
+
+
+def test_a_bad_larger_group_is_bisected() -> None:
+    names = [f"n{i:02d}" for i in range(12)]
+    fleet = Fleet(names)
+    groups = [tuple(names[i:i + 4]) for i in range(0, 12, 4)]
+    for shift in range(3):
+        fleet.feed([fleet.nccl(tuple(names[(j + shift * 5) % 12] for j in range(i, i + 4))) for i in range(0, 12, 4)])
+    out = fleet.feed([fleet.nccl(groups[0], group=180e9), fleet.nccl(groups[1]), fleet.nccl(groups[2])], advance=60)
+    assert sorted((r.kind, r.nodes) for r in out.requests) == [("bisect", ("n00", "n01")), ("bisect", ("n02", "n03"))]
+    requests = fleet.judge.requests(fleet.t, {"nccl": ProbeSettings(nodes_per_job=4)})
+    assert [(r.nodes, r.size, len(r.partners) >= 2) for r in requests] == [(("n00", "n01"), 4, True),
+                                                                         (("n02", "n03"), 4, True)]
+    out = fleet.feed([fleet.nccl(("n00", "n01", "n04", "n05"), group=180e9, priority=True),
+                      fleet.nccl(("n02", "n03", "n06", "n07"), priority=True)], advance=60)
+    assert sorted((r.kind, r.nodes) for r in out.requests) == [("localise", ("n00",)), ("localise", ("n01",))]
+    out = fleet.feed([fleet.nccl(("n00", "n08", "n09", "n10"), group=180e9, priority=True),
+                      fleet.nccl(("n01", "n04", "n05", "n06"), priority=True)])
+    assert [(r.node, r.reason_code) for r in out.recommendations] == [("n00", ReasonCode.LOCALISED)]
+    assert {verdict(fleet, n, "nccl") for n in names if n != "n00"} == {("pass", "ok")}
+
+
+def test_an_undrain_resets_the_evidence() -> None:
+    fleet = Fleet([f"n{i}" for i in range(10)])
+    fleet.healthy_gemm_rounds()
+    fleet.feed([fleet.gemm("n7", {3: 300e12})], advance=60)
+    fleet.feed([fleet.gemm("n7", {3: 300e12}, priority=True)])
+    assert verdict(fleet, "n7") == ("fail", "below_floor")
+    repaired_at = fleet.t
+    fleet.t += 60
+    out = fleet.feed([fleet.gemm("n7")], resets={"n7": repaired_at})
+    # without the reset this would still be "fail" (2 of the last 3 bad); after it, only new runs count
+    assert verdict(fleet, "n7") == ("pass", "ok") and out.recommendations == []
+
+
+def test_state_survives_a_restart_through_the_store(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    store.upsert_nodes(nodes([f"n{i}" for i in range(10)]), 1.0)
+    fleet = Fleet([f"n{i}" for i in range(10)])
+    keep = keep_seconds(fleet.judge.settings)
+    for _ in range(3):
+        save_output(store, fleet.feed([fleet.gemm(n) for n in fleet.names]), keep_s=keep)
+    save_output(store, fleet.feed([fleet.gemm(n, {2: 350e12} if n == "n6" else None) for n in fleet.names],
+                                  advance=60), keep_s=keep)
+    restored = load_judge(store, JudgeSettings(), now=fleet.t)
+    judge = fleet.judge
+    assert restored.pending == judge.pending == {("n6", "gemm"): restored.pending[("n6", "gemm")]}
+    assert isinstance(restored.pending[("n6", "gemm")], Request)
+    # verdicts are stored when they change, so a restored pass keeps the run that first made it a pass
+    assert {k: (v.outcome, v.reason_code, v.reason) for k, v in restored.verdicts.items()} == \
+        {k: (v.outcome, v.reason_code, v.reason) for k, v in judge.verdicts.items()}
+    assert {k: (s.accepted, s.baseline, s.floor) for k, s in restored.series.items()} == \
+        {k: (s.accepted, s.baseline, s.floor) for k, s in judge.series.items()}
+    assert restored.marks == judge.marks
+
+    run = fleet.gemm("n6", {2: 350e12}, priority=True)
+    a = judge.evaluate([run], fleet.nodes, now=fleet.t)
+    b = restored.evaluate([run], fleet.nodes, now=fleet.t)
+    assert [(v.node, v.outcome, v.reason) for v in a.verdicts] == [(v.node, v.outcome, v.reason) for v in b.verdicts]
+    assert [r.node for r in b.recommendations] == ["n6"]
+    store.close()
+
+
+@pytest.mark.parametrize("noise_band", [0.0, 0.06])
+def test_noise_band_widens_thresholds(noise_band: float) -> None:
+    judge = Judge(JudgeSettings(noise_band=noise_band))
+    assert judge.drift_fraction == max(0.1, 2 * noise_band)
+    assert judge.min_deviation == max(0.1, 2 * noise_band)
+
+
+def test_reconfigure_keeps_the_state_and_applies_new_thresholds() -> None:
+    fleet = Fleet([f"n{i}" for i in range(10)])
+    fleet.healthy_gemm_rounds()
+    fleet.judge.reconfigure(JudgeSettings(baseline={"drift_fraction": 0.5}, fleet={"min_deviation": 0.5}))
+    out = fleet.feed([fleet.gemm("n4", scale=0.885)])  # 11.5% slow: flagged before, within the new thresholds
+    assert [(v.node, v.outcome) for v in out.verdicts] == [] and verdict(fleet, "n4") == ("pass", "ok")
+    assert len(fleet.judge.series[("n4", SeriesKey.of("gemm", "flop_per_second",
+                                                      {"gpu": "0", "dtype": "bf16"}))].accepted) == 4

@@ -1,0 +1,81 @@
+"""Layer 1, floors: the packaged table, lookups by class/labels/size, and the comparison."""
+
+from __future__ import annotations
+
+import pytest
+
+from healthd.config import FloorRule, JudgeSettings
+from healthd.judge.floors import below_floor, find_floor, floor_rules, packaged_floors
+from healthd.judge.model import ReasonCode, SeriesKey, Severity
+
+GIB = 1 << 30
+
+
+def busbw(scope: str, size: int = GIB, collective: str = "all_reduce") -> SeriesKey:
+    return SeriesKey.of("nccl", "busbw_bytes_per_second",
+                        {"collective": collective, "scope": scope, "size_bytes": str(size), "placement": "in_place"})
+
+
+def test_packaged_table_is_valid_and_every_number_has_a_source() -> None:
+    rules = packaged_floors()
+    assert len(rules) == 11
+    for rule in rules:
+        assert rule.value > 0
+        assert len(rule.source) > 40, rule
+    # the documented 8xH100 single-node all_reduce floor: 0.9 x 368.76 GB/s (nccl-tests#309)
+    h100 = find_floor(rules, "h100x8", busbw("node"))
+    assert h100 is not None and h100.value == 330e9 and "368.76" in h100.source
+
+
+@pytest.mark.parametrize(
+    ("node_class", "key", "expected"),
+    [
+        ("h100x8", busbw("node"), 330e9),
+        ("H100x8", busbw("node"), 330e9),  # class patterns are case-insensitive
+        ("nvidia_h100_80gb_hbm3x8", busbw("node"), 330e9),  # Slurm's autodetected GRES type name
+        ("h200x8", busbw("node", collective="all_gather"), 325e9),
+        ("h100x8", busbw("node", size=512 << 20), None),  # below min_size_bytes: not judged by a floor
+        ("h100x8", busbw("group", size=16 * GIB), 100e9),
+        ("a100x8", busbw("node"), 211.5e9),
+        ("h100x4", busbw("node"), None),  # the 8-GPU floors do not apply to 4-GPU nodes
+        ("l40sx8", busbw("node"), None),
+        ("h100x8", SeriesKey.of("gemm", "flop_per_second", {"gpu": "3", "dtype": "bf16"}), 525e12),
+        ("a100x8", SeriesKey.of("gemm", "flop_per_second", {"gpu": "0", "dtype": "fp64"}), 16e12),
+        ("h100x8", SeriesKey.of("gemm", "flop_per_second", {"gpu": "0", "dtype": "fp32"}), None),
+        ("a100x8", SeriesKey.of("gemm", "memory_bandwidth_bytes_per_second", {"gpu": "1"}), 1.3e12),
+    ],
+)
+def test_lookup_by_class_labels_and_size(node_class: str, key: SeriesKey, expected: float | None) -> None:
+    rule = find_floor(packaged_floors(), node_class, key)
+    assert (rule.value if rule else None) == expected
+
+
+def test_config_rules_come_first_and_the_table_can_be_switched_off() -> None:
+    mine = FloorRule(node_class=["*h100*"], probe="nccl", name="busbw_*", labels={"scope": "node"}, value=460e9,
+                     min_size_bytes=16 * GIB, source="our acceptance test")
+    settings = JudgeSettings(floors=[mine])
+    rules = floor_rules(settings)
+    assert find_floor(rules, "h100x8", busbw("node", size=16 * GIB)) is mine
+    assert find_floor(rules, "h100x8", busbw("node", size=GIB)).value == 330e9  # type: ignore[union-attr]
+    only_mine = floor_rules(JudgeSettings(floors=[mine], default_floors=False))
+    assert only_mine == (mine,)
+    assert find_floor(only_mine, "h100x8", busbw("node", size=GIB)) is None
+
+
+def test_below_floor_for_rates() -> None:
+    key = SeriesKey.of("gemm", "flop_per_second", {"gpu": "3", "dtype": "bf16"})
+    finding = below_floor(key, 400e12, 525e12, "higher")
+    assert finding is not None
+    assert (finding.code, finding.severity) == (ReasonCode.BELOW_FLOOR, Severity.FAIL)
+    assert (finding.value, finding.reference, finding.threshold) == (400e12, 525e12, 525e12)
+    assert finding.detail == "gpu 3 flop_per_second{dtype=bf16} 400 TFLOP/s is below the floor 525 TFLOP/s"
+    assert finding.evidence()["gpu"] == "3"
+    assert below_floor(key, 525e12, 525e12, "higher") is None  # at the floor is not below it
+    assert below_floor(key, 526e12, 525e12, "higher") is None
+
+
+def test_floor_for_times_is_a_ceiling() -> None:
+    key = SeriesKey.of("ddp", "step_seconds", {"quantile": "0.5"})
+    finding = below_floor(key, 0.25, 0.2, "lower")
+    assert finding is not None and finding.detail == "step_seconds{quantile=0.5} 250 ms is above the floor 200 ms"
+    assert below_floor(key, 0.19, 0.2, "lower") is None
