@@ -15,7 +15,7 @@ LAYOUT = {
     "systemd/healthd.sysusers": "lib/sysusers.d/healthd.conf",
     "systemd/healthd.tmpfiles": "lib/tmpfiles.d/healthd.conf",
     EXAMPLE_CONFIG: "etc/healthd/healthd.toml",
-    "grafana": "share/healthd/grafana",
+    "grafana": "usr/share/healthd/grafana",
 }
 
 
