@@ -326,6 +326,18 @@ def fleet_overview() -> dash.Dashboard:
                f"/ healthd_baseline_nccl_busbw_bytes_per_second{{{INST}}})", instant=True, table_format=True)],
         unit="percentunit", w=24))
 
+    d = d.with_row(row("Scaling"))
+    d = d.with_panel(table_panel(
+        "Scaling table: busbw per node count",
+        "Bus bandwidth over groups of 2, 4, 8, ... idle nodes of a class, from the newest scaling sweep ([sweep]).",
+        [query(f"max by (node_class, nodes, collective, size_bytes) "
+               f"(healthd_scaling_busbw_bytes_per_second{{{INST}}})", instant=True, table_format=True)],
+        unit="Bps"))
+    d = d.with_panel(ts(
+        "Scaling over time", "Largest-size busbw per node class and node count, one point per sweep.",
+        [query(f"max by (node_class, nodes) (healthd_scaling_busbw_bytes_per_second{{{INST}}})",
+               "{{node_class}} x{{nodes}}")], "Bps"))
+
     d = d.with_row(row("Fleet events and remediation"))
     d = d.with_panel(flag_timeline(
         "Fleet events", "When the judge saw a fleet-wide degradation, per node class and probe.",

@@ -26,6 +26,7 @@ from pydantic_settings import (
 )
 
 from healthd.errors import ConfigError
+from healthd.jobs import Launcher, launcher_problems
 from healthd.model import validate_node_name
 
 DEFAULT_CONFIG_PATH = Path("/etc/healthd/healthd.toml")
@@ -66,6 +67,41 @@ class SchedulerSettings(_Section):
     """``/healthz`` answers 503 (and the systemd watchdog is not fed) when no tick ran for this long."""
 
 
+TransportName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9 _./-]*$")]
+"""An NCCL network as NCCL names it or its family: ``IB``, ``OFI``, ``Socket``, ``UCX``..."""
+
+
+class LauncherSettings(_Section):
+    """``launcher`` of a probe or node class: where the probe's Python runs (docs/containers.md).
+
+    ``bare``: a Python on the node (``python``, default ``slurm.python``); ``pyxis``: in the image
+    through ``srun --container-image`` (Enroot); ``apptainer``: ``apptainer exec IMAGE``
+    (``runtime = "singularity"`` for Singularity). Slurm backend only.
+    """
+
+    kind: Literal["bare", "pyxis", "apptainer"] = "bare"
+    image: str | None = None
+    """pyxis: a squashfs path or enroot URI (``nvcr.io#nvidia/pytorch:24.05-py3``); apptainer: a SIF path or URI."""
+    mounts: list[str] = Field(default_factory=list)
+    """``SRC:DST[:FLAGS]`` bind mounts; the results directory is always mounted at its own path."""
+    args: list[str] = Field(default_factory=list)
+    """Extra runtime options, ``--opt`` or ``--opt=value``: srun's (pyxis) or ``apptainer exec``'s."""
+    python: str | None = None
+    """The Python that runs ``-m probes`` (containers: default ``python3`` in the image)."""
+    runtime: str | None = None
+    """apptainer: the runtime command (default ``apptainer``)."""
+    probes_from: Literal["daemon", "image"] = "daemon"
+    """``daemon``: mount this daemon's ``probes`` package read-only; ``image``: the image has it."""
+
+    @model_validator(mode="after")
+    def _carryable(self) -> LauncherSettings:
+        problems = launcher_problems(Launcher(kind=self.kind, image=self.image, mounts=tuple(self.mounts),
+                                              args=tuple(self.args), python=self.python, runtime=self.runtime))
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+
 class ProbeSettings(_Section):
     enabled: bool = True
     interval_s: PositiveSeconds = 3600.0
@@ -76,6 +112,10 @@ class ProbeSettings(_Section):
     nodes_per_job: int = Field(default=1, ge=1)
     ranks_per_node: int | None = Field(default=None, ge=1)
     """Tasks per node under Slurm (default: the node's GPU count, or 1); local ranks locally."""
+    launcher: LauncherSettings | None = None
+    """Launch environment for this probe (default bare); a node class's launcher overrides it."""
+    expected_transport: list[TransportName] = Field(default_factory=list)
+    """nccl: the NCCL networks allowed (e.g. ``["IB", "OFI"]``); another one makes the run ``degraded``."""
 
 
 def _default_probes() -> dict[str, ProbeSettings]:
@@ -113,6 +153,10 @@ class NodeClassRule(_Section):
     gpus: int | None = Field(default=None, ge=0)
     partition: str | None = None
     features: list[str] = Field(default_factory=list)
+    launcher: LauncherSettings | None = None
+    """Launch environment for every probe on this class (overrides the probe's launcher)."""
+    expected_transport: list[TransportName] | None = None
+    """NCCL networks allowed on this class (overrides ``probes.nccl.expected_transport``)."""
 
 
 class SlurmSettings(_Section):
@@ -255,6 +299,21 @@ class JudgeSettings(_Section):
 _ACT_ON_DEFAULT: list[Literal["fail", "degraded"]] = ["fail", "degraded"]
 
 
+class SweepSettings(_Section):
+    """``[sweep]``: the periodic scaling sweep (busbw over 2, 4, 8, ... idle nodes of one class)."""
+
+    enabled: bool = False
+    probe: Literal["nccl"] = "nccl"
+    interval_s: PositiveSeconds = 86400.0
+    """Each node count is measured again after this long."""
+    max_nodes: int = Field(default=16, ge=2)
+    max_share: float = Field(default=0.5, gt=0, le=1)
+    """At most this share of a class's probeable nodes is taken by one sweep job."""
+    timeout_s: PositiveSeconds = 600.0
+    args: list[str] = Field(default_factory=lambda: ["--collectives", "all_reduce", "--scope", "group"])
+    ranks_per_node: int | None = Field(default=None, ge=1)
+
+
 class RemediationSettings(_Section):
     mode: Literal["observe", "recommend", "enforce"] = "recommend"
     reason_prefix: str = Field(default="healthd:", pattern=r"^\S+:$")
@@ -301,6 +360,7 @@ class Settings(BaseSettings):
     probes: dict[str, ProbeSettings] = Field(default_factory=_default_probes)
     local: LocalSettings = Field(default_factory=LocalSettings)
     slurm: SlurmSettings = Field(default_factory=SlurmSettings)
+    sweep: SweepSettings = SweepSettings()
     remediation: RemediationSettings = RemediationSettings()
     judge: JudgeSettings = JudgeSettings()
     logging: LoggingSettings = LoggingSettings()

@@ -30,7 +30,7 @@ from healthd.judge.engine import judge_collected, load_judge
 from healthd.judge.metrics import JudgeCollector
 from healthd.logging import get_logger, setup_logging
 from healthd.metrics import DaemonMetrics, StoreCollector
-from healthd.planning import PlanLimits, plan
+from healthd.planning import SWEEP_RUN_PREFIX, PlanLimits, plan, plan_sweep
 from healthd.remediation import Remediator, recommendations_document
 from healthd.sdnotify import Notifier
 from healthd.store import Store
@@ -147,8 +147,9 @@ class Daemon:
         priority = self.judge.requests(now, s.probes) + self.judge.recheck_requests(
             self.remediator.recheck_nodes(), s.probes, last_attempts, now
         )
+        known = self.store.nodes(seen_since=now - 3 * s.scheduler.discover_interval_s - 60)
         jobs = plan(
-            self.store.nodes(seen_since=now - 3 * s.scheduler.discover_interval_s - 60),
+            known,
             probes=s.probes,
             last_attempts=last_attempts,
             busy_nodes={n for r in runs for n in r.nodes},
@@ -157,6 +158,16 @@ class Daemon:
             limits=limits,
             priority=priority,
         )
+        if len(runs) + len(jobs) < limits.max_jobs_in_flight:
+            jobs += plan_sweep(
+                known,
+                settings=s.sweep,
+                last_sweeps=self.store.last_sweeps(),
+                busy_nodes={n for r in runs for n in r.nodes} | {n for j in jobs for n in j.nodes},
+                sweeping_classes=self.store.sweeping_classes(),
+                now=now,
+                limits=limits,
+            )[: limits.max_jobs_in_flight - len(runs) - len(jobs)]
         for job in jobs:
             self.collector.launch(job)
 
@@ -170,7 +181,12 @@ class Daemon:
         self._judge(done)
 
     def _judge(self, done: list[Collected]) -> None:
-        """Judge the runs just collected, persist verdicts, then let remediation act on them."""
+        """Judge the runs just collected, persist verdicts, then let remediation act on them.
+
+        Scaling-sweep runs only feed the scaling table: a group of N nodes has no peers to be
+        judged against among the pairs and single nodes the judge compares.
+        """
+        done = [c for c in done if not c.run_id.startswith(SWEEP_RUN_PREFIX)]
         if not done:
             return
         self.remediator.apply(judge_collected(self.judge, self.store, done, now=time.time()))

@@ -119,6 +119,8 @@ class StoreCollector(Collector):
         yield seconds
         yield gpu_seconds_total
 
+        yield from self._scaling(snap)
+
         in_flight = GaugeMetricFamily("healthd_probes_in_flight", "Probe runs submitted and not yet finished")
         in_flight.add_metric([], float(snap.in_flight))
         yield in_flight
@@ -144,6 +146,28 @@ class StoreCollector(Collector):
         yield queue_wait
         yield duration
         yield gpu_seconds
+
+    @staticmethod
+    def _scaling(snap: Snapshot) -> Iterator[Metric]:
+        """The scaling table: the newest passing sweep per node class and node count."""
+        busbw = GaugeMetricFamily(
+            "healthd_scaling_busbw_bytes_per_second",
+            "Bus bandwidth of the collective over a group of N idle nodes of one class (scaling sweep)",
+            labels=["node_class", "nodes", "collective", "size_bytes", "placement"],
+        )
+        last = GaugeMetricFamily("healthd_scaling_last_run_timestamp_seconds",
+                                 "When the newest passing sweep over N nodes of the class finished",
+                                 labels=["node_class", "nodes"])
+        seen: set[tuple[str, int]] = set()
+        for cls, size, at, m in snap.scaling:
+            if (cls, size) not in seen:
+                seen.add((cls, size))
+                last.add_metric([cls, str(size)], at)
+            if m.name == "busbw_bytes_per_second":
+                busbw.add_metric([cls, str(size), m.labels.get("collective", ""), m.labels.get("size_bytes", ""),
+                                  m.labels.get("placement", "")], m.value)
+        yield busbw
+        yield last
 
     @staticmethod
     def _measurements(snap: Snapshot) -> Iterator[Metric]:

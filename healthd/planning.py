@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from healthd.config import ProbeSettings
+from healthd.config import ProbeSettings, SweepSettings
 from healthd.model import Node, ProbeJob
 
 BLOCKING_FLAGS = frozenset(
@@ -214,3 +214,63 @@ def _job(probe: str, nodes: tuple[Node, ...], settings: ProbeSettings, make_run_
         timeout_s=settings.timeout_s,
         ranks_per_node=settings.ranks_per_node,
     )
+
+
+SWEEP_RUN_PREFIX = "sw"
+
+
+def sweep_run_id(size: int) -> str:
+    """Run ids of scaling-sweep runs carry the ``sw`` prefix and the node count: ``sw4-<hex>``."""
+    return f"{SWEEP_RUN_PREFIX}{size}-{new_run_id()}"
+
+
+def sweep_sizes(max_nodes: int) -> list[int]:
+    """2, 4, 8, ... up to ``max_nodes``."""
+    sizes, n = [], 2
+    while n <= max_nodes:
+        sizes.append(n)
+        n *= 2
+    return sizes
+
+
+def plan_sweep(
+    nodes: Sequence[Node],
+    *,
+    settings: SweepSettings,
+    last_sweeps: Mapping[tuple[str, int], float],
+    busy_nodes: Iterable[str],
+    sweeping_classes: Iterable[str],
+    now: float,
+    limits: PlanLimits,
+) -> list[ProbeJob]:
+    """The next scaling-sweep job per node class (pure).
+
+    A sweep measures the collective over 2, 4, 8, ... idle nodes of one class, one size at a
+    time: per class, the smallest size not measured within ``interval_s`` that fits in the idle
+    nodes now (at most ``max_share`` of the class's probeable nodes, at most ``max_nodes``),
+    and nothing while a sweep job of that class is in flight. A size that does not fit is
+    skipped this time; nodes are never held waiting for more to free up.
+    """
+    if not settings.enabled:
+        return []
+    busy = set(busy_nodes)
+    in_flight = set(sweeping_classes)
+    by_class: dict[str, list[Node]] = {}
+    for node in nodes:
+        if why_not_probeable(node, limits) is None:
+            by_class.setdefault(node.node_class or "", []).append(node)
+    jobs = []
+    for cls, members in sorted(by_class.items()):
+        if cls in in_flight:
+            continue
+        free = sorted(n.name for n in members if n.name not in busy)
+        cap = min(settings.max_nodes, int(len(members) * settings.max_share), len(free))
+        for size in sweep_sizes(settings.max_nodes):
+            if now - last_sweeps.get((cls, size), float("-inf")) < settings.interval_s:
+                continue
+            if size <= cap:
+                jobs.append(ProbeJob(run_id=sweep_run_id(size), probe=settings.probe, nodes=tuple(free[:size]),
+                                     args=tuple(settings.args), timeout_s=settings.timeout_s,
+                                     ranks_per_node=settings.ranks_per_node))
+            break
+    return jobs

@@ -287,6 +287,7 @@ class Snapshot:
     counters: tuple[tuple[str, dict[str, str], float], ...]
     in_flight: int
     run_timings: tuple[RunTiming, ...] = ()
+    scaling: tuple[tuple[str, int, float, MeasurementRow], ...] = ()
 
 
 class Store:
@@ -706,6 +707,7 @@ class Store:
                 counters=tuple(self.counters()),
                 in_flight=len(self.unfinished_runs()),
                 run_timings=tuple(self.last_run_timings()),
+                scaling=tuple(self.scaling_table()),
             )
 
     def prune(self, older_than: float) -> int:
@@ -1034,6 +1036,44 @@ class Store:
         with self._tx() as db:
             db.execute("INSERT OR REPLACE INTO remediation_state (key, value) VALUES (?, ?)", (key, json.dumps(value)))
 
+    # -- scaling sweep ----------------------------------------------------------------------
+    _SWEEP_RUNS = """
+        SELECT r.run_id, r.state, r.outcome, r.submitted_at, r.finished_at,
+               COUNT(rn.node) AS size,
+               (SELECT n.node_class FROM run_nodes x JOIN nodes n ON n.name = x.node
+                 WHERE x.run_id = r.run_id ORDER BY x.node LIMIT 1) AS node_class
+        FROM runs r JOIN run_nodes rn ON rn.run_id = r.run_id
+        WHERE r.run_id LIKE 'sw%' GROUP BY r.run_id
+    """
+
+    def last_sweeps(self) -> dict[tuple[str, int], float]:
+        """Per (node class, node count): when a sweep run was last submitted."""
+        out: dict[tuple[str, int], float] = {}
+        for r in self._query(self._SWEEP_RUNS):
+            key = (r["node_class"] or "", int(r["size"]))
+            out[key] = max(out.get(key, float("-inf")), r["submitted_at"])
+        return out
+
+    def sweeping_classes(self) -> set[str]:
+        """Node classes with a sweep run in flight."""
+        return {r["node_class"] or "" for r in self._query(self._SWEEP_RUNS) if r["state"] != "finished"}
+
+    def scaling_table(self) -> list[tuple[str, int, float, MeasurementRow]]:
+        """The newest passing sweep run per (node class, node count): (class, count, finished_at, measurement)
+        for each of its group measurements."""
+        newest: dict[tuple[str, int], tuple[float, str]] = {}
+        for r in self._query(self._SWEEP_RUNS):
+            if r["state"] == "finished" and r["outcome"] == "pass":
+                key = (r["node_class"] or "", int(r["size"]))
+                if key not in newest or newest[key][0] < r["finished_at"]:
+                    newest[key] = (r["finished_at"], r["run_id"])
+        table = []
+        for (cls, size), (at, run_id) in sorted(newest.items()):
+            for m in self.measurements(run_id=run_id):
+                if m.node is None:
+                    table.append((cls, size, at, m))
+        return table
+
 
 @dataclass(frozen=True)
 class RecommendationRow:
@@ -1075,3 +1115,4 @@ class DrainRow:
     undrained_at: float | None
     undrained_by: str | None
     probes: tuple[str, ...] = ()
+

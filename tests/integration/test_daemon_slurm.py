@@ -208,3 +208,52 @@ def test_controller_outage_reports_slurm_down_and_recovers(tmp_path: Path, clust
     finally:
         daemon.kill()
         cluster.start()
+
+
+SWEEP = """
+[probes.gemm]
+enabled = false
+[sweep]
+enabled = true
+interval_s = 3600
+max_nodes = 4
+max_share = 1.0
+timeout_s = 180
+"""
+
+
+def test_scaling_sweep_over_two_then_four_nodes(tmp_path: Path, cluster: SlurmTestCluster) -> None:
+    port = free_port()
+    daemon = start(tmp_path, write_config(tmp_path, port, probes=SWEEP), port, cluster.env)
+    try:
+        def table() -> dict[str, float]:
+            return {lab["nodes"]: v for n, lab, v in samples(get(port, "/metrics")[1])
+                    if n == "healthd_scaling_busbw_bytes_per_second" and lab["size_bytes"] == "4194304"}
+
+        got = wait(lambda: table() if set(table()) == {"2", "4"} else None, 240, "busbw for 2 and 4 nodes", daemon)
+        assert all(v > 0 for v in got.values()), got  # type: ignore[union-attr]
+        all_runs = runs(port)
+        assert sorted(len(r["nodes"]) for r in all_runs) == [2, 4], all_runs  # type: ignore[arg-type]
+        assert all(str(r["run_id"]).startswith(f"sw{len(r['nodes'])}-") for r in all_runs)  # type: ignore[arg-type]
+        values = samples(get(port, "/metrics")[1])
+        assert {lab["nodes"] for n, lab, _ in values if n == "healthd_scaling_last_run_timestamp_seconds"} == {"2", "4"}
+        assert not any(n == "healthd_node_verdict" for n, _, _ in values)  # sweeps are not judged per node
+    finally:
+        daemon.kill()
+
+
+def test_scaling_sweep_needs_two_idle_nodes(tmp_path: Path, cluster: SlurmTestCluster) -> None:
+    for node in ("node1", "node2", "node3"):
+        done = cluster.command("sbatch", "-J", "user-job", "-w", node, "--exclusive", "-o", "/dev/null",
+                               "--wrap", "sleep 300")
+        assert done.returncode == 0, done.stderr
+    wait(lambda: cluster.command("sinfo", "-h", "-N", "-p", "batch", "-o", "%t").stdout.split().count("alloc") == 3,
+         30, "three nodes allocated")
+    port = free_port()
+    daemon = start(tmp_path, write_config(tmp_path, port, probes=SWEEP), port, cluster.env)
+    try:
+        time.sleep(6)  # several discover and plan ticks
+        assert runs(port) == []
+        assert "healthd." not in cluster.command("squeue", "-h", "-o", "%j").stdout
+    finally:
+        daemon.kill()

@@ -45,6 +45,7 @@ ALLOWED_EMPTY_METRICS: dict[str, str] = {
        for measurement in ("nccl_busbw_bytes_per_second", "gemm_flop_per_second",
                            "gemm_memory_bandwidth_bytes_per_second", "ddp_throughput_samples_per_second")},
     "healthd_fleet_event_active": "one healthy node has no fleet event",
+    "healthd_scaling_busbw_bytes_per_second": "the scaling sweep needs two or more nodes; this test has one",
 }
 """Metrics that may be absent from the scrape. A query that uses one may return nothing."""
 

@@ -47,13 +47,13 @@ def promtool() -> str:
 
 def test_the_rule_file_holds_the_alerts_the_issue_asks_for() -> None:
     names = [r.alert for r in rules()]
-    assert len(names) == len(set(names)) == 16
+    assert len(names) == len(set(names)) == 17
     assert set(names) == {
         "HealthdNcclBandwidthBelowFloor", "HealthdNcclBandwidthDegraded", "HealthdGemmBelowFloor",
         "HealthdGemmDegraded", "HealthdDdpThroughputBelowFloor", "HealthdDdpThroughputDegraded",
         "HealthdNodeFailingProbes", "HealthdNodeNotProbed", "HealthdDrainRecommended", "HealthdFleetDegraded",
         "HealthdRemediationBreakerOpen", "HealthdProbeErrorRateHigh", "HealthdDown", "HealthdNotTicking",
-        "HealthdSchedulerTickErrors", "HealthdSlurmUnreachable",
+        "HealthdSchedulerTickErrors", "HealthdSlurmUnreachable", "HealthdScalingBandwidthDropped",
     }
 
 
