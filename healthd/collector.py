@@ -8,6 +8,7 @@ never started because a user got the node first" (``skipped``).
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,14 +20,22 @@ from healthd.cluster.base import ClusterBackend
 from healthd.errors import BackendError, HealthdError, ParseError
 from healthd.logging import get_logger
 from healthd.model import JobState, JobStatus, Outcome, ProbeJob, ProbeResult
-from healthd.parsers.expand import expand_nccl_tests_result
+from healthd.parsers.expand import expand_result
 from healthd.parsers.healthd_json import parse_result
 from healthd.store import RunRow, Store
 
 log = get_logger(__name__)
 
 LOG_TAIL_BYTES = 2000
+LOG_TAIL_LINES = 5
 LOST_GRACE_S = 120.0
+_WRAPPER_LINE = re.compile(
+    r"^(srun: error: \S+: tasks? [\d,-]+: (Exited with exit code|Killed by signal) \d+"
+    r"|srun: launch/slurm: _step_signal: Terminating StepId=\S+"
+    r"|slurmstepd\S*: error: (spank: required plugin \S+: \w+\(\) failed with rc=-?\d+"
+    r"|Failed to invoke spank plugin stack))$"
+)
+"""Slurm's own lines around a failed step: never the cause (a launcher's message is above them)."""
 
 
 @dataclass(frozen=True)
@@ -46,7 +55,7 @@ def read_result(path: Path) -> ProbeResult:
         raise ParseError(f"no result file {path}") from None
     except OSError as exc:
         raise ParseError(f"cannot read the result file {path}: {exc}") from None
-    return expand_nccl_tests_result(parse_result(text))
+    return expand_result(parse_result(text))
 
 
 def log_tail(result_path: Path) -> str:
@@ -58,8 +67,9 @@ def log_tail(result_path: Path) -> str:
             tail = fh.read().decode(errors="replace").strip()
     except OSError:
         return ""
-    lines = tail.splitlines()[-5:]
-    return " | ".join(line.strip() for line in lines if line.strip())
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    causes = [line for line in dict.fromkeys(lines) if not _WRAPPER_LINE.match(line)]
+    return " | ".join((causes or lines)[-LOG_TAIL_LINES:])
 
 
 def outcome_of(job: JobStatus | None, result: ProbeResult | None, parse_error: str | None) -> tuple[Outcome, str]:

@@ -4,6 +4,16 @@ One job per probe run, named ``<prefix><probe>.<run id>`` so a restarted daemon 
 The job holds its nodes exclusively for a short time limit and never requeues; ``srun`` starts
 one task per GPU (or per configured rank) and rank 0 writes the ``ProbeResult`` to the shared
 results directory.
+
+Each task runs in one of three launch environments (:class:`Launcher`, docs/containers.md):
+``bare`` (a Python on the node), ``pyxis`` (``srun --container-image=...``, Enroot through the
+Pyxis SPANK plugin) or ``apptainer`` (``apptainer exec IMAGE ...``, also Singularity). In a
+container the results directory is bind-mounted at its own path and, unless the image has the
+``probes`` package itself, the daemon's ``probes`` package is bind-mounted read-only at
+``/opt/healthd-probes/probes`` and the task starts there, so ``python -m probes`` finds it first
+and everything else (torch, NCCL, its network plugin) comes from the image. A missing image or
+runtime makes the step fail before any probe code runs: the job log says why and the collector
+records the run as ``error`` with that log tail.
 """
 
 from __future__ import annotations
@@ -14,12 +24,128 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from healthd.errors import ConfigError
 from healthd.model import ProbeJob, validate_node_name
 
 START_MARGIN_S = 60.0
 _UNSAFE = re.compile(r"[\s'\"\\]")
+
+LauncherKind = Literal["bare", "pyxis", "apptainer"]
+CONTAINER_PROBES_DIR = "/opt/healthd-probes"
+"""Where the daemon's ``probes`` package is mounted in a container (as ``<this>/probes``)."""
+CONTAINER_IMAGE_ENV = "HEALTHD_CONTAINER_IMAGE"
+"""Exported by container launches so the probe can record the image in its environment."""
+DEFAULT_CONTAINER_PYTHON = "python3"
+DEFAULT_APPTAINER_RUNTIME = "apptainer"
+
+_PATH = re.compile(r"^/[A-Za-z0-9._+@%=~/-]*$")
+_IMAGE = re.compile(r"^[A-Za-z0-9._+@%=~/:#-]+$")
+_COMMAND = re.compile(r"^[A-Za-z0-9._+@%=~/-]+$")
+_PYXIS_FLAGS = re.compile(r"^[A-Za-z0-9_=-]+(\+[A-Za-z0-9_=-]+)*$")
+_APPTAINER_FLAGS = frozenset({"ro", "rw"})
+_OWN_OPTIONS: dict[str, tuple[str, ...]] = {
+    "pyxis": ("--container-image", "--container-mounts", "--container-workdir"),
+    "apptainer": ("--bind", "-B", "--mount", "--pwd", "--nv"),
+}
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """How a task starts ``python -m probes`` on its node (see the module docstring)."""
+
+    kind: LauncherKind = "bare"
+    image: str | None = None
+    """pyxis: a squashfs path or an enroot URI; apptainer: a SIF path, sandbox directory or URI."""
+    mounts: tuple[str, ...] = ()
+    """``SRC:DST[:FLAGS]`` (``SRC`` alone: the same path inside)."""
+    args: tuple[str, ...] = ()
+    """Extra runtime options (``--opt`` or ``--opt=value``): srun's for pyxis, ``exec``'s for apptainer."""
+    python: str | None = None
+    """The Python that runs the probe (bare: default ``LaunchSettings.python``; containers: ``python3``)."""
+    runtime: str | None = None
+    """apptainer only: the runtime command (``apptainer``, ``singularity`` or a path)."""
+    probes_dir: Path | None = None
+    """Host directory of the ``probes`` package to mount in the container; ``None``: the image has it."""
+
+
+def launcher_problems(launcher: Launcher) -> list[str]:
+    """What in ``launcher`` cannot be carried into a launch command (pure; empty when it is fine).
+
+    Paths must be absolute and may not hold whitespace, quotes, ``,`` or ``:`` (the runtimes'
+    list and field separators); nothing may start with ``-`` where a value is expected (it would
+    be read as an option); extra ``args`` must be options and may not repeat the ones healthd sets.
+    """
+    kind = launcher.kind
+    problems: list[str] = []
+    if kind == "bare":
+        for name, value in (("image", launcher.image), ("runtime", launcher.runtime)):
+            if value is not None:
+                problems.append(f"{name} is set but the launcher kind is bare")
+        if launcher.mounts or launcher.args:
+            problems.append("mounts and args need a container launcher (pyxis or apptainer)")
+    else:
+        if not launcher.image:
+            problems.append(f"a {kind} launcher needs an image")
+        elif not _IMAGE.match(launcher.image) or launcher.image.startswith("-"):
+            problems.append(f"image {launcher.image!r}: only letters, digits and ._+@%=~/:#- are allowed, "
+                            "and it may not start with '-'")
+        if kind == "pyxis" and launcher.runtime is not None:
+            problems.append("runtime is for apptainer launchers; pyxis runs through srun")
+        for mount in launcher.mounts:
+            problems.extend(_mount_problems(kind, mount))
+        for arg in launcher.args:
+            name = arg.split("=", 1)[0]
+            if not arg.startswith("-") or any(ch in arg for ch in "\n\r\0"):
+                problems.append(f"args item {arg!r} is not an option (write --opt or --opt=value)")
+            elif name in _OWN_OPTIONS[kind]:
+                problems.append(f"args item {arg!r}: healthd sets {name} itself (use image and mounts)")
+    for name, value in (("python", launcher.python), ("runtime", launcher.runtime)):
+        if value is not None and (not _COMMAND.match(value) or value.startswith("-")):
+            problems.append(f"{name} {value!r}: a command name or absolute path without spaces or quotes")
+    if launcher.probes_dir is not None and not _PATH.match(str(launcher.probes_dir)):
+        problems.append(f"probes directory {str(launcher.probes_dir)!r} cannot be mounted (absolute path, "
+                        "no spaces, quotes, ',' or ':')")
+    return problems
+
+
+def _mount_problems(kind: LauncherKind, mount: str) -> list[str]:
+    parts = mount.split(":")
+    if len(parts) > 3 or not all(parts[:2]):
+        return [f"mount {mount!r}: expected SRC, SRC:DST or SRC:DST:FLAGS"]
+    problems = [f"mount {mount!r}: {p!r} is not an absolute path without spaces, quotes or ','"
+                for p in parts[:2] if not _PATH.match(p)]
+    if len(parts) == 3:
+        flags = parts[2]
+        if kind == "apptainer" and flags not in _APPTAINER_FLAGS:
+            problems.append(f"mount {mount!r}: apptainer bind flags are ro or rw")
+        elif kind == "pyxis" and not _PYXIS_FLAGS.match(flags):
+            problems.append(f"mount {mount!r}: pyxis mount flags are joined with '+', e.g. ro+rprivate")
+    return problems
+
+
+def _destination(mount: str) -> str:
+    parts = mount.split(":")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def _within(path: str, directory: str) -> bool:
+    directory = directory.rstrip("/") or "/"
+    return path == directory or path.startswith(directory + "/") or directory == "/"
+
+
+def container_mounts(launcher: Launcher, results_dir: Path) -> list[str]:
+    """The configured mounts plus the results directory at its own path and, when the image does
+    not have it, the ``probes`` package (read-only), unless a configured mount already covers them."""
+    mounts = [m if ":" in m else f"{m}:{m}" for m in launcher.mounts]
+    targets = [_destination(m) for m in mounts]
+    results = str(results_dir)
+    if not any(_within(results, t) for t in targets):
+        mounts.append(f"{results}:{results}")
+    if launcher.probes_dir is not None and not any(_within(CONTAINER_PROBES_DIR, t) for t in targets):
+        mounts.append(f"{launcher.probes_dir}:{CONTAINER_PROBES_DIR}/probes:ro")
+    return mounts
 
 
 @dataclass(frozen=True)
@@ -34,6 +160,43 @@ class LaunchSettings:
     extra_sbatch_args: tuple[str, ...] = ()
     pending_timeout_s: float | None = None
     env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    launcher: Launcher = Launcher()
+
+
+def task_argv(settings: LaunchSettings, probe_args: Sequence[str], *, gpus_per_node: int) -> list[str]:
+    """What ``srun`` runs (its own options first, for pyxis): ``python -m probes ARGS`` in the
+    launcher's environment."""
+    launcher = settings.launcher
+    problems = launcher_problems(launcher)
+    if problems:
+        raise ConfigError(f"launcher ({launcher.kind}): " + "; ".join(problems))
+    if launcher.kind == "bare":
+        return [launcher.python or settings.python, "-m", "probes", *probe_args]
+    assert launcher.image is not None
+    mounts = container_mounts(launcher, settings.results_dir)
+    for mount in mounts:
+        problems += [p for p in _mount_problems(launcher.kind, mount) if p not in problems]
+    if problems:
+        raise ConfigError(f"launcher ({launcher.kind}): " + "; ".join(problems))
+    inside = [launcher.python or DEFAULT_CONTAINER_PYTHON, "-m", "probes", *probe_args]
+    workdir = [CONTAINER_PROBES_DIR] if launcher.probes_dir is not None else []
+    if launcher.kind == "pyxis":
+        return [
+            f"--container-image={launcher.image}",
+            f"--container-mounts={','.join(mounts)}",
+            *[f"--container-workdir={w}" for w in workdir],
+            *launcher.args,
+            *inside,
+        ]
+    return [
+        launcher.runtime or DEFAULT_APPTAINER_RUNTIME, "exec",
+        *(["--nv"] if gpus_per_node > 0 else []),
+        *[f"--bind={m}" for m in mounts],
+        *[f"--pwd={w}" for w in workdir],
+        *launcher.args,
+        launcher.image,
+        *inside,
+    ]
 
 
 def job_name(prefix: str, job: ProbeJob) -> str:
@@ -82,24 +245,35 @@ def render_batch_script(job: ProbeJob, settings: LaunchSettings, *, ranks_per_no
             directives.append(f"--{option}={value}")
     directives.extend(settings.extra_sbatch_args)
 
-    probe_argv: Sequence[str] = [
-        settings.python, "-m", "probes", job.probe,
+    for directive in directives:
+        if _UNSAFE.search(directive):
+            raise ConfigError(f"sbatch option {directive!r} has whitespace or quotes, which #SBATCH lines cannot carry")
+    probe_args: Sequence[str] = [
+        job.probe,
         "--run-id", job.run_id,
         "--output", str(result),
         "--timeout", f"{job.timeout_s:g}",
         *job.args,
     ]
-    srun_argv = ["srun", "--kill-on-bad-exit=1", f"--ntasks-per-node={ranks_per_node}", *probe_argv]
+    task = task_argv(settings, probe_args, gpus_per_node=gpus_per_node)
+    srun_argv = ["srun", "--kill-on-bad-exit=1", f"--ntasks-per-node={ranks_per_node}", *task]
+    launcher = settings.launcher
     lines = ["#!/bin/bash"]
-    for directive in directives:
-        if _UNSAFE.search(directive):
-            raise ConfigError(f"sbatch option {directive!r} has whitespace or quotes, which #SBATCH lines cannot carry")
     lines += [f"#SBATCH {d}" for d in directives]
     lines += [
         "# Generated by healthd: one probe run. Rank 0 writes the result document; the daemon",
         "# reads it from the shared results directory and this job's log on failure.",
+    ]
+    if launcher.kind != "bare":
+        lines.append(f"# Launcher: {launcher.kind}; a missing image or runtime fails the step before the probe "
+                     "starts (recorded as error).")
+    lines += [
         "set -u",
         f"export HEALTHD_RUN_ID={shlex.quote(job.run_id)}",
+    ]
+    if launcher.image is not None:
+        lines.append(f"export {CONTAINER_IMAGE_ENV}={shlex.quote(launcher.image)}")
+    lines += [
         *[f"export {key}={shlex.quote(value)}" for key, value in settings.env],
         "exec " + shlex.join(srun_argv),
         "",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import platform
 import re
 from collections import defaultdict
@@ -162,6 +163,7 @@ def build_environment(
         cuda=vers.get("cuda"),
         nccl=vers.get("nccl"),
         driver=vers.get("driver"),
+        container_image=os.environ.get("HEALTHD_CONTAINER_IMAGE") or None,
         ranks=ranks,
     )
 

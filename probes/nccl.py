@@ -20,12 +20,24 @@ those combinations are not measured and are listed in ``params["unmeasured"]``.
 Scopes: ``node`` (one group per node; the default when all ranks share a node), ``group``
 (all ranks; the default across nodes), ``rail`` (one group per local rank index across nodes,
 like ``NCCL_TESTS_SPLIT="AND 0x7"``). Groups of one scope run concurrently.
+
+Network path: :func:`before_init` (called by the runner before NCCL starts) sets ``NCCL_DEBUG=INFO``
+and ``NCCL_DEBUG_SUBSYS=INIT,NET`` unless the site set them, and points ``NCCL_DEBUG_FILE`` at a
+per-rank file in a private temporary directory. After the measurements every rank keeps the lines
+that say which network, plugin, NICs and intra-node transports NCCL chose (:func:`select_debug_lines`,
+bounded) and rank 0 puts them in ``params["nccl_debug"]``; the daemon parses and judges them
+(``healthd.parsers.nccl_transport``). ``--expect-transport`` is only recorded, for the daemon.
+With gloo there is no NCCL: ``params["nccl_debug"]`` says so.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import shutil
+import socket
+import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -134,6 +146,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="node: a group per node; group: all ranks; rail: a group per local GPU index "
         "(default: node on one node, group across nodes)",
     )
+    parser.add_argument(
+        "--expect-transport",
+        type=_names_arg,
+        default=[],
+        help="comma list of the NCCL networks this node class should use (IB, OFI, Socket...); "
+        "recorded for the daemon, which judges it",
+    )
+
+
+def _names_arg(text: str) -> list[str]:
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names or any(not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9 _./-]*", n) for n in names):
+        raise argparse.ArgumentTypeError(f"bad transport list {text!r}: e.g. IB,OFI")
+    return names
 
 
 # -- arithmetic (nccl-tests src/*.cu *GetCollByteCount / *GetBw) --------------------------------
@@ -423,6 +449,120 @@ def _make_groups(ctx: ProbeContext, plan: list[tuple[list[int], int | None]]) ->
     return mine, groups
 
 
+# -- NCCL debug capture ------------------------------------------------------------------------
+
+DEBUG_DEFAULTS = (("NCCL_DEBUG", "INFO"), ("NCCL_DEBUG_SUBSYS", "INIT,NET"))
+MAX_DEBUG_LINES = 200
+MAX_DEBUG_BYTES = 24 << 10
+"""Per rank: what of the NCCL debug file goes into the result."""
+_DEBUG_KEEP = re.compile(
+    r"NCCL WARN|NCCL version|Using network|NET/|Init (?:START|COMPLETE)|\bcomm 0x[0-9a-f]+ rank \d+ nRanks"
+    r"|\bvia\b|nvls channels|NVLS|P2P plugin|Plugin Path"
+)
+_DEBUG_PREFIX = re.compile(r"^\S*:\d+:\d+ \[\d+\] ")
+_CHANNEL = re.compile(r"\b(?:Channel|Ring) \d+(?:/\d+)? : ")
+
+
+@dataclass(frozen=True)
+class DebugCapture:
+    directory: str | None
+    """The private directory of this rank's debug file (``None``: the site chose the file)."""
+    set_here: tuple[str, ...]
+    """The ``NCCL_DEBUG*`` variables this probe set (the others came from the site)."""
+
+
+_capture: DebugCapture | None = None
+
+
+def before_init(args: argparse.Namespace, backend: str) -> None:
+    """Route NCCL's INIT/NET debug output to a per-rank file; call before NCCL initialises.
+
+    Variables the site already set are kept (a site ``NCCL_DEBUG=WARN`` means no transport record).
+    """
+    global _capture
+    if backend != "nccl" or _capture is not None:
+        return
+    set_here = [key for key, _ in DEBUG_DEFAULTS if key not in os.environ]
+    for key, value in DEBUG_DEFAULTS:
+        os.environ.setdefault(key, value)
+    directory = None
+    if "NCCL_DEBUG_FILE" not in os.environ:
+        directory = tempfile.mkdtemp(prefix="healthd-nccl-")
+        os.environ["NCCL_DEBUG_FILE"] = os.path.join(directory, "nccl.%h.%p.log")
+        set_here.append("NCCL_DEBUG_FILE")
+    _capture = DebugCapture(directory, tuple(set_here))
+
+
+def debug_file_path(pattern: str, hostname: str, pid: int) -> str:
+    """``NCCL_DEBUG_FILE`` as NCCL expands it: ``%h`` the host name up to its first dot, ``%p`` the pid."""
+    host = hostname.split(".", 1)[0]
+    return re.sub(r"%([hp])", lambda m: host if m.group(1) == "h" else str(pid), pattern)
+
+
+def select_debug_lines(lines: Sequence[str], *, max_lines: int = MAX_DEBUG_LINES,
+                       max_bytes: int = MAX_DEBUG_BYTES) -> tuple[list[str], bool]:
+    """The lines about networks, plugins, NICs, communicators and channel transports, verbatim;
+    a channel line repeating an earlier one but for its channel number is dropped. Returns the
+    lines and whether the bounds cut any off."""
+    kept: list[str] = []
+    seen: set[str] = set()
+    size = 0
+    for raw in lines:
+        line = raw.rstrip("\n")
+        if not _DEBUG_KEEP.search(line):
+            continue
+        if _CHANNEL.search(line):
+            key = _CHANNEL.sub("", _DEBUG_PREFIX.sub("", line))
+            if key in seen:
+                continue
+            seen.add(key)
+        if len(kept) >= max_lines or size + len(line) + 1 > max_bytes:
+            return kept, True
+        kept.append(line)
+        size += len(line) + 1
+    return kept, False
+
+
+def _my_debug_lines() -> dict[str, Any]:
+    pattern = os.environ.get("NCCL_DEBUG_FILE")
+    if not pattern:
+        return {"error": "NCCL_DEBUG_FILE is not set"}
+    path = debug_file_path(pattern, socket.gethostname(), os.getpid())
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            lines, truncated = select_debug_lines(fh.readlines())
+    except OSError as exc:
+        return {"error": f"cannot read the NCCL debug file {path}: {exc.strerror or exc}"}
+    finally:
+        if _capture is not None and _capture.directory is not None:
+            shutil.rmtree(_capture.directory, ignore_errors=True)
+    return {"lines": lines, "truncated": truncated}
+
+
+def debug_params(ctx: ProbeContext) -> dict[str, Any] | None:
+    """``params["nccl_debug"]`` on rank 0 (a collective: every rank calls it), else ``None``."""
+    if ctx.backend != "nccl":
+        return {"status": "gloo", "backend": ctx.backend} if ctx.rank == 0 else None
+    level = os.environ.get("NCCL_DEBUG", "")
+    out: dict[str, Any] = {
+        "NCCL_DEBUG": level or None,
+        "NCCL_DEBUG_SUBSYS": os.environ.get("NCCL_DEBUG_SUBSYS"),
+        "set_by_probe": list(_capture.set_here) if _capture is not None else [],
+    }
+    mine: dict[str, Any] = {"rank": ctx.rank, "node": ctx.node_of(ctx.rank)}
+    if level.upper() not in ("INFO", "TRACE"):
+        mine["error"] = f"NCCL_DEBUG={level or '(unset)'}: NCCL printed no INFO lines"
+    else:
+        mine.update(_my_debug_lines())
+    gathered = ctx.gather(mine)
+    if ctx.rank != 0:
+        return None
+    captured = any("lines" in r for r in gathered)
+    out["status"] = "captured" if captured else "not_captured"
+    out["ranks"] = gathered
+    return out
+
+
 # -- the probe ---------------------------------------------------------------------------------
 
 
@@ -467,6 +607,7 @@ def run(ctx: ProbeContext) -> ProbeOutput:
     gathered = ctx.gather(
         [(r.collective, r.size_bytes, r.algbw_bytes, r.placement, r.time_s, r.wrong) for r in records]
     )
+    debug = debug_params(ctx)
     out = ProbeOutput()
     out.params = {
         "collectives": list(args.collectives),
@@ -482,9 +623,12 @@ def run(ctx: ProbeContext) -> ProbeOutput:
             for pl in PLACEMENTS
             if pl not in SUPPORTED_PLACEMENTS[c]
         },
+        "expect_transport": list(args.expect_transport),
     }
     if ctx.rank != 0:
         return out
+    if debug is not None:
+        out.params["nccl_debug"] = debug
     skipped = [g.members for g in groups if g.n < 2]
     if skipped:
         out.params["skipped_groups"] = skipped

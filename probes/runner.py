@@ -253,6 +253,9 @@ def _run(session: RankSession) -> int:
     backend = resolve_backend(args.backend, device_type)
     session.device_type, session.backend = device_type, backend
     session.params.update({"backend": backend, "device": device_type})
+    before_init = getattr(session.probe, "before_init", None)
+    if before_init is not None:
+        before_init(args, backend)
     if device_type == "cuda":
         slot = gpu_slot(launch.local_rank, launch.local_world_size, torch.cuda.device_count(), os.environ)
         torch.cuda.set_device(slot.ordinal)

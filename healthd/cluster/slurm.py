@@ -4,18 +4,23 @@ Everything Slurm-specific in how commands are called and read lives in the ``Slu
 (``slurm_cli``); this module turns probe jobs into batch scripts (``healthd.jobs``), finds its
 own jobs again by name prefix, derives node classes, and guards drains: it never drains a node
 that is already drained for a reason it did not set, and only undrains its own drains.
+
+Per job it picks the launch environment and, for the ``nccl`` probe, the expected NCCL network
+(``--expect-transport``, judged by the daemon after parsing): a node class's setting overrides
+the probe's (:class:`LaunchChoices`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import probes
 from healthd.cluster.slurm_cli import SlurmCli, SlurmClient
-from healthd.config import NodeClassRule, Settings
+from healthd.config import LauncherSettings, NodeClassRule, Settings
 from healthd.errors import PolicyRefused, SlurmError
-from healthd.jobs import LaunchSettings, render_batch_script
+from healthd.jobs import Launcher, LaunchSettings, render_batch_script
 from healthd.logging import get_logger
 from healthd.model import JobStatus, Node, ProbeJob, validate_node_name
 
@@ -40,6 +45,80 @@ def node_class(node: Node, rules: Sequence[NodeClassRule]) -> str:
     return "cpu"
 
 
+EXPECT_TRANSPORT_OPTION = "--expect-transport"
+TRANSPORT_PROBES = frozenset({"nccl"})
+"""Probes that take ``--expect-transport``."""
+
+
+def probes_package_dir() -> Path:
+    """This daemon's ``probes`` package: what a container launcher mounts unless the image has it."""
+    return Path(probes.__file__).resolve().parent
+
+
+def launcher_from_settings(settings: LauncherSettings, probes_dir: Path) -> Launcher:
+    container = settings.kind != "bare"
+    return Launcher(
+        kind=settings.kind,
+        image=settings.image,
+        mounts=tuple(settings.mounts),
+        args=tuple(settings.args),
+        python=settings.python,
+        runtime=settings.runtime,
+        probes_dir=probes_dir if container and settings.probes_from == "daemon" else None,
+    )
+
+
+@dataclass(frozen=True)
+class LaunchChoices:
+    """Launchers and NCCL transport expectations by probe and by node class (class wins)."""
+
+    probe_launchers: Mapping[str, Launcher] = field(default_factory=dict)
+    class_launchers: Mapping[str, Launcher] = field(default_factory=dict)
+    probe_transport: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    class_transport: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, probes_dir: Path | None = None) -> LaunchChoices:
+        where = probes_dir or probes_package_dir()
+        rules = settings.slurm.node_classes
+        return cls(
+            probe_launchers={name: launcher_from_settings(p.launcher, where)
+                             for name, p in settings.probes.items() if p.launcher is not None},
+            class_launchers={r.name: launcher_from_settings(r.launcher, where)
+                             for r in reversed(rules) if r.launcher is not None},
+            probe_transport={name: tuple(p.expected_transport)
+                             for name, p in settings.probes.items() if p.expected_transport},
+            class_transport={r.name: tuple(r.expected_transport)
+                             for r in reversed(rules) if r.expected_transport is not None},
+        )
+
+    def launcher(self, probe: str, node_class: str | None) -> Launcher | None:
+        if node_class is not None and node_class in self.class_launchers:
+            return self.class_launchers[node_class]
+        return self.probe_launchers.get(probe)
+
+    def expected_transport(self, probe: str, node_class: str | None) -> tuple[str, ...]:
+        if probe not in TRANSPORT_PROBES:
+            return ()
+        if node_class is not None and node_class in self.class_transport:
+            return self.class_transport[node_class]
+        return self.probe_transport.get(probe, ())
+
+
+def choose_launch(
+    job: ProbeJob, launch: LaunchSettings, choices: LaunchChoices, node_class: str | None
+) -> tuple[ProbeJob, LaunchSettings]:
+    """``job`` with its NCCL transport expectation added (unless its args already give one), and
+    ``launch`` with the launcher of its probe and node class (pure)."""
+    launcher = choices.launcher(job.probe, node_class)
+    if launcher is not None:
+        launch = replace(launch, launcher=launcher)
+    expected = choices.expected_transport(job.probe, node_class)
+    if expected and EXPECT_TRANSPORT_OPTION not in job.args:
+        job = replace(job, args=(*job.args, EXPECT_TRANSPORT_OPTION, ",".join(expected)))
+    return job, launch
+
+
 def owned_by_healthd(node: Node, prefix: str) -> bool:
     return bool(node.reason) and str(node.reason).startswith(prefix)
 
@@ -55,13 +134,16 @@ class SlurmBackend:
         reason_prefix: str = "healthd:",
         node_classes: Sequence[NodeClassRule] = (),
         ranks_per_node: int | None = None,
+        choices: LaunchChoices | None = None,
     ) -> None:
         self.client = client
         self.launch = launch
         self.reason_prefix = reason_prefix
         self.node_classes = tuple(node_classes)
         self.ranks_per_node = ranks_per_node
+        self.choices = choices or LaunchChoices()
         self._gpus: dict[str, int] = {}
+        self._classes: dict[str, str] = {}
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SlurmBackend:
@@ -78,19 +160,27 @@ class SlurmBackend:
             extra_sbatch_args=tuple(s.extra_sbatch_args),
             pending_timeout_s=s.pending_timeout_s,
         )
-        return cls(client, launch, reason_prefix=settings.remediation.reason_prefix, node_classes=s.node_classes)
+        return cls(client, launch, reason_prefix=settings.remediation.reason_prefix, node_classes=s.node_classes,
+                   choices=LaunchChoices.from_settings(settings))
 
     def list_nodes(self) -> list[Node]:
         nodes = [replace(n, node_class=node_class(n, self.node_classes)) for n in self.client.nodes()]
         self._gpus = {n.name: n.gpus for n in nodes}
+        self._classes = {n.name: n.node_class for n in nodes if n.node_class}
         return nodes
+
+    def job_class(self, job: ProbeJob) -> str | None:
+        """The node class of ``job``'s nodes when they share one (as known at the last discovery)."""
+        classes = {self._classes.get(n) for n in job.nodes}
+        return classes.pop() if len(classes) == 1 else None
 
     def submit(self, job: ProbeJob, result_path: Path) -> str:
         if result_path != self.launch.results_dir / f"{job.run_id}.json":
             raise SlurmError(f"result path {result_path} is not in the shared results directory")
         gpus = min((self._gpus.get(n, 0) for n in job.nodes), default=0)
         ranks = job.ranks_per_node or self.ranks_per_node or max(gpus, 1)
-        script = render_batch_script(job, self.launch, ranks_per_node=ranks, gpus_per_node=gpus)
+        job, launch = choose_launch(job, self.launch, self.choices, self.job_class(job))
+        script = render_batch_script(job, launch, ranks_per_node=ranks, gpus_per_node=gpus)
         path = self.launch.results_dir / f"{job.run_id}.sbatch"
         try:
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def cmd_probe(args: argparse.Namespace) -> int:
     from healthd.cluster.local import probe_argv
     from healthd.model import ProbeJob
-    from healthd.parsers.expand import expand_nccl_tests_result
+    from healthd.parsers.expand import expand_result
     from healthd.parsers.healthd_json import parse_result
     from healthd.planning import new_run_id
     from healthd.process import run
@@ -45,7 +45,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
         sys.stderr.write(done.stderr)
         return EXIT_USAGE
     try:
-        result = expand_nccl_tests_result(parse_result(done.stdout))
+        result = expand_result(parse_result(done.stdout))
     except ParseError as exc:
         sys.stderr.write(done.stderr[-4000:])
         print(f"healthd: probe {args.name} gave no readable result: {exc}", file=sys.stderr)

@@ -18,6 +18,7 @@ a node: they never make a finding and never erase one.
 from __future__ import annotations
 
 import math
+import re
 import threading
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -284,6 +285,8 @@ class Judge:
         if run.outcome is Outcome.FAIL:
             self._check_findings(run, ev)
             return ev
+        if run.outcome is Outcome.DEGRADED and run.reason.startswith("nccl_transport:"):
+            self._transport_findings(run, ev)
         s = self.settings
         gpu_values: dict[tuple[str, SeriesKey], list[float]] = defaultdict(list)
         for sel in selected:
@@ -328,6 +331,17 @@ class Judge:
                 else:
                     ev.group_findings.extend(found)
         return ev
+
+    @staticmethod
+    def _transport_findings(run: RunInput, ev: _RunEval) -> None:
+        """The daemon-side transport check (``parsers.nccl_transport``) found NCCL on the wrong network:
+        on the nodes it names (``... (on node2, node3)``), else on every node of the run."""
+        named = re.search(r"\(on ([^)]*)\)\s*$", run.reason)
+        nodes = [n.strip() for n in named.group(1).split(",")] if named else list(run.nodes)
+        key = SeriesKey.of(run.probe, "check:nccl_transport", {})
+        for node in (n for n in nodes if n in run.nodes):
+            ev.node_findings.setdefault(node, []).append(
+                Finding(ReasonCode.NCCL_TRANSPORT, Severity.DEGRADED, key, 0.0, 1.0, 1.0, run.reason))
 
     def _check_findings(self, run: RunInput, ev: _RunEval) -> None:
         checks = list(run.failed_checks) or [CheckInput(name="probe", detail=run.reason or "the probe failed")]

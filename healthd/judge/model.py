@@ -37,6 +37,8 @@ class ReasonCode(StrEnum):
     """In a bad multi-node result whose culprit is not known yet (re-pairing requested)."""
     FLEET_EVENT = "fleet_event"
     """The drop is shared by a large part of the class at once: a fleet event, not this node."""
+    NCCL_TRANSPORT = "nccl_transport"
+    """NCCL used another network transport than the node class expects (e.g. sockets, not IB)."""
     PROBE_ERROR = "probe_error"
     """The probe or the infrastructure failed; says nothing about the node."""
     MEASUREMENT_MISSING = "measurement_missing"
@@ -47,7 +49,7 @@ class ReasonCode(StrEnum):
 
 RECOMMENDABLE = frozenset(
     {ReasonCode.BELOW_FLOOR, ReasonCode.BASELINE_DRIFT, ReasonCode.FLEET_OUTLIER, ReasonCode.CHECK_FAILED,
-     ReasonCode.LOCALISED}
+     ReasonCode.LOCALISED, ReasonCode.NCCL_TRANSPORT}
 )
 
 

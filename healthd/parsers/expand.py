@@ -11,6 +11,10 @@ even when its all_reduce passed.
 (``probes/nccl_tests.py``): the probe runs the binaries and puts their raw output in
 ``params['raw_outputs']``; this parses it with ``healthd.parsers.nccl_tests`` and returns the
 result with measurements, checks and an outcome that takes the parsed output into account.
+
+``expand_result`` is what the daemon applies to every result it reads: the above, and the
+``nccl`` probe's captured NCCL debug lines turned into its network path and judged against the
+expected transport (``healthd.parsers.nccl_transport.expand_nccl_transport``).
 """
 
 from __future__ import annotations
@@ -20,12 +24,14 @@ from typing import Any
 
 from healthd.errors import ParseError
 from healthd.parsers import nccl_tests
+from healthd.parsers.nccl_transport import expand_nccl_transport
 from probes.result import Check, Measurement, Outcome, ProbeResult
 
 __all__ = [
     "MAX_REASON_CHARS",
     "RAW_OUTPUTS_KEY",
     "expand_nccl_tests_result",
+    "expand_result",
     "merge_group",
     "merge_results",
     "worst_outcome",
@@ -296,3 +302,10 @@ def expand_nccl_tests_result(result: ProbeResult) -> ProbeResult:
             "params": {**result.params, "parsed": [part.params for _, part in labelled]},
         }
     )
+
+
+def expand_result(result: ProbeResult) -> ProbeResult:
+    """Everything the daemon derives from a probe's raw captures: ``expand_nccl_tests_result``
+    (``nccl_tests`` probe) and ``expand_nccl_transport`` (``nccl`` probe); any other result is
+    returned unchanged."""
+    return expand_nccl_transport(expand_nccl_tests_result(result))

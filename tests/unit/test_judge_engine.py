@@ -182,6 +182,23 @@ def test_failed_checks_are_findings_confirmed_like_any_other() -> None:
     assert verdict(fleet, "n1", "nccl") == ("degraded", "group_suspect")
 
 
+def test_nccl_on_the_wrong_transport_is_degraded_on_the_node_named() -> None:
+    fleet = Fleet([f"n{i}" for i in range(6)])
+    reason = "nccl_transport: expected IB, used Socket (on n3)"
+    run = fleet.nccl(("n2", "n3"))
+    bad = RunInput(run.run_id, "nccl", run.nodes, Outcome.DEGRADED, reason, run.at, run.measurements)
+    fleet.feed([bad])
+    assert verdict(fleet, "n3", "nccl") == ("degraded", "nccl_transport")
+    assert reason in fleet.judge.verdicts[("n3", "nccl")].reason
+    assert verdict(fleet, "n2", "nccl") == ("pass", "ok")
+    everyone = fleet.nccl(("n4", "n5"))
+    fleet.feed([RunInput(everyone.run_id, "nccl", everyone.nodes, Outcome.DEGRADED,
+                         "nccl_transport: expected IB, used Socket", everyone.at, everyone.measurements)])
+    # half the class on sockets at once is a configuration change (a plugin missing from the image),
+    # not three broken nodes: one fleet event, nothing to drain
+    assert verdict(fleet, "n4", "nccl") == verdict(fleet, "n5", "nccl") == ("degraded", "fleet_event")
+
+
 def test_fleet_event_gives_one_fleet_verdict_and_no_recommendation() -> None:
     fleet = Fleet([f"n{i:02d}" for i in range(12)])
     fleet.healthy_gemm_rounds()
