@@ -72,7 +72,10 @@ def wait(predicate: Callable[[], object], timeout: float, what: str, daemon: Dae
 def cluster(slurm_cluster: SlurmTestCluster) -> Iterator[SlurmTestCluster]:
     """The cluster, all idle before and after the test (jobs cancelled, drains and reservations removed)."""
     def reset() -> None:
-        slurm_cluster.command("scancel", "--user=root")
+        ours = [line.split()[0] for line in slurm_cluster.command("squeue", "-h", "-o", "%i %j").stdout.splitlines()
+                if line.split()[1].startswith(("healthd.", "user-job", "user-training"))]
+        if ours:
+            slurm_cluster.command("scancel", *ours)
         slurm_cluster.command("scontrol", "delete", "reservation=hd_test")
         for node in NODES:
             slurm_cluster.command("scontrol", "update", f"nodename={node}", "state=resume")
