@@ -310,7 +310,9 @@ os.execvp(sys.argv[2], sys.argv[2:])
 MOUNT_SETUP = r'''
 set -e
 mount -t proc -o "$SBX_PROC" proc /proc
+if [ -n "$SBX_KEEP" ]; then mkdir -p "$SBX_KEEP_AT"; mount --bind "$SBX_KEEP" "$SBX_KEEP_AT"; fi
 if [ "$SBX_PRIVATE_TMP" = 1 ]; then mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /tmp; fi
+if [ -n "$SBX_KEEP" ] && [ ! -d "$SBX_KEEP" ]; then mkdir -p "$SBX_KEEP"; mount --bind "$SBX_KEEP_AT" "$SBX_KEEP"; fi
 for d in $SBX_WRITABLE; do mount --bind "$d" "$d"; done
 if [ "$SBX_STRICT" = 1 ]; then mount -o remount,bind,ro /; fi
 exec setpriv $SBX_SETPRIV /usr/bin/python3 "$SBX_LOADER" "$SBX_CONFIG" "$@"
@@ -402,7 +404,12 @@ class Sandbox:
             setpriv.append("--no-new-privs")
         if svc.get("CapabilityBoundingSet", [None])[-1] == "":
             setpriv += ["--bounding-set=-all", "--inh-caps=-all"]
+        # The installed daemon lives in /opt/healthd; a checkout under /tmp (a CI clone) stands in for
+        # it and must stay visible under PrivateTmp=, as /opt would be.
+        keep = REPO if private_tmp and REPO.is_relative_to("/tmp") else None
         env = {
+            "SBX_KEEP": str(keep) if keep else "",
+            "SBX_KEEP_AT": str(self.workdir / "keep-install"),
             "SBX_PROC": ",".join(proc),
             "SBX_PRIVATE_TMP": "1" if private_tmp else "0",
             "SBX_WRITABLE": " ".join(str(p) for p in [self.workdir, *self.writable]),
