@@ -5,24 +5,60 @@
 #   scripts/slurm-test-cluster.sh stop     stop every daemon this script started (pid files); idempotent
 #   scripts/slurm-test-cluster.sh status   sinfo of the cluster
 #   scripts/slurm-test-cluster.sh env      shell lines for `eval "$(scripts/slurm-test-cluster.sh env)"`
+#   scripts/slurm-test-cluster.sh build    only build (or check) the chroot of HEALTHD_SLURM_RELEASE
 #
-# Debian bookworm's Slurm 22.05 packages: one munged with its own key and socket, one slurmctld, and one
-# `slurmd -N nodeX` per node (multiple-slurmd build), all on 127.0.0.1, each node with two fake GPUs
-# (gres `gpu:tgpu:2` backed by character devices under the cluster directory). Everything lives under
-# $HEALTHD_SLURM_DIR (default /tmp/healthd-slurm). Node names are added to /etc/hosts (one marked line).
+# One munged with its own key and socket, one slurmctld, and one `slurmd -N nodeX` per node
+# (multiple-slurmd build), all on 127.0.0.1, each node with two fake GPUs (gres `gpu:tgpu:2` backed by
+# character devices under the cluster directory). Everything lives under $HEALTHD_SLURM_DIR. Node
+# names are added to /etc/hosts (one marked line).
 #
-# Environment: HEALTHD_SLURM_DIR, HEALTHD_SLURM_NODES (default 4), HEALTHD_SLURM_START_TIMEOUT (s, default 60),
-# HEALTHD_SLURM_CTLD_PORT (default 16817), HEALTHD_SLURM_NODE_PORT (first slurmd port, default 17001).
+# Releases (HEALTHD_SLURM_RELEASE, a Debian suite): the host's own suite (bookworm: Slurm 22.05) runs
+# the host's packages. Any other suite (trixie: 24.11, sid: 26.05) runs that suite's Slurm from a
+# minbase chroot under $HEALTHD_SLURM_CHROOT_DIR/<suite>, built once with mmdebstrap (about 270 MB
+# before the excluded docs; kept for later runs, rebuilt with HEALTHD_SLURM_FRESH=1). Root only.
+# The daemons and the client commands of a chroot cluster run in a private mount namespace each
+# (unshare), so nothing is ever mounted on the host: the chroot sees the host's /dev, /sys, /tmp,
+# /etc/hosts, this repository, and the Python installation behind its virtualenv at the same paths,
+# so batch scripts, result directories and `python -m probes` work unchanged; jobs run as users of
+# the chroot's /etc/passwd (root). Wrappers under $HEALTHD_SLURM_DIR/bin (first in PATH after `env`)
+# run the chroot's sinfo, squeue, sbatch... for the host.
+#
+# Environment: HEALTHD_SLURM_RELEASE (default: the host's suite), HEALTHD_SLURM_DIR (default
+# /tmp/healthd-slurm, or /tmp/healthd-slurm-<suite> for a chroot release), HEALTHD_SLURM_NODES
+# (default 4), HEALTHD_SLURM_START_TIMEOUT (s, default 60), HEALTHD_SLURM_CTLD_PORT and
+# HEALTHD_SLURM_NODE_PORT (controller port and first slurmd port; defaults 16817/17001 for the host's
+# suite, 16827/17011 for trixie, 16837/17021 for sid), HEALTHD_SLURM_CHROOT_DIR (default
+# /var/cache/healthd-slurm), HEALTHD_SLURM_MIRROR (default http://deb.debian.org/debian),
+# HEALTHD_SLURM_FRESH=1 (rebuild the chroot), HEALTHD_SLURM_BINDS (more host paths the chroot must see,
+# space-separated), HEALTHD_VENV (the virtualenv whose Python jobs run; default .venv).
+# `env` prints all of these for the cluster it describes, so later calls act on the same cluster.
 
 set -euo pipefail
 
-DIR=${HEALTHD_SLURM_DIR:-/tmp/healthd-slurm}
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
+HOST_SUITE=$(. /etc/os-release && printf '%s' "${VERSION_CODENAME:-}")
+RELEASE=${HEALTHD_SLURM_RELEASE:-$HOST_SUITE}
+[[ $RELEASE =~ ^[a-z][a-z0-9-]*$ ]] || { echo "slurm-test-cluster: HEALTHD_SLURM_RELEASE must be a Debian suite (bookworm, trixie, sid), not '$RELEASE'" >&2; exit 2; }
+if [[ $RELEASE == "$HOST_SUITE" ]]; then
+    NATIVE=1 PORT_OFFSET=0 DEFAULT_DIR=/tmp/healthd-slurm
+else
+    NATIVE=0 DEFAULT_DIR=/tmp/healthd-slurm-$RELEASE
+    case $RELEASE in trixie) PORT_OFFSET=10 ;; sid) PORT_OFFSET=20 ;; *) PORT_OFFSET=30 ;; esac
+fi
+DIR=${HEALTHD_SLURM_DIR:-$DEFAULT_DIR}
 NNODES=${HEALTHD_SLURM_NODES:-4}
 START_TIMEOUT=${HEALTHD_SLURM_START_TIMEOUT:-60}
-CTLD_PORT=${HEALTHD_SLURM_CTLD_PORT:-16817}
-NODE_PORT0=${HEALTHD_SLURM_NODE_PORT:-17001}
+CTLD_PORT=${HEALTHD_SLURM_CTLD_PORT:-$((16817 + PORT_OFFSET))}
+NODE_PORT0=${HEALTHD_SLURM_NODE_PORT:-$((17001 + PORT_OFFSET))}
+CHROOT_DIR=${HEALTHD_SLURM_CHROOT_DIR:-/var/cache/healthd-slurm}
+ROOT=$CHROOT_DIR/$RELEASE
+MIRROR=${HEALTHD_SLURM_MIRROR:-http://deb.debian.org/debian}
+VENV=${HEALTHD_VENV:-.venv}
+[[ $VENV == /* ]] || VENV=$REPO/$VENV
 HOSTS_MARK="# healthd-slurm-test-cluster"
 PACKAGES=(slurmctld slurmd slurm-client munge)
+# In the chroot: what the virtualenv's Python (built on the host) loads that minbase lacks.
+CHROOT_EXTRA=(libffi8 libsqlite3-0)
 
 CONF=$DIR/etc/slurm.conf
 MUNGE_SOCKET=$DIR/munge/munge.socket.2
@@ -31,6 +67,7 @@ CTLD_PID=$DIR/run/slurmctld.pid
 
 log() { printf 'slurm-test-cluster: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
+since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
 
 node_names() { local i; for ((i = 1; i <= NNODES; i++)); do printf 'node%d\n' "$i"; done; }
 
@@ -43,19 +80,142 @@ alive() {  # alive PIDFILE -> 0 when the pid in it is a live munged/slurmctld/sl
     [[ $comm == munged || $comm == slurmctld || $comm == slurmd ]]
 }
 
-install_packages() {
+apt_install_host() {  # apt_install_host PKG...: install host packages that are missing (root)
     local missing=() p t0
-    for p in "${PACKAGES[@]}"; do
+    for p in "$@"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
     done
     ((${#missing[@]} == 0)) && return 0
-    [[ $(id -u) == 0 ]] || die "missing packages ${missing[*]}; run as root or: apt-get install --no-install-recommends ${PACKAGES[*]}"
+    [[ $(id -u) == 0 ]] || die "missing packages ${missing[*]}; run as root or: apt-get install --no-install-recommends ${missing[*]}"
     t0=$(date +%s.%N)
     log "installing ${missing[*]} (apt-get)"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq >/dev/null
-    apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}" >/dev/null
-    log "installed in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s"
+    apt-get -o DPkg::Lock::Timeout=300 update -qq >/dev/null
+    apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    log "installed in $(since "$t0") s"
+}
+
+# --- the chroot of another Debian suite ---------------------------------------------------------
+
+build_chroot() {
+    [[ $(id -u) == 0 ]] || die "a $RELEASE cluster runs Slurm from a chroot: run as root"
+    apt_install_host mmdebstrap util-linux
+    mkdir -p "$CHROOT_DIR"
+    exec 9>"$CHROOT_DIR/$RELEASE.lock"
+    flock 9  # one build at a time; a second start waits for it and uses the result
+    if [[ -f $ROOT/.healthd-slurm-ready && ${HEALTHD_SLURM_FRESH:-0} != 1 ]]; then
+        exec 9>&-
+        return 0
+    fi
+    local tmp=$ROOT.build t0
+    t0=$(date +%s.%N)
+    rm -rf "$tmp"
+    log "building the $RELEASE chroot in $ROOT (mmdebstrap from $MIRROR)"
+    local include
+    include=$(IFS=,; printf '%s' "${PACKAGES[*]},${CHROOT_EXTRA[*]}")
+    if ! mmdebstrap --variant=minbase --mode=root --include="$include" \
+        --aptopt='Acquire::Check-Valid-Until "false"' --aptopt='Acquire::Retries "3"' \
+        --dpkgopt=force-unsafe-io \
+        --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
+        --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
+        "$RELEASE" "$tmp" "$MIRROR" >"$CHROOT_DIR/$RELEASE.build.log" 2>&1; then
+        tail -n 20 "$CHROOT_DIR/$RELEASE.build.log" >&2
+        rm -rf "$tmp"
+        die "mmdebstrap $RELEASE failed; log in $CHROOT_DIR/$RELEASE.build.log"
+    fi
+    chroot "$tmp" dpkg-query -W -f='${Version}\n' slurmctld >"$tmp/.healthd-slurm-ready"
+    rm -rf "$ROOT"
+    mv "$tmp" "$ROOT"
+    log "$RELEASE chroot (slurm $(<"$ROOT/.healthd-slurm-ready")) built in $(since "$t0") s, $(du -sh "$ROOT" | cut -f1)"
+    exec 9>&-
+}
+
+under() {  # under PATH DIR -> 0 when PATH is DIR or inside it
+    [[ $1 == "$2" || $1 == "$2"/* ]]
+}
+
+# Host paths the chroot sees at the same place, besides /dev, /sys, /tmp and /etc/hosts: this
+# repository, the virtualenv (when outside it), the Python installation the virtualenv was made from,
+# the cluster directory (when outside /tmp) and HEALTHD_SLURM_BINDS.
+bind_paths() {
+    local paths=("$REPO") home="" exe prefix p
+    under "$VENV" "$REPO" || paths+=("$VENV")
+    [[ -f $VENV/pyvenv.cfg ]] && home=$(sed -n 's/^home *= *//p' "$VENV/pyvenv.cfg")
+    if [[ -n $home ]]; then
+        exe=$(readlink -f "$VENV/bin/python") || exe=""
+        prefix=$(cd "$home/.." && pwd -P)
+        case $prefix in
+            / | /usr | /usr/local)  # a system Python: its executable and standard library only
+                [[ -n $exe ]] && paths+=("$exe")
+                [[ -n $exe && -d $prefix/lib/$(basename "$exe") ]] && paths+=("$prefix/lib/$(basename "$exe")")
+                ;;
+            *) paths+=("$prefix") ;;
+        esac
+    fi
+    under "$DIR" /tmp || paths+=("$DIR")
+    for p in ${HEALTHD_SLURM_BINDS:-}; do paths+=("$p"); done
+    for p in "${paths[@]}"; do
+        [[ -e $p ]] && printf '%s\n' "$(readlink -f "$p")"
+    done | sort -u
+}
+
+write_wrappers() {
+    mkdir -p "$DIR/bin"
+    local p binds=()
+    while read -r p; do
+        binds+=("$p")
+        if [[ -d $p ]]; then
+            mkdir -p "$ROOT$p"
+        elif [[ ! -e $ROOT$p ]]; then
+            mkdir -p "$(dirname "$ROOT$p")" && touch "$ROOT$p"
+        fi
+    done < <(bind_paths)
+    local enter=$DIR/bin/.enter tmp
+    tmp=$(mktemp "$DIR/bin/.enter.XXXXXX")
+    {
+        printf '#!/bin/sh\n'
+        printf '# Generated by scripts/slurm-test-cluster.sh: run COMMAND [ARGS] of the %s chroot %s\n' "$RELEASE" "$ROOT"
+        printf '# for the cluster in %s, in a mount namespace of its own (nothing is mounted on the host).\n' "$DIR"
+        printf 'set -e\nroot=%q\nbin=%q\n' "$ROOT" "$DIR/bin"
+        cat <<'EOF'
+if [ "${1:-}" != --in-namespace ]; then exec unshare --mount --propagation private "$0" --in-namespace "$@"; fi
+shift
+mount -t proc proc "$root/proc"
+mount --rbind /dev "$root/dev"
+mount --rbind /sys "$root/sys"
+mount --rbind /tmp "$root/tmp"
+mount --bind /etc/hosts "$root/etc/hosts"
+EOF
+        for p in "${binds[@]}"; do printf 'mount --rbind %q "$root"%q\n' "$p" "$p"; done
+        # Inside, PATH without the wrappers (the chroot's own commands), plus the system directories.
+        cat <<'EOF'
+path=
+IFS=:
+for p in $PATH; do [ "$p" = "$bin" ] || [ -z "$p" ] || path=${path:+$path:}$p; done
+unset IFS
+export PATH="${path:+$path:}/usr/sbin:/usr/bin:/sbin:/bin"
+exec chroot "$root" /bin/sh -c 'cd "$1" 2>/dev/null || cd /; shift; exec "$@"' enter "$PWD" "$@"
+EOF
+    } >"$tmp"
+    chmod 0755 "$tmp"
+    mv -f "$tmp" "$enter"
+    local cmd
+    [[ -f $ROOT/etc/hosts ]] || : >"$ROOT/etc/hosts"
+    for cmd in $(chroot "$ROOT" dpkg -L slurm-client slurmctld slurmd munge | sed -En 's#^/usr/s?bin/([^/]+)-wlm$#\1#p; t; s#^/usr/s?bin/([^/]+)$#\1#p'); do
+        tmp=$(mktemp "$DIR/bin/.$cmd.XXXXXX")
+        printf '#!/bin/sh\n# %s of Debian %s (scripts/slurm-test-cluster.sh)\nexec %q %q "$@"\n' "$cmd" "$RELEASE" "$enter" "$cmd" >"$tmp"
+        chmod 0755 "$tmp"
+        mv -f "$tmp" "$DIR/bin/$cmd"
+    done
+}
+
+# --- the cluster ------------------------------------------------------------------------------
+
+slurm_release() {  # the major release of the Slurm that runs this cluster, e.g. 24.11
+    local v
+    v=$(slurmctld -V) || die "slurmctld -V failed"
+    [[ $v =~ ([0-9]+)\.([0-9]+)\. ]] || die "slurmctld -V: unexpected '$v'"
+    printf '%d%02d' "${BASH_REMATCH[1]}" "$((10#${BASH_REMATCH[2]}))"
 }
 
 write_config() {
@@ -65,7 +225,9 @@ write_config() {
     for ((i = 0; i < 2; i++)); do
         [[ -c $DIR/dev/tgpu$i ]] || mknod -m 0666 "$DIR/dev/tgpu$i" c 1 3
     done
-    local last=$((NODE_PORT0 + NNODES - 1)) tmp
+    local last=$((NODE_PORT0 + NNODES - 1)) tmp none_plugins=""
+    # 23.11 made the "none" accounting, job completion and gathering plugins built in: naming them fails.
+    (($(slurm_release) < 2311)) && none_plugins=$'AccountingStorageType=accounting_storage/none\nJobAcctGatherType=jobacct_gather/none\nJobCompType=jobcomp/none'
     tmp=$(mktemp "$DIR/etc/.slurm.conf.XXXXXX")
     cat >"$tmp" <<EOF
 # Generated by scripts/slurm-test-cluster.sh: a test cluster, not a template for production.
@@ -93,9 +255,7 @@ SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
 SwitchType=switch/none
 MpiDefault=none
-AccountingStorageType=accounting_storage/none
-JobAcctGatherType=jobacct_gather/none
-JobCompType=jobcomp/none
+${none_plugins}
 ReturnToService=2
 SlurmdTimeout=10
 SlurmctldTimeout=10
@@ -193,8 +353,25 @@ nodes_ready() {
     done
 }
 
+use_chroot() {  # chroot releases: build (once), then every Slurm and munge command is a wrapper
+    ((NATIVE)) && return 0
+    build_chroot
+    write_wrappers
+    export PATH=$DIR/bin:$PATH
+}
+
+cmd_build() {
+    ((NATIVE)) && { apt_install_host "${PACKAGES[@]}"; return 0; }
+    build_chroot
+}
+
 cmd_start() {
-    install_packages
+    if ((NATIVE)); then
+        apt_install_host "${PACKAGES[@]}"
+    else
+        mkdir -p "$DIR"
+        use_chroot
+    fi
     local t0
     t0=$(date +%s.%N)
     write_config
@@ -216,7 +393,7 @@ cmd_start() {
         fi
         sleep 0.5
     done
-    log "all $NNODES nodes up in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s"
+    log "all $NNODES nodes of $RELEASE's $(sinfo --version) up in $(since "$t0") s"
     cmd_status
     log "use it with: eval \"\$($0 env)\""
 }
@@ -248,12 +425,22 @@ cmd_stop() {
 
 cmd_status() {
     [[ -f $CONF ]] || die "no cluster configured under $DIR (run: $0 start)"
+    ((NATIVE)) || [[ -x $DIR/bin/sinfo ]] || die "no wrappers under $DIR/bin (run: $0 start)"
+    ((NATIVE)) || PATH=$DIR/bin:$PATH
     SLURM_CONF=$CONF sinfo -o '%P %a %D %T %N %G'
 }
 
 cmd_env() {
     printf 'export SLURM_CONF=%q\n' "$CONF"
     printf 'export HEALTHD_SLURM_DIR=%q\n' "$DIR"
+    printf 'export HEALTHD_SLURM_RELEASE=%q\n' "$RELEASE"
+    printf 'export HEALTHD_SLURM_NODES=%q\n' "$NNODES"
+    printf 'export HEALTHD_SLURM_CTLD_PORT=%q\n' "$CTLD_PORT"
+    printf 'export HEALTHD_SLURM_NODE_PORT=%q\n' "$NODE_PORT0"
+    if ((!NATIVE)); then
+        printf 'export HEALTHD_SLURM_CHROOT_DIR=%q\n' "$CHROOT_DIR"
+        printf 'case ":$PATH:" in *:%q:*) ;; *) export PATH=%q:"$PATH" ;; esac\n' "$DIR/bin" "$DIR/bin"
+    fi
 }
 
 case ${1:-} in
@@ -261,5 +448,6 @@ case ${1:-} in
     stop) cmd_stop ;;
     status) cmd_status ;;
     env) cmd_env ;;
-    *) echo "usage: $0 {start|stop|status|env}" >&2; exit 2 ;;
+    build) cmd_build ;;
+    *) echo "usage: $0 {start|stop|status|env|build}" >&2; exit 2 ;;
 esac

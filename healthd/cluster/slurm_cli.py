@@ -4,8 +4,11 @@ sbatch, scancel, scontrol).
 ``SlurmCli`` is three layers: the argv builders of ``slurm_argv`` (pure), the parsers of
 ``slurm_parse`` (pure), and one private method, ``_run``, that runs a command through
 ``healthd.process.run`` with a timeout and turns every failure into ``SlurmError``/``SlurmTimeout``.
-It prefers ``--json`` where the installed Slurm has it (sinfo and squeue since 21.08) and falls
-back to the ``-O`` text formats when JSON is missing or unreadable.
+It prefers JSON where the installed Slurm has it (since 21.08), asked for as the release's
+``JsonDialect`` says (22.05: ``sinfo --json``, ``squeue --json``; 24.11 and 26.05: ``scontrol
+--json=v0.0.42 show node``, ``squeue --json=v0.0.42 --all --states=all``); a release healthd does
+not know is asked as the closest known one, with a logged warning. It falls back to the ``-O``
+text formats (alike in all three releases) when JSON is missing or unreadable.
 
 Ownership of drain reasons (only touch nodes healthd drained) is not checked here: that is the
 caller's policy (``healthd.remediation`` and the backend); :meth:`SlurmClient.node` re-reads one
@@ -14,6 +17,7 @@ node's reason right before acting.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -36,11 +40,25 @@ _T = TypeVar("_T")
 
 OutputMode = Literal["auto", "json", "text"]
 CommandName = Literal["sinfo", "squeue", "sbatch", "scancel", "scontrol"]
+Query = Literal["nodes", "jobs"]
 CommandObserver = Callable[[str, float, bool], None]
 """Called after every command with (command name, seconds, succeeded): for metrics."""
 
 _JSON_SINCE = (21, 8, 0)
+# A --json answer saying this Slurm cannot give that JSON at all (22.05's scontrol; a data parser
+# that a future release dropped), as opposed to a failing command (24.11+: controller down).
+_JSON_REFUSED = re.compile(r"unrecognized option|unknown option|invalid option|data_parser", re.IGNORECASE)
 _SCANCEL_HARMLESS = ("invalid job id", "already completing or completed", "job has already finished")
+
+
+class _JsonUnusable(ParseError):
+    """A ``--json`` answer that gave no usable JSON. ``for_good``: this Slurm cannot give it (exit 0
+    with unreadable output, or the option or data parser refused), so use text from now on; else
+    the command failed this once (24.11+ exits 1 with no JSON while slurmctld is down)."""
+
+    def __init__(self, message: str, *, for_good: bool) -> None:
+        super().__init__(message)
+        self.for_good = for_good
 
 
 @runtime_checkable
@@ -122,6 +140,8 @@ class SlurmCli:
     :param env: environment of the commands (default: this process's; ``SLURM_CONF`` matters).
     :param tz: zone of the times in text output (default: this host's local zone).
     :param observer: called after every command, for metrics.
+    :param release: the Slurm release (``(24, 11)``) whose JSON dialect to speak; default: the
+        release of ``sinfo --version``, asked once.
     """
 
     def __init__(
@@ -134,6 +154,7 @@ class SlurmCli:
         env: Mapping[str, str] | None = None,
         tz: tzinfo | None = None,
         observer: CommandObserver | None = None,
+        release: argv.Release | None = None,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError("timeout_s must be positive")
@@ -147,7 +168,9 @@ class SlurmCli:
         self._observer = observer
         self._lock = threading.Lock()
         self._version: tuple[int, int, int] | None = None
-        self._json: dict[str, bool] = {}
+        self._release = release
+        self._dialect: argv.JsonDialect | None = None
+        self._json: dict[Query, bool] = {}
 
     # --- the one runner -----------------------------------------------------------------------
 
@@ -194,15 +217,29 @@ class SlurmCli:
             )
         return self._version
 
-    def _use_json(self, name: CommandName) -> bool:
+    def dialect(self) -> argv.JsonDialect:
+        """How this cluster's Slurm is asked for JSON: its release's, or the closest known release's."""
+        if self._dialect is None:
+            release = self._release or self.version()[:2]
+            chosen = parse.closest_release(release, argv.JSON_DIALECTS)
+            if chosen != release:
+                log.warning(
+                    "slurm_release_unknown",
+                    release=f"{release[0]}.{release[1]:02d}",
+                    dialect=f"{chosen[0]}.{chosen[1]:02d}",
+                )
+            self._dialect = argv.JSON_DIALECTS[chosen]
+        return self._dialect
+
+    def _use_json(self, query: Query) -> bool:
         if self.output != "auto":
             return self.output == "json"
         with self._lock:
-            known = self._json.get(name)
+            known = self._json.get(query)
         if known is None:
-            known = self.version() >= _JSON_SINCE
+            known = (self._release or self.version()[:2]) >= _JSON_SINCE[:2]
             with self._lock:
-                self._json.setdefault(name, known)
+                self._json.setdefault(query, known)
         return known
 
     def _read_json(self, name: CommandName, parser: Callable[[str], _T]) -> Callable[[Completed], _T]:
@@ -213,30 +250,52 @@ class SlurmCli:
                 return parser(done.stdout)
             except ParseError as exc:
                 if self.output != "json":
-                    raise
+                    refused = done.returncode == 0 or bool(_JSON_REFUSED.search(done.stderr + done.stdout))
+                    raise _JsonUnusable(str(exc), for_good=refused) from exc
                 detail = f" (exit {done.returncode}: {_tail(done.stderr or done.stdout)})" if done.returncode else ""
-                raise SlurmError(f"{name} --json: {exc}{detail}") from exc
+                what = str(exc) if str(exc).startswith(f"{name} --json") else f"{name} --json: {exc}"
+                raise SlurmError(f"{what}{detail}") from exc
 
         return read
 
-    def _fell_back(self, name: CommandName, exc: ParseError | None) -> None:
-        """The text command answered where JSON was unreadable: use text from now on."""
+    def _fell_back(self, query: Query, name: CommandName, exc: ParseError | None) -> None:
+        """The text command answered where JSON was unusable: use text from now on, unless the JSON
+        command only failed this once (then JSON is tried again next time)."""
         if exc is None:
+            return
+        if isinstance(exc, _JsonUnusable) and not exc.for_good:
+            log.info("slurm_json_failed", command=name, error=str(exc), fallback="text this once")
             return
         log.warning("slurm_json_unreadable", command=name, error=str(exc), fallback="text")
         with self._lock:
-            self._json[name] = False
+            self._json[query] = False
+
+    def _scontrol_json(self, node: str | None) -> list[Node]:
+        """``scontrol --json show node [NODE]`` (24.11+): every node, or only ``node``."""
+        return self._run(
+            "scontrol",
+            argv.scontrol_nodes_json_argv(self.commands.scontrol, node, self.dialect().data_parser),
+            self._read_json("scontrol", parse.parse_scontrol_json),
+            check=False,
+        )
+
+    def _nodes_json(self) -> list[Node]:
+        """Every node as JSON, with the command of the release's dialect."""
+        dialect = self.dialect()
+        if dialect.nodes_command == "scontrol":
+            return self._scontrol_json(None)
+        return self._run(
+            "sinfo",
+            argv.sinfo_json_argv(self.commands.sinfo, dialect.data_parser),
+            self._read_json("sinfo", parse.parse_sinfo_json),
+            check=False,
+        )
 
     def nodes(self) -> list[Node]:
         json_error = None
-        if self._use_json("sinfo"):
+        if self._use_json("nodes"):
             try:
-                return self._run(
-                    "sinfo",
-                    argv.sinfo_json_argv(self.commands.sinfo),
-                    self._read_json("sinfo", parse.parse_sinfo_json),
-                    check=False,
-                )
+                return self._nodes_json()
             except ParseError as exc:
                 json_error = exc
         nodes = self._run(
@@ -244,28 +303,41 @@ class SlurmCli:
             argv.sinfo_text_argv(self.commands.sinfo),
             lambda done: _text(parse.parse_sinfo_text, done.stdout, self._tz),
         )
-        self._fell_back("sinfo", json_error)
+        if json_error is not None:
+            self._fell_back("nodes", self.dialect().nodes_command, json_error)
         return nodes
 
     def node(self, name: str) -> Node:
-        found = self._run(
-            "scontrol",
-            argv.scontrol_node_argv(self.commands.scontrol, name),
-            lambda done: _text(parse.parse_scontrol_nodes, done.stdout, self._tz),
-        )
+        """One node: ``scontrol --json show node NAME`` where the release has it (24.11+), else (and
+        after unreadable JSON) ``scontrol -o show node NAME``."""
+        found: list[Node] | None = None
+        json_error = None
+        if self._use_json("nodes") and self.dialect().nodes_command == "scontrol":
+            try:
+                found = self._scontrol_json(name)
+            except ParseError as exc:
+                json_error = exc
+        if found is None:
+            found = self._run(
+                "scontrol",
+                argv.scontrol_node_argv(self.commands.scontrol, name),
+                lambda done: _text(parse.parse_scontrol_nodes, done.stdout, self._tz),
+            )
+            self._fell_back("nodes", "scontrol", json_error)
         if len(found) != 1 or found[0].name != name:
-            raise SlurmError(f"scontrol show node {name}: expected that one node, got {len(found)} lines")
+            raise SlurmError(f"scontrol show node {name}: expected that one node, got {len(found)}")
         return found[0]
 
     def jobs(self, name_prefix: str) -> list[JobStatus]:
         if not name_prefix:
             raise ValueError("name_prefix must not be empty (it keeps healthd away from other jobs)")
         json_error = None
-        if self._use_json("squeue"):
+        if self._use_json("jobs"):
+            dialect = self.dialect()
             try:
                 return self._run(
                     "squeue",
-                    argv.squeue_json_argv(self.commands.squeue),
+                    argv.squeue_json_argv(self.commands.squeue, dialect.data_parser, filters=dialect.squeue_filters),
                     self._read_json("squeue", lambda text: parse.parse_squeue_json(text, name_prefix)),
                     check=False,
                 )
@@ -276,7 +348,7 @@ class SlurmCli:
             argv.squeue_text_argv(self.commands.squeue),
             lambda done: _text(parse.parse_squeue_text, done.stdout, name_prefix, self._tz),
         )
-        self._fell_back("squeue", json_error)
+        self._fell_back("jobs", "squeue", json_error)
         return jobs
 
     # --- actions --------------------------------------------------------------------------------
@@ -304,7 +376,7 @@ def _nothing(done: Completed) -> None:
 
 
 def _scancel_result(done: Completed) -> None:
-    """Unknown and already finished jobs are not errors (22.05 is silent about them anyway)."""
+    """Unknown and already finished jobs are not errors (22.05, 24.11 and 26.05 are silent about them)."""
     if done.returncode == 0:
         return
     errors = [line for line in done.stderr.splitlines() if line.strip()]

@@ -2,14 +2,24 @@
 
 Two families:
 
-- JSON (``sinfo --json``, ``squeue --json``): :func:`load_json` reads the document, takes the Slurm
-  release from its ``meta`` block and raises ``SlurmError`` when Slurm filled ``errors`` (22.05 exits
-  0 with an ``errors`` array and empty lists when slurmctld is down). The per-release normalisers in
-  ``NODE_NORMALISERS``/``JOB_NORMALISERS`` turn the release's shapes into healthd's types; a release
-  with no normaliser of its own gets the closest known one and a logged warning. Adding a release
-  (24.11, 26.05...) means adding one function to each table.
+- JSON: :func:`load_json` reads the document, takes the Slurm release from its ``meta`` block
+  (``meta.Slurm.version`` with integers on 22.05, ``meta.slurm.version`` with strings on 24.11+) and
+  raises ``SlurmError`` when Slurm filled ``errors`` (22.05 exits 0 with an ``errors`` array and
+  empty lists when slurmctld is down; 24.11+ exits 1 with no JSON at all, which reads as a
+  ``ParseError``). The per-release normalisers in ``NODE_NORMALISERS``/``JOB_NORMALISERS`` turn the
+  release's shapes into healthd's types; a release with no normaliser of its own gets the closest
+  known one and a logged warning. Known: 22.05 (``sinfo --json`` one entry per node, ``squeue
+  --json``: states as strings, numbers as integers, ``exit_code`` a raw wait status) and 24.11/26.05
+  with the ``v0.0.42`` data parser (``scontrol --json show node``, ``squeue --json``: states as
+  lists of words, numbers as ``{"set", "infinite", "number"}`` objects, ``exit_code`` an object).
 - Text (the fallback when JSON is missing or unreadable): ``sinfo -O``/``squeue -O`` with the
-  fields of ``slurm_argv``, ``scontrol -o show node``, ``sbatch --parsable``, ``--version``.
+  fields of ``slurm_argv``, ``scontrol -o show node``, ``sbatch --parsable``, ``--version``. These
+  read alike on 22.05, 24.11 and 26.05, except ``squeue -O exit_code``: a raw wait status (``768``)
+  on 22.05, ``exit:signal`` (``3:0``, ``0:15``) on 24.11+; both are read.
+
+Node flags are compared as sets (their order differs between releases). A node's reason (and who set
+it, when) is reported only while it applies, that is for a drained, down or failing node: 24.11
+keeps the last reason after ``State=UNDRAIN`` or a return to service, 22.05 and 26.05 clear it.
 
 Unreadable input raises ``ParseError`` saying what was expected and where. Times in text output are
 the controller host's local time without a zone: pass ``tz`` when that is not this host's zone.
@@ -26,7 +36,7 @@ from typing import Any, TypeVar
 
 import hostlist
 
-from healthd.cluster.slurm_argv import SINFO_TEXT_FIELDS, SQUEUE_TEXT_FIELDS
+from healthd.cluster.slurm_argv import SINFO_TEXT_FIELDS, SQUEUE_TEXT_FIELDS, Release
 from healthd.errors import ParseError, SlurmError
 from healthd.logging import get_logger
 from healthd.model import JobState, JobStatus, Node
@@ -35,12 +45,17 @@ __all__ = [
     "JOB_NORMALISERS",
     "NODE_NORMALISERS",
     "JsonDoc",
+    "Release",
+    "closest_release",
     "exit_status",
     "expand_nodes",
     "job_state",
+    "job_state_words",
     "load_json",
+    "node_state_words",
     "parse_gres",
     "parse_sbatch_parsable",
+    "parse_scontrol_json",
     "parse_scontrol_nodes",
     "parse_sinfo_json",
     "parse_sinfo_text",
@@ -52,9 +67,6 @@ __all__ = [
 ]
 
 log = get_logger(__name__)
-
-Release = tuple[int, int]
-"""A Slurm major release as (year, month): 22.05 is ``(22, 5)``."""
 
 _T = TypeVar("_T")
 
@@ -85,6 +97,28 @@ _JOB_STATES: dict[str, JobState] = {
     "TIMEOUT": JobState.TIMEOUT,
 }
 
+# A job's state flags that Slurm's own job_state_string() reports instead of the base state, in its
+# order of precedence: a list such as ["COMPLETED", "COMPLETING"] (24.11+) reads as 22.05's string.
+_JOB_FLAG_PRECEDENCE = (
+    "COMPLETING",
+    "STAGE_OUT",
+    "CONFIGURING",
+    "RESIZING",
+    "REQUEUED",
+    "REQUEUE_FED",
+    "REQUEUE_HOLD",
+    "SPECIAL_EXIT",
+    "STOPPED",
+    "REVOKED",
+    "RESV_DEL_HOLD",
+    "SIGNALING",
+)
+# Node base states (NODE_STATE_BASE); every other word of a node's state is a flag.
+_NODE_BASE_STATES = frozenset({"IDLE", "DOWN", "ALLOCATED", "ERROR", "MIXED", "FUTURE", "UNKNOWN"})
+# A node's reason applies while it is drained, down or failing (see the module docstring).
+_REASON_STATES = frozenset({"down", "drained", "draining", "fail", "failing"})
+_REASON_FLAGS = frozenset({"DRAIN", "FAIL"})
+
 # Older one-letter state suffixes (``sinfo %T``/``StateLong``) and the flag each stands for.
 _STATE_SUFFIXES = {
     "*": "NOT_RESPONDING",
@@ -112,6 +146,67 @@ def job_state(name: str) -> JobState:
     return _JOB_STATES.get(word, JobState.UNKNOWN)
 
 
+def job_state_words(words: Sequence[str]) -> JobState:
+    """Map a job state list (24.11+: ``["RUNNING"]``, ``["COMPLETED", "COMPLETING"]``) to ``JobState``.
+
+    The words are read as Slurm's own ``job_state_string()`` reads the state bits: a flag such as
+    COMPLETING or CONFIGURING wins over the base state, so the result is that of 22.05's string.
+    """
+    upper = {w.strip().upper() for w in words}
+    for flag in _JOB_FLAG_PRECEDENCE:
+        if flag in upper:
+            return job_state(flag)
+    states = {job_state(w) for w in upper} - {JobState.UNKNOWN}
+    return states.pop() if len(states) == 1 else JobState.UNKNOWN
+
+
+def node_state_words(words: Sequence[str]) -> tuple[str, frozenset[str]]:
+    """Base state (lower case) and flags (upper case) of a state list (24.11+: ``["IDLE", "DRAIN"]``).
+
+    The base state is whichever word is one (IDLE, MIXED, DOWN...), wherever it stands in the list.
+    """
+    upper = [w.strip().upper() for w in words if w.strip()]
+    bases = [w for w in upper if w in _NODE_BASE_STATES]
+    if len(bases) != 1:
+        raise ParseError(f"node state {list(words)!r}: expected exactly one base state such as IDLE or MIXED")
+    return bases[0].lower(), frozenset(w for w in upper if w != bases[0])
+
+
+def _reason_applies(state: str, flags: frozenset[str]) -> bool:
+    return state in _REASON_STATES or bool(flags & _REASON_FLAGS)
+
+
+def _node(
+    *,
+    name: str,
+    state: str,
+    flags: frozenset[str],
+    partitions: tuple[str, ...],
+    gres: str,
+    features: tuple[str, ...],
+    reason: str | None,
+    reason_user: str | None,
+    reason_time: float | None,
+    cpus: int | None,
+) -> Node:
+    """The one place a ``Node`` is made from any output: the reason is kept only while it applies."""
+    gpus, gpu_type = parse_gres(gres)
+    keep = _reason_applies(state, flags)
+    return Node(
+        name=name,
+        state=state,
+        flags=flags,
+        partitions=partitions,
+        gpus=gpus,
+        gpu_type=gpu_type,
+        features=features,
+        reason=(reason or None) if keep else None,
+        reason_user=(reason_user or None) if keep else None,
+        reason_time=reason_time if keep else None,
+        cpus=cpus,
+    )
+
+
 def exit_status(raw: int) -> int | None:
     """The process exit status from Slurm's raw wait status (``exit_code`` of squeue).
 
@@ -122,6 +217,19 @@ def exit_status(raw: int) -> int | None:
         return None
     signal = raw & 0x7F
     return 128 + signal if signal else (raw >> 8) & 0xFF
+
+
+def exit_status_text(text: str) -> int | None:
+    """The exit status from ``squeue -O exit_code``: ``768`` (22.05, a raw wait status) or ``3:0`` /
+    ``0:15`` (24.11+, exit code and signal; a signal gives ``128 + N``)."""
+    value = text.strip()
+    if ":" in value:
+        code, _, signal = value.partition(":")
+        code_n, signal_n = _int(code, "exit_code"), _int(signal, "exit_code signal")
+        if code_n < 0 or signal_n < 0:
+            return None
+        return 128 + signal_n if signal_n else code_n
+    return exit_status(_int(value, "exit_code"))
 
 
 def parse_gres(gres: str) -> tuple[int, str | None]:
@@ -261,6 +369,8 @@ def load_json(text: str, command: str) -> JsonDoc:
     :raises ParseError: not JSON, or no readable ``meta`` version (the caller may fall back to text).
     :raises SlurmError: Slurm reported ``errors`` (controller down, permission denied...).
     """
+    if not text.strip():
+        raise ParseError(f"{command} --json: expected JSON, got no output")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -326,6 +436,14 @@ class _Fields:
             raise ParseError(f"{self.path}.{key}: expected a list of strings")
         return values
 
+    def number(self, key: str) -> int | None:
+        """A 24.11+ number object ``{"set": true, "infinite": false, "number": N}``: ``N``, or ``None``
+        when it is not set or infinite ("no limit")."""
+        obj = _Fields(self.get(key, dict), f"{self.path}.{key}")
+        if not obj.get("set", bool) or obj.get("infinite", bool):
+            return None
+        return obj.get("number", int)
+
 
 def _list(data: Mapping[str, Any], key: str, command: str) -> list[Any]:
     value = data.get(key)
@@ -339,23 +457,55 @@ def _features(text: str) -> tuple[str, ...]:
 
 
 def _nodes_v22_05(doc: JsonDoc) -> list[Node]:
+    """``sinfo --json`` of 22.05: one entry per node, ``state`` a word and ``state_flags`` a list."""
     nodes = []
     for i, raw in enumerate(_list(doc.data, "nodes", "sinfo")):
         f = _Fields(raw, f"nodes[{i}]")
-        gpus, gpu_type = parse_gres(f.get("gres", str))
         changed = f.get("reason_changed_at", int)
         nodes.append(
-            Node(
+            _node(
                 name=f.get("name", str),
                 state=f.get("state", str).lower(),
                 flags=frozenset(s.upper() for s in f.strings("state_flags")),
                 partitions=tuple(sorted(f.strings("partitions"))),
-                gpus=gpus,
-                gpu_type=gpu_type,
+                gres=f.get("gres", str),
                 features=_features(f.get("features", str)),
-                reason=f.get("reason", str) or None,
-                reason_user=f.optional("reason_set_by_user", str) or None,
+                reason=f.get("reason", str),
+                reason_user=f.optional("reason_set_by_user", str),
                 reason_time=float(changed) if changed > 0 else None,
+                cpus=f.get("cpus", int),
+            )
+        )
+    return nodes
+
+
+def _nodes_v0_0_42(doc: JsonDoc) -> list[Node]:
+    """``scontrol --json=v0.0.42 show node`` of 24.11/26.05: one entry per node, ``state`` a list."""
+    if "nodes" not in doc.data and "sinfo" in doc.data:
+        raise ParseError(
+            f"sinfo --json of Slurm {_release_text(doc.release)} groups nodes by partition and state "
+            "('sinfo' list): per-node data comes from scontrol --json show node"
+        )
+    nodes = []
+    for i, raw in enumerate(_list(doc.data, "nodes", "scontrol")):
+        f = _Fields(raw, f"nodes[{i}]")
+        words = f.strings("state")
+        try:
+            state, flags = node_state_words(words)
+        except ParseError as exc:
+            raise ParseError(f"nodes[{i}].state: {exc}") from None
+        changed = f.number("reason_changed_at")
+        nodes.append(
+            _node(
+                name=f.get("name", str),
+                state=state,
+                flags=flags,
+                partitions=tuple(sorted(f.strings("partitions"))),
+                gres=f.get("gres", str),
+                features=tuple(f.strings("features")),
+                reason=f.get("reason", str),
+                reason_user=f.optional("reason_set_by_user", str),
+                reason_time=float(changed) if changed else None,
                 cpus=f.get("cpus", int),
             )
         )
@@ -400,13 +550,59 @@ def _jobs_v22_05(doc: JsonDoc, name_prefix: str) -> list[JobStatus]:
     return jobs
 
 
+def _exit_v0_0_42(f: _Fields) -> int | None:
+    """``exit_code`` of 24.11+: ``{"status": [...], "return_code": N, "signal": {"id": N, "name"}}``;
+    death by signal N gives ``128 + N`` as with 22.05's raw status."""
+    signal = _Fields(f.get("signal", dict), f"{f.path}.signal").number("id")
+    if signal:
+        return 128 + signal
+    return f.number("return_code")
+
+
+def _jobs_v0_0_42(doc: JsonDoc, name_prefix: str) -> list[JobStatus]:
+    """``squeue --json=v0.0.42 --states=all`` of 24.11/26.05: ``job_state`` a list, times as objects."""
+    jobs = []
+    for i, raw in enumerate(_list(doc.data, "jobs", "squeue")):
+        f = _Fields(raw, f"jobs[{i}]")
+        name = f.get("name", str)
+        if not name.startswith(name_prefix):
+            continue
+        state = job_state_words(f.strings("job_state"))
+        nodes = expand_nodes(f.get("nodes", str))
+        start, end = f.number("start_time"), f.number("end_time")
+        started, finished = _job_times(state, nodes, float(start) if start else None, float(end) if end else None)
+        reason = f.get("state_reason", str)
+        exit_code = _exit_v0_0_42(_Fields(f.get("exit_code", dict), f"jobs[{i}].exit_code"))
+        jobs.append(
+            JobStatus(
+                job_id=str(f.get("job_id", int)),
+                state=state,
+                exit_code=exit_code if state.finished and nodes else None,
+                reason="" if reason == "None" else reason,
+                started_at=started,
+                finished_at=finished,
+                nodes=nodes,
+                name=name,
+            )
+        )
+    return jobs
+
+
 NodeNormaliser = Callable[[JsonDoc], list[Node]]
 JobNormaliser = Callable[[JsonDoc, str], list[JobStatus]]
 
-NODE_NORMALISERS: dict[Release, NodeNormaliser] = {(22, 5): _nodes_v22_05}
-"""``sinfo --json`` readers by Slurm release."""
+NODE_NORMALISERS: dict[Release, NodeNormaliser] = {
+    (22, 5): _nodes_v22_05,
+    (24, 11): _nodes_v0_0_42,
+    (26, 5): _nodes_v0_0_42,
+}
+"""Node list readers by Slurm release: 22.05 reads ``sinfo --json``, 24.11+ ``scontrol --json show node``."""
 
-JOB_NORMALISERS: dict[Release, JobNormaliser] = {(22, 5): _jobs_v22_05}
+JOB_NORMALISERS: dict[Release, JobNormaliser] = {
+    (22, 5): _jobs_v22_05,
+    (24, 11): _jobs_v0_0_42,
+    (26, 5): _jobs_v0_0_42,
+}
 """``squeue --json`` readers by Slurm release."""
 
 _warned: set[tuple[str, Release]] = set()
@@ -441,9 +637,22 @@ def _pick(table: Mapping[Release, _T], doc: JsonDoc, command: str) -> _T:
 
 
 def parse_sinfo_json(text: str) -> list[Node]:
-    """Every node of ``sinfo --json``. Raises ``ParseError`` or, when Slurm reported errors, ``SlurmError``."""
+    """Every node of ``sinfo --json`` (22.05; 24.11+ groups nodes and raises ``ParseError``).
+
+    Raises ``ParseError`` or, when Slurm reported errors, ``SlurmError``.
+    """
     doc = load_json(text, "sinfo")
     return _pick(NODE_NORMALISERS, doc, "sinfo")(doc)
+
+
+def parse_scontrol_json(text: str) -> list[Node]:
+    """Every node of ``scontrol --json show node [NAME]`` (24.11+), in the controller's order.
+
+    An unknown NAME gives an empty list (24.11+ exits 0 with a "No nodes to dump" warning).
+    Raises ``ParseError`` or, when Slurm reported errors, ``SlurmError``.
+    """
+    doc = load_json(text, "scontrol")
+    return _pick(NODE_NORMALISERS, doc, "scontrol")(doc)
 
 
 def parse_squeue_json(text: str, name_prefix: str) -> list[JobStatus]:
@@ -499,15 +708,14 @@ def parse_sinfo_text(text: str, tz: tzinfo | None = None) -> list[Node]:
 
         def node(row: dict[str, str] = row, name: str = name) -> Node:
             state, flags = split_state(row["StateComplete"])
-            gpus, gpu_type = parse_gres(row["Gres"])
             reason = row["Reason"].strip()
             user = row["User"].strip()
-            return Node(
+            return _node(
                 name=name,
                 state=state,
                 flags=flags,
-                gpus=gpus,
-                gpu_type=gpu_type,
+                partitions=(),
+                gres=row["Gres"],
                 features=_features(row["Features"]),
                 reason=None if reason.lower() in _NO_VALUE else reason,
                 reason_user=None if user.lower() in _NO_VALUE else user,
@@ -541,11 +749,11 @@ def parse_squeue_text(text: str, name_prefix: str, tz: tzinfo | None = None) -> 
             job_id = row["JobID"].strip()
             if not re.fullmatch(r"[0-9]+(?:_[0-9]+|_\[[0-9,%-]+\])?(?:\+[0-9]+)?", job_id):
                 raise ParseError(f"JobID: expected a job id, got {job_id!r}")
-            raw = _int(row["exit_code"], "exit_code")
+            exit_code = exit_status_text(row["exit_code"])
             return JobStatus(
                 job_id=job_id,
                 state=state,
-                exit_code=exit_status(raw) if state.finished and nodes else None,
+                exit_code=exit_code if state.finished and nodes else None,
                 reason="" if reason == "None" else reason,
                 started_at=started,
                 finished_at=finished,
@@ -557,15 +765,17 @@ def parse_squeue_text(text: str, name_prefix: str, tz: tzinfo | None = None) -> 
     return jobs
 
 
-_REASON = re.compile(r" Reason=(?P<text>.*?)(?: \[(?P<user>[^@\]]*)@(?P<time>[0-9T:-]+)\])?(?= Comment=| Extra=|$)")
+_REASON_STAMPED = re.compile(r" Reason=(?P<text>.*?) \[(?P<user>[^@\]]*)@(?P<time>[0-9T:-]+)\]")
+_REASON_BARE = re.compile(r" Reason=(?P<text>.*?)(?= Comment=| Extra=| ReservationName=|$)")
 _PAIR = re.compile(r"(?:^|\s)([A-Za-z_]+)=(.*?)(?=\s+[A-Za-z_]+=|\s*$)")
 
 
 def parse_scontrol_nodes(text: str, tz: tzinfo | None = None) -> list[Node]:
     """Nodes from ``scontrol -o show node`` (one line per node).
 
-    ``Reason=`` is free text: it runs to the ``[user@time]`` that scontrol appends (or to a following
-    ``Comment=``/``Extra=``, or to the end of the line).
+    ``Reason=`` is free text: it runs to the ``[user@time]`` that scontrol appends, after which
+    other fields may follow (24.11+: ``ReservationName=``); without that stamp, to a following
+    ``Comment=``/``Extra=``/``ReservationName=`` or to the end of the line.
     """
     nodes = []
     for number, line in enumerate(text.splitlines(), start=1):
@@ -573,24 +783,22 @@ def parse_scontrol_nodes(text: str, tz: tzinfo | None = None) -> list[Node]:
             continue
 
         def node(line: str = line) -> Node:
-            reason_match = _REASON.search(line)
-            head = line[: reason_match.start()] if reason_match else line
-            pairs = {k: v.strip() for k, v in _PAIR.findall(head)}
+            reason_match = _REASON_STAMPED.search(line) or _REASON_BARE.search(line)
+            rest = line[: reason_match.start()] + line[reason_match.end() :] if reason_match else line
+            pairs = {k: v.strip() for k, v in _PAIR.findall(rest)}
             for key in ("NodeName", "State", "CPUTot"):
                 if key not in pairs:
                     raise ParseError(f"expected {key}=")
             state, flags = split_state(pairs["State"])
-            gpus, gpu_type = parse_gres(pairs.get("Gres", ""))
             reason = reason_match.group("text").strip() if reason_match else ""
-            user = reason_match.group("user") if reason_match else None
-            when = reason_match.group("time") if reason_match else None
-            return Node(
+            groups = reason_match.groupdict() if reason_match else {}
+            user, when = groups.get("user"), groups.get("time")
+            return _node(
                 name=pairs["NodeName"],
                 state=state,
                 flags=flags,
                 partitions=tuple(sorted(_features(pairs.get("Partitions", "")))),
-                gpus=gpus,
-                gpu_type=gpu_type,
+                gres=pairs.get("Gres", ""),
                 features=_features(pairs.get("AvailableFeatures", "")),
                 reason=reason or None,
                 reason_user=user or None,

@@ -1,10 +1,14 @@
 """Fixtures for tests against real services.
 
-``slurm_cluster``: the Slurm test cluster of ``scripts/slurm-test-cluster.sh``. Tests that use it
-skip unless ``SLURM_CONF`` is set and ``sinfo`` answers:
+``slurm_cluster``: the Slurm test cluster of ``scripts/slurm-test-cluster.sh``, of any release
+(``HEALTHD_SLURM_RELEASE=bookworm|trixie|sid``: Slurm 22.05, 24.11, 26.05). Tests that use it skip
+unless ``SLURM_CONF`` is set and ``sinfo`` answers; with ``HEALTHD_REQUIRE_SLURM=1`` (CI) they fail
+instead:
 
     scripts/slurm-test-cluster.sh start && eval "$(scripts/slurm-test-cluster.sh env)"
     .venv/bin/python -m pytest -m slurm tests/integration
+
+``scripts/slurm-matrix.sh`` does that once per release.
 """
 
 from __future__ import annotations
@@ -14,10 +18,13 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
+from healthd.cluster.slurm_argv import Release
 from healthd.cluster.slurm_cli import CommandObserver, OutputMode, SlurmCli, SlurmCommands
+from healthd.cluster.slurm_parse import parse_version
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_SCRIPT = REPO / "scripts" / "slurm-test-cluster.sh"
@@ -31,6 +38,12 @@ class SlurmTestCluster:
     """The environment of the tests' Slurm commands (``SLURM_CONF`` included)."""
     directory: Path | None
     """The cluster's directory when the script started it (its daemons can be stopped), else None."""
+    version: tuple[int, int, int]
+    """The release of its ``sinfo --version``, e.g. ``(24, 11, 5)``."""
+
+    @property
+    def release(self) -> Release:
+        return self.version[0], self.version[1]
 
     def cli(
         self,
@@ -67,20 +80,28 @@ class SlurmTestCluster:
         assert done.returncode == 0, done.stderr
 
 
+def _no_cluster(why: str) -> NoReturn:
+    """Skip; or, where a cluster is required (``HEALTHD_REQUIRE_SLURM=1``), fail."""
+    if os.environ.get("HEALTHD_REQUIRE_SLURM") == "1":
+        pytest.fail(f"HEALTHD_REQUIRE_SLURM=1 but {why}", pytrace=False)
+    pytest.skip(why)
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster() -> SlurmTestCluster:
     conf = os.environ.get("SLURM_CONF")
     if not conf or not Path(conf).is_file() or not shutil.which("sinfo"):
-        pytest.skip(NO_CLUSTER)
+        _no_cluster(NO_CLUSTER)
     env = dict(os.environ)
     try:
         done = subprocess.run(
             ["sinfo", "--noheader", "--format=%n"], env=env, capture_output=True, text=True, timeout=15, check=False
         )
+        version = subprocess.run(["sinfo", "--version"], env=env, capture_output=True, text=True, timeout=15)
     except subprocess.TimeoutExpired:
-        pytest.skip(f"{NO_CLUSTER} (sinfo did not answer within 15 s)")
+        _no_cluster(f"{NO_CLUSTER} (sinfo did not answer within 15 s)")
     if done.returncode != 0 or not done.stdout.strip():
-        pytest.skip(f"{NO_CLUSTER} (sinfo: {done.stderr.strip() or 'no nodes'})")
+        _no_cluster(f"{NO_CLUSTER} (sinfo: {done.stderr.strip() or 'no nodes'})")
     directory = Path(conf).resolve().parent.parent
     ours = (directory / "run" / "slurmctld.pid").is_file() and (directory / "munge").is_dir()
-    return SlurmTestCluster(Path(conf), env, directory if ours else None)
+    return SlurmTestCluster(Path(conf), env, directory if ours else None, parse_version(version.stdout))

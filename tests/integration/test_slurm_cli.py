@@ -1,13 +1,17 @@
 """Contract tests of ``SlurmCli`` against the real Slurm test cluster (scripts/slurm-test-cluster.sh).
 
-Each test uses its own job-name prefix, so jobs left in the controller's memory by earlier tests
-or runs (``MinJobAge``) do not matter.
+The same tests run against every release (``scripts/slurm-matrix.sh``: 22.05, 24.11, 26.05); where
+Slurm itself differs (which command gives per-node JSON, how a failing controller is reported), the
+expectation follows the release's ``JsonDialect``. Each test uses its own job-name prefix, so jobs
+left in the controller's memory by earlier tests or runs (``MinJobAge``) do not matter.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -17,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from healthd.cluster.slurm_argv import JSON_DIALECTS, JsonDialect
 from healthd.cluster.slurm_cli import SlurmCli, SlurmClient, SlurmCommands
 from healthd.errors import SlurmError, SlurmTimeout
 from healthd.model import JobState, JobStatus
@@ -38,6 +43,10 @@ class Calls:
         assert 0 <= seconds < 60
         self.names.append(name)
         self.ok.append(ok)
+
+
+def dialect_of(cluster: SlurmTestCluster) -> JsonDialect:
+    return JSON_DIALECTS[cluster.release]
 
 
 def prefix() -> str:
@@ -76,7 +85,8 @@ def wait_for(
 
 
 def test_a_command_past_its_timeout_raises_slurm_timeout_quickly() -> None:
-    cli = SlurmCli(SlurmCommands(squeue=("sh", "-c", "sleep 30", "squeue")), timeout_s=0.5, output="json")
+    squeue = ("sh", "-c", "sleep 30", "squeue")
+    cli = SlurmCli(SlurmCommands(squeue=squeue), timeout_s=0.5, output="json", release=(22, 5))
     started = time.monotonic()
     with pytest.raises(SlurmTimeout, match=r"squeue did not answer within 0\.5 s"):
         cli.jobs("healthd.")
@@ -100,6 +110,10 @@ def test_the_client_satisfies_its_protocol() -> None:
 def test_version(slurm_cluster: SlurmTestCluster) -> None:
     major, minor, micro = slurm_cluster.cli().version()
     assert f" {major}.{minor:02d}.{micro}" in slurm_cluster.command("scontrol", "--version").stdout
+    expected = os.environ.get("HEALTHD_SLURM_EXPECT_RELEASE")  # set by scripts/slurm-matrix.sh
+    if expected:
+        assert f"{major}.{minor:02d}" == expected
+    assert slurm_cluster.cli().dialect().release == (major, minor)  # a release healthd knows
 
 
 @pytest.mark.slurm
@@ -117,7 +131,7 @@ def test_nodes_with_gres_partitions_and_features(slurm_cluster: SlurmTestCluster
         )
         assert n.state in {"idle", "mixed", "allocated"}
         assert not n.flags & {"NOT_RESPONDING", "DRAIN"}
-    assert calls.names == ["sinfo", "sinfo"]  # --version once, then one query
+    assert calls.names == ["sinfo", dialect_of(slurm_cluster).nodes_command]  # --version once, then one query
     text = slurm_cluster.cli(output="text").nodes()
     assert [(n.name, n.gpus, n.gpu_type, n.partitions, n.features, n.cpus) for n in text] == [
         (n.name, n.gpus, n.gpu_type, n.partitions, n.features, n.cpus) for n in nodes
@@ -141,7 +155,8 @@ def test_job_seen_pending_or_running_then_completed(
     assert job.started_at is not None and job.finished_at is not None
     assert 1 <= job.finished_at - job.started_at <= 30
     assert abs(time.time() - job.finished_at) < 60
-    assert set(calls.names) == {"sbatch", "squeue"} and calls.names.count("sbatch") == 1
+    assert set(calls.names) - {"sinfo"} == {"sbatch", "squeue"} and calls.names.count("sbatch") == 1
+    assert calls.names.count("sinfo") == (1 if output == "json" else 0)  # --version, for the JSON dialect
 
 
 @pytest.mark.slurm
@@ -164,7 +179,10 @@ def test_one_jobs_call_sees_pending_running_and_finished(slurm_cluster: SlurmTes
     try:
         wait_for(cli, p, running, lambda j: j.state is JobState.RUNNING)
         calls = Calls()
-        jobs = {j.job_id: j for j in slurm_cluster.cli(observer=calls, output="json").jobs(p)}
+        one = slurm_cluster.cli(observer=calls, output="json")
+        one.dialect()
+        calls.names.clear()
+        jobs = {j.job_id: j for j in one.jobs(p)}
         assert calls.names == ["squeue"]
         assert set(jobs) == {done_id, running, pending}
         assert (jobs[done_id].state, jobs[done_id].exit_code) == (JobState.COMPLETED, 0)
@@ -227,34 +245,89 @@ def test_command_errors_are_slurm_errors(slurm_cluster: SlurmTestCluster, tmp_pa
         submit(cli, tmp_path, prefix() + "x", "true", "--partition=nosuch")
     with pytest.raises(SlurmError, match="scontrol exited 1: slurm_update error: Invalid node name specified"):
         cli.drain("node99", "healthd: test")
-    with pytest.raises(SlurmError, match="scontrol exited 1"):
+    # 22.05 (text): exit 1, "Node node99 not found"; 24.11+ (JSON): exit 0, no nodes, a warning.
+    unknown = "expected that one node, got 0" if dialect_of(slurm_cluster).nodes_command == "scontrol" else "exited 1"
+    with pytest.raises(SlurmError, match=f"scontrol.*{unknown}"):
         cli.node("node99")
+
+
+def json_refusing(command: str) -> tuple[str, ...]:
+    """``command``, except that its ``--json`` options are refused like an unknown option."""
+    script = f'case "$1" in --json*) echo "{command}: unknown option"; exit 1;; esac; exec {command} "$@"'
+    return ("sh", "-c", script, command)
+
+
+def commands_with(name: str, argv: tuple[str, ...]) -> SlurmCommands:
+    return SlurmCommands(**{name: argv})
 
 
 @pytest.mark.slurm
 def test_unreadable_json_falls_back_to_text_for_good(
     slurm_cluster: SlurmTestCluster, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    wrapper = (
-        "sh",
-        "-c",
-        'if [ "$1" = --json ]; then echo "sinfo: unknown option"; exit 1; fi; exec sinfo "$@"',
-        "sinfo",
-    )
+    command = dialect_of(slurm_cluster).nodes_command  # sinfo (22.05) or scontrol (24.11+)
+    commands = commands_with(command, json_refusing(command))
     calls = Calls()
-    cli = slurm_cluster.cli(SlurmCommands(sinfo=wrapper), observer=calls)
+    cli = slurm_cluster.cli(commands, observer=calls)
     first = cli.nodes()
     assert [n.name for n in first] == list(NODES)
-    assert calls.names == ["sinfo"] * 3  # --version, --json (unreadable), text
+    assert calls.names == ["sinfo", command, "sinfo"]  # --version, --json (unreadable), text
     assert calls.ok == [True, False, True]
     calls.names.clear()
     assert [n.name for n in cli.nodes()] == list(NODES)
     assert calls.names == ["sinfo"]
+    assert cli.node("node1").name == "node1"  # scontrol -o show node: text as well
     out = capsys.readouterr()
     assert (caplog.text + out.out + out.err).count("slurm_json_unreadable") == 1
-    strict = slurm_cluster.cli(SlurmCommands(sinfo=wrapper), output="json")
-    with pytest.raises(SlurmError, match=r"sinfo --json: .*expected JSON.*\(exit 1: sinfo: unknown option\)"):
+    strict = slurm_cluster.cli(commands, output="json")
+    with pytest.raises(SlurmError, match=rf"{command} --json: expected JSON.*\(exit 1: {command}: unknown option\)"):
         strict.nodes()
+
+
+@pytest.mark.slurm
+def test_json_failing_once_is_retried_next_time(
+    slurm_cluster: SlurmTestCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A JSON command that exits 1 with no JSON (24.11+ while slurmctld is unreachable) gets text
+    this time and JSON again next time: a controller restart must not demote the client for good."""
+    mark = tmp_path / "failed-once"
+    failing = (
+        "sh",
+        "-c",
+        f'if [ ! -e {mark} ]; then : >{mark}; echo "slurm_load_jobs error: Unable to contact slurm controller '
+        '(connect failure)" >&2; exit 1; fi; exec squeue "$@"',
+        "squeue",
+    )
+    calls = Calls()
+    cli = slurm_cluster.cli(SlurmCommands(squeue=failing), observer=calls)
+    cli.version()
+    calls.names.clear()
+    calls.ok.clear()
+    assert cli.jobs(prefix()) == []
+    assert (calls.names, calls.ok) == (["squeue", "squeue"], [False, True])  # JSON failed, text answered
+    calls.names.clear()
+    calls.ok.clear()
+    assert cli.jobs(prefix()) == []
+    assert (calls.names, calls.ok) == (["squeue"], [True])  # JSON again
+    out = capsys.readouterr()
+    assert "slurm_json_failed" in out.out + out.err
+    assert "slurm_json_unreadable" not in out.out + out.err
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_job_runs_the_probes_of_this_virtualenv(slurm_cluster: SlurmTestCluster, tmp_path: Path) -> None:
+    """Batch scripts, result paths and this Python are visible to the job (in a chroot: bind mounts)."""
+    cli = slurm_cluster.cli()
+    p = prefix()
+    result = tmp_path / "env.json"
+    body = f"exec {sys.executable} -m probes env --run-id it-env --output {result}"
+    job_id = submit(cli, tmp_path, p + "env", body, "--ntasks=1")
+    job, _ = wait_for(cli, p, job_id, lambda j: j.state.finished, timeout=120)
+    assert (job.state, job.exit_code) == (JobState.COMPLETED, 0)
+    doc = json.loads(result.read_text())
+    assert (doc["probe"], doc["run_id"], doc["outcome"], doc["nodes"]) == ("env", "it-env", "pass", list(job.nodes))
+    assert doc["environment"]["python"] == ".".join(map(str, sys.version_info[:3]))
 
 
 @pytest.mark.slurm
@@ -272,6 +345,7 @@ def test_controller_down_is_a_slurm_error(slurm_cluster: SlurmTestCluster) -> No
             assert time.monotonic() < deadline, "slurmctld did not stop"
             time.sleep(0.1)
         assert slurm_cluster.cli().version()[0] >= 20  # needs no controller
+        scontrol = dialect_of(slurm_cluster).nodes_command == "scontrol"
         observed = Calls()
         calls: list[tuple[str, Callable[[], object]]] = [
             ("json nodes", slurm_cluster.cli(output="json", observer=observed).nodes),
@@ -286,15 +360,26 @@ def test_controller_down_is_a_slurm_error(slurm_cluster: SlurmTestCluster) -> No
             errors = {name: f.exception(timeout=60) for name, f in futures.items()}
         elapsed = time.monotonic() - started
         assert type(errors["json nodes"]) is SlurmError
-        assert "sinfo --json reported: Unspecified error" in str(errors["json nodes"])
         assert type(errors["json jobs"]) is SlurmError
-        assert "squeue --json reported: Failed while looking for jobs" in str(errors["json jobs"])
+        if scontrol:  # 24.11+: exit 1, no output, the reason on stderr
+            assert str(errors["json nodes"]) == (
+                "scontrol --json: expected JSON, got no output (exit 1: "
+                "slurm_load_node error: Unable to contact slurm controller (connect failure))"
+            )
+            assert str(errors["json jobs"]) == (
+                "squeue --json: expected JSON, got no output (exit 1: "
+                "slurm_load_jobs error: Unable to contact slurm controller (connect failure))"
+            )
+        else:  # 22.05: exit 0 with an errors array
+            assert "sinfo --json reported: Unspecified error" in str(errors["json nodes"])
+            assert "squeue --json reported: Failed while looking for jobs" in str(errors["json jobs"])
         assert type(errors["text nodes"]) is SlurmError
         assert "Unable to contact slurm controller" in str(errors["text nodes"])
         assert type(errors["text jobs"]) is SlurmError
         assert "Unable to contact slurm controller" in str(errors["text jobs"])
         assert type(errors["short timeout"]) is SlurmTimeout
-        assert (observed.names, observed.ok) == (["sinfo"], [False])  # exit 0, but no answer: not up
+        # --version (answers without a controller), then the failed query (22.05: exit 0, but no answer)
+        assert (observed.names, observed.ok) == (["sinfo", "scontrol" if scontrol else "sinfo"], [True, False])
         assert elapsed < 30
     finally:
         slurm_cluster.start()
