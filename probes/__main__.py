@@ -10,39 +10,17 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from probes import ddp, env, gemm, nccl, nccl_tests
 from probes.context import ProbeModule
 from probes.dist import LaunchError, detect_launch, node_name
+from probes.options import int_at_least, positive_float
 from probes.report import emit, render, reserve_stdout
 from probes.result import Outcome, ProbeResult
 from probes.timing import process_start_time
 
 PROBES: dict[str, ProbeModule] = {m.NAME: m for m in (env, nccl, gemm, ddp)}
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
-    return value
-
-
-def _int_at_least(minimum: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}: {text!r}")
-        return value
-
-    return parse
 
 
 def common_parser() -> argparse.ArgumentParser:
@@ -54,13 +32,13 @@ def common_parser() -> argparse.ArgumentParser:
     g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     g.add_argument(
         "--nproc",
-        type=_int_at_least(1),
+        type=int_at_least(1),
         default=None,
         help="standalone only: local ranks to spawn (default: visible GPUs, or 2 on CPU)",
     )
     g.add_argument(
         "--timeout",
-        type=_positive_float,
+        type=positive_float,
         default=120.0,
         help="seconds for the whole probe, start-up included (default 120)",
     )
@@ -69,7 +47,7 @@ def common_parser() -> argparse.ArgumentParser:
     g.add_argument("--format", choices=("json", "table"), default="json")
     g.add_argument(
         "--expect-gpus",
-        type=_int_at_least(0),
+        type=int_at_least(0),
         default=None,
         help="GPUs every node must show (default: the node's rank count on CUDA, none on CPU)",
     )

@@ -47,6 +47,7 @@ from types import FrameType
 from typing import Any, Literal, get_args
 
 from probes.dist import node_name
+from probes.options import int_at_least, positive_float
 from probes.report import emit, render
 from probes.result import Outcome, ProbeResult
 from probes.timing import process_start_time
@@ -100,29 +101,6 @@ def parse_collectives(text: str) -> tuple[str, ...]:
     return names
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
-    return value
-
-
-def _int_at_least(minimum: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}: {text!r}")
-        return value
-
-    return parse
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("nccl_tests options")
     g.add_argument("--bin-dir", type=Path, required=True, help="directory of the nccl-tests binaries (build/)")
@@ -130,8 +108,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma-separated, each run as <name>_perf (default all_reduce)")
     g.add_argument("--min-bytes", type=parse_size, default=8, help="-b (default 8)")
     g.add_argument("--max-bytes", type=parse_size, default=1024**3, help="-e (default 1G)")
-    g.add_argument("--factor", type=_int_at_least(2), default=2, help="-f (default 2)")
-    g.add_argument("--gpus", type=_int_at_least(1), default=None,
+    g.add_argument("--factor", type=int_at_least(2), default=2, help="-f (default 2)")
+    g.add_argument("--gpus", type=int_at_least(1), default=None,
                    help="-g (default: the visible GPUs with one task per node, else 1)")
     g.add_argument("--extra-args", action="append", default=[], metavar="ARGS",
                    help='more nccl-tests options, split like a shell would: --extra-args="-d bfloat16 -n 50"')
@@ -146,7 +124,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``python -m probes.nccl_tests`` (the same options without the dispatcher)."""
     p = argparse.ArgumentParser(prog="python -m probes.nccl_tests", description=HELP)
-    p.add_argument("--timeout", type=_positive_float, default=120.0,
+    p.add_argument("--timeout", type=positive_float, default=120.0,
                    help="seconds for every binary together (default 120)")
     p.add_argument("--run-id", default=None)
     p.add_argument("--output", default=None, help="write the result there (atomically) instead of stdout")
