@@ -172,20 +172,7 @@ _BY_COUNT = {
     ),
     7: ("size_bytes", "elements", "p50_us", "p75_us", "p95_us", "algbw_gbps", "busbw_gbps"),
 }
-_STANDARD = frozenset(
-    {
-        "size_bytes",
-        "elements",
-        "p50_us",
-        "p75_us",
-        "p95_us",
-        "min_us",
-        "max_us",
-        "algbw_gbps",
-        "busbw_gbps",
-        "total_p50_us",
-    }
-)
+_STANDARD = frozenset(_BY_COUNT[10])
 _OPTIONAL_TRAILING = frozenset({"total_p50_us", "compute_p50_us", "tflops"})
 """Header columns a row may lack: 2024-11..2026-02 headers named ``TotalLatency(us):p50``
 but the row format had no placeholder for it."""
