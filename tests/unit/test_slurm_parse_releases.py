@@ -21,6 +21,7 @@ from healthd.cluster import slurm_argv as sa
 from healthd.cluster import slurm_parse as sp
 from healthd.errors import ParseError, SlurmError
 from healthd.model import JobState, JobStatus, Node
+from tests.unit.test_slurm_parse import node
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
 UTC = timezone.utc  # noqa: UP017
@@ -55,29 +56,6 @@ CAPTURES = {
 def read(release: str, name: str) -> str:
     return (FIXTURES / release / name).read_text()
 
-
-def node(
-    name: str,
-    state: str,
-    flags: set[str] | None = None,
-    reason: str | None = None,
-    user: str | None = None,
-    when: float | None = None,
-) -> Node:
-    """Every node of the test cluster: partitions batch+gpu, 2 tgpu GPUs, features fake,tgpu, 2 CPUs."""
-    return Node(
-        name=name,
-        state=state,
-        flags=frozenset(flags or ()),
-        partitions=("batch", "gpu"),
-        gpus=2,
-        gpu_type="tgpu",
-        features=("fake", "tgpu"),
-        reason=reason,
-        reason_user=user,
-        reason_time=when,
-        cpus=2,
-    )
 
 
 def expected_nodes(release: str, scenario: str) -> list[Node]:
