@@ -63,6 +63,10 @@ class Node:
     def drained(self) -> bool:
         return "DRAIN" in self.flags or self.state in {"drained", "draining"}
 
+    def owned_by(self, prefix: str) -> bool:
+        """Whether the node's drain reason was set by healthd (it starts with healthd's ``prefix``)."""
+        return bool(self.reason) and str(self.reason).startswith(prefix)
+
 
 class JobState(StrEnum):
     PENDING = "pending"

@@ -80,10 +80,6 @@ class BreakerState:
     closed_at: float | None = None
 
 
-def owned(node: Node, prefix: str) -> bool:
-    return bool(node.reason) and str(node.reason).startswith(prefix)
-
-
 def drain_reason(prefix: str, rec: RecommendationRow) -> str:
     """``healthd: below_floor gemm gpu 3 flop_per_second{dtype=bf16} 343.8 TFLOP/s<525 TFLOP/s run 0042..``"""
     parts = [prefix, rec.reason_code, rec.probe]
@@ -248,7 +244,7 @@ class Remediator:
             self._refuse(rec, "the cluster does not know this node", actions)
             return
         if node.drained or node.reason:
-            if owned(node, s.reason_prefix):
+            if node.owned_by(s.reason_prefix):
                 return
             self._refuse(rec, f"drained or marked by someone else (reason: {node.reason!r}); not touching it", actions)
             return
@@ -308,7 +304,7 @@ class Remediator:
                                            f"{s.repeat_window_s:g} s: left to humans")
             return
         node = nodes.get(name)
-        if node is None or not node.drained or not owned(node, s.reason_prefix):
+        if node is None or not node.drained or not node.owned_by(s.reason_prefix):
             self._note_once(actions, name, "passes again, but is no longer drained by healthd; not touching it")
             return
         try:
@@ -349,7 +345,7 @@ class Remediator:
         if current is None:
             return self._audit(actions, "drain", node, "refused", "the cluster does not know this node", actor=actor)
         if current.drained or current.reason:
-            why = ("already drained by healthd" if owned(current, self.settings.reason_prefix)
+            why = ("already drained by healthd" if current.owned_by(self.settings.reason_prefix)
                    else f"drained or marked by someone else (reason: {current.reason!r}); not touching it")
             return self._audit(actions, "drain", node, "refused", why, actor=actor)
         reason = f"{self.settings.reason_prefix} {ReasonCode.MANUAL.value} {text}".strip()[:MAX_REASON]
@@ -376,7 +372,7 @@ class Remediator:
                                actor=actor)
         if not current.drained:
             return self._audit(actions, "undrain", node, "refused", "the node is not drained", actor=actor)
-        if not owned(current, self.settings.reason_prefix):
+        if not current.owned_by(self.settings.reason_prefix):
             return self._audit(actions, "undrain", node, "refused",
                                f"drained by someone else (reason: {current.reason!r}); not undraining", actor=actor)
         try:

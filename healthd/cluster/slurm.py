@@ -119,10 +119,6 @@ def choose_launch(
     return job, launch
 
 
-def owned_by_healthd(node: Node, prefix: str) -> bool:
-    return bool(node.reason) and str(node.reason).startswith(prefix)
-
-
 class SlurmBackend:
     name = "slurm"
 
@@ -214,7 +210,7 @@ class SlurmBackend:
         if not reason.startswith(self.reason_prefix):
             raise PolicyRefused(f"drain reason must start with {self.reason_prefix!r}")
         current = self._node(node)
-        if (current.drained or current.reason) and not owned_by_healthd(current, self.reason_prefix):
+        if (current.drained or current.reason) and not current.owned_by(self.reason_prefix):
             raise PolicyRefused(f"{node} is already drained by someone else (reason: {current.reason!r})")
         self.client.drain(node, reason)
 
@@ -222,7 +218,7 @@ class SlurmBackend:
         current = self._node(node)
         if not current.drained:
             raise PolicyRefused(f"{node} is not drained")
-        if not owned_by_healthd(current, self.reason_prefix):
+        if not current.owned_by(self.reason_prefix):
             raise PolicyRefused(f"{node} was drained by someone else (reason: {current.reason!r}); not undraining")
         self.client.undrain(node)
 
