@@ -19,7 +19,7 @@ import structlog
 from healthd.cluster.base import ClusterBackend
 from healthd.errors import BackendError, HealthdError, ParseError
 from healthd.logging import get_logger
-from healthd.model import JobState, JobStatus, Outcome, ProbeJob, ProbeResult
+from healthd.model import JobState, JobStatus, Outcome, ProbeJob, ProbeResult, RunKind
 from healthd.parsers.expand import expand_result
 from healthd.parsers.healthd_json import parse_result
 from healthd.store import RunRow, Store
@@ -46,6 +46,7 @@ class Collected:
     outcome: Outcome
     reason: str
     result: ProbeResult | None
+    kind: RunKind = RunKind.PROBE
 
 
 def read_result(path: Path) -> ProbeResult:
@@ -117,7 +118,7 @@ class Collector:
         path = self.result_path(job.run_id)
         self.store.add_run(
             run_id=job.run_id, probe=job.probe, nodes=job.nodes, backend=self.backend.name,
-            job_id=None, submitted_at=self.clock(), result_path=str(path),
+            job_id=None, submitted_at=self.clock(), result_path=str(path), kind=job.kind,
         )
         with structlog.contextvars.bound_contextvars(run_id=job.run_id, probe=job.probe, node=",".join(job.nodes)):
             try:
@@ -204,7 +205,7 @@ class Collector:
             logger = log.warning if outcome is Outcome.ERROR else log.info
             logger("probe_finished", outcome=outcome.value, reason=reason,
                    measurements=len(result.measurements) if result else 0)
-        return Collected(run.run_id, run.probe, run.nodes, outcome, reason, result)
+        return Collected(run.run_id, run.probe, run.nodes, outcome, reason, result, run.kind)
 
     def recover(self) -> list[Collected]:
         """At start-up: re-adopt runs the cluster still knows, close the others.

@@ -30,7 +30,8 @@ from healthd.judge.engine import judge_collected, load_judge
 from healthd.judge.metrics import JudgeCollector
 from healthd.logging import get_logger, setup_logging
 from healthd.metrics import DaemonMetrics, StoreCollector
-from healthd.planning import SWEEP_RUN_PREFIX, PlanLimits, plan, plan_sweep
+from healthd.model import RunKind
+from healthd.planning import PlanLimits, plan, plan_sweep
 from healthd.remediation import Remediator, recommendations_document
 from healthd.sdnotify import Notifier
 from healthd.store import Store
@@ -186,7 +187,7 @@ class Daemon:
         Scaling-sweep runs only feed the scaling table: a group of N nodes has no peers to be
         judged against among the pairs and single nodes the judge compares.
         """
-        done = [c for c in done if not c.run_id.startswith(SWEEP_RUN_PREFIX)]
+        done = [c for c in done if c.kind is not RunKind.SWEEP]
         if not done:
             return
         self.remediator.apply(judge_collected(self.judge, self.store, done, now=time.time()))

@@ -16,7 +16,8 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from healthd.errors import HealthdError
 from healthd.logging import get_logger
-from healthd.store import Snapshot, Store
+from healthd.store import Store
+from healthd.store.rows import Snapshot
 
 log = get_logger(__name__)
 

@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 
 import healthd
 from healthd.model import Outcome
-from healthd.store import Snapshot
+from healthd.store.rows import Snapshot
 
 OUTCOMES = [o.value for o in Outcome]
 SCHEDULER_TASKS = ("discover", "plan", "collect", "housekeeping")

@@ -21,6 +21,7 @@ __all__ = [
     "Outcome",
     "ProbeJob",
     "ProbeResult",
+    "RunKind",
     "Verdict",
     "validate_node_name",
 ]
@@ -82,6 +83,19 @@ class JobState(StrEnum):
         return self not in {JobState.PENDING, JobState.RUNNING, JobState.UNKNOWN}
 
 
+class RunKind(StrEnum):
+    """Why a run exists (stored with it; never read back from its run id)."""
+
+    PROBE = "probe"
+    """A probe of the regular schedule."""
+    REPROBE = "reprobe"
+    """A re-probe the judge asked for: confirmation, localisation, or a recheck of an own drain."""
+    SWEEP = "sweep"
+    """A scaling-sweep run over 2, 4, 8... nodes of a class: it feeds the scaling table only."""
+    INGEST = "ingest"
+    """A result of another tool's run, stored by ``healthd ingest``."""
+
+
 @dataclass(frozen=True)
 class ProbeJob:
     """A probe to run once on a set of nodes; ``run_id`` ties the backend job to its result."""
@@ -92,6 +106,7 @@ class ProbeJob:
     args: tuple[str, ...] = ()
     timeout_s: float = 300.0
     ranks_per_node: int | None = None
+    kind: RunKind = RunKind.PROBE
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from healthd.config import ProbeSettings, SweepSettings
-from healthd.model import Node, ProbeJob
+from healthd.model import Node, ProbeJob, RunKind
 
 BLOCKING_FLAGS = frozenset(
     {
@@ -62,16 +62,12 @@ def new_run_id() -> str:
 
 
 PRIORITY_RUN_PREFIX = "rp"
-"""Run ids of re-probes start with this (``r`` is not a hex digit, so a regular id never does)."""
+"""Run ids of re-probes start with this, so that they stand out in ``squeue``; code reads the run's
+``kind`` (``RunKind.REPROBE``), never its id."""
 
 
 def new_priority_run_id() -> str:
     return PRIORITY_RUN_PREFIX + uuid.uuid4().hex[:14]
-
-
-def is_priority_run(run_id: str) -> bool:
-    """True for the run of a ``PriorityRequest`` (a confirmation, localisation or recheck re-probe)."""
-    return run_id.startswith(PRIORITY_RUN_PREFIX)
 
 
 @dataclass(frozen=True)
@@ -161,7 +157,7 @@ def plan(
             if wanted is None or len(taken) + len(wanted) > node_budget:
                 continue
             jobs.append(_job(request.probe, tuple(by_name[n] for n in wanted), wanted_settings,
-                             make_priority_run_id))
+                             make_priority_run_id, RunKind.REPROBE))
             taken.update(wanted)
     waiting_groups: dict[tuple[str, str | None], list[Node]] = {}
     for _, probe, node in due:
@@ -205,7 +201,8 @@ def _priority_group(
     return group if len(group) >= size else None
 
 
-def _job(probe: str, nodes: tuple[Node, ...], settings: ProbeSettings, make_run_id: Callable[[], str]) -> ProbeJob:
+def _job(probe: str, nodes: tuple[Node, ...], settings: ProbeSettings, make_run_id: Callable[[], str],
+         kind: RunKind = RunKind.PROBE) -> ProbeJob:
     return ProbeJob(
         run_id=make_run_id(),
         probe=probe,
@@ -213,6 +210,7 @@ def _job(probe: str, nodes: tuple[Node, ...], settings: ProbeSettings, make_run_
         args=tuple(settings.args),
         timeout_s=settings.timeout_s,
         ranks_per_node=settings.ranks_per_node,
+        kind=kind,
     )
 
 
@@ -220,7 +218,8 @@ SWEEP_RUN_PREFIX = "sw"
 
 
 def sweep_run_id(size: int) -> str:
-    """Run ids of scaling-sweep runs carry the ``sw`` prefix and the node count: ``sw4-<hex>``."""
+    """Run ids of scaling-sweep runs carry the ``sw`` prefix and the node count (``sw4-<hex>``) for
+    ``squeue``; code reads the run's ``kind`` (``RunKind.SWEEP``)."""
     return f"{SWEEP_RUN_PREFIX}{size}-{new_run_id()}"
 
 
@@ -271,6 +270,6 @@ def plan_sweep(
             if size <= cap:
                 jobs.append(ProbeJob(run_id=sweep_run_id(size), probe=settings.probe, nodes=tuple(free[:size]),
                                      args=tuple(settings.args), timeout_s=settings.timeout_s,
-                                     ranks_per_node=settings.ranks_per_node))
+                                     ranks_per_node=settings.ranks_per_node, kind=RunKind.SWEEP))
             break
     return jobs

@@ -37,7 +37,8 @@ from healthd.errors import BackendError, InvalidNodeName, PolicyRefused
 from healthd.judge.model import JudgeOutput, ReasonCode, human
 from healthd.logging import get_logger
 from healthd.model import Node, Outcome, validate_node_name
-from healthd.store import RecommendationRow, Store
+from healthd.store import Store
+from healthd.store.rows import RecommendationRow
 
 log = get_logger(__name__)
 

@@ -56,7 +56,7 @@ from healthd.judge.model import (
     Severity,
 )
 from healthd.judge.series import key_of, missing_required, select
-from healthd.model import Node, Outcome, Verdict
+from healthd.model import Node, Outcome, RunKind, Verdict
 from healthd.planning import PriorityRequest
 
 if TYPE_CHECKING:
@@ -800,7 +800,7 @@ def run_from_collected(c: Collected, now: float) -> RunInput:
         measurements = tuple(MeasurementInput(m.name, m.value, dict(m.labels), m.node) for m in result.measurements)
         failed = tuple(CheckInput(ch.name, ch.detail, ch.node, ch.gpu) for ch in result.checks if not ch.ok)
     return RunInput(c.run_id, c.probe, tuple(c.nodes), c.outcome, c.reason,
-                    result.finished_at if result is not None else now, measurements, failed)
+                    result.finished_at if result is not None else now, measurements, failed, c.kind)
 
 
 def runs_from_store(store: Store, *, since: float = 0.0, until: float = math.inf) -> list[RunInput]:
@@ -809,7 +809,8 @@ def runs_from_store(store: Store, *, since: float = 0.0, until: float = math.inf
     return [
         RunInput(r["run_id"], r["probe"], tuple(r["nodes"]), Outcome(r["outcome"]), r["reason"], r["at"],
                  tuple(MeasurementInput(m["name"], m["value"], m["labels"], m["node"]) for m in r["measurements"]),
-                 tuple(CheckInput(ch["name"], ch["detail"], ch["node"], ch["gpu"]) for ch in r["failed_checks"]))
+                 tuple(CheckInput(ch["name"], ch["detail"], ch["node"], ch["gpu"]) for ch in r["failed_checks"]),
+                 RunKind(r["kind"]))
         for r in rows
     ]
 

@@ -17,7 +17,8 @@ from prometheus_client.registry import Collector
 
 from healthd.judge.model import ReasonCode
 from healthd.model import Outcome, Verdict
-from healthd.store import RecommendationRow, Store
+from healthd.store import Store
+from healthd.store.rows import RecommendationRow
 
 OUTCOMES = [o.value for o in Outcome]
 ACTIONS = ("drain", "undrain")

@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from typing import Literal, NamedTuple
 
-from healthd.model import Outcome, Verdict
-from healthd.planning import is_priority_run
+from healthd.model import Outcome, RunKind, Verdict
 
 Direction = Literal["higher", "lower"]
 
@@ -182,10 +181,12 @@ class RunInput:
     at: float
     measurements: tuple[MeasurementInput, ...] = ()
     failed_checks: tuple[CheckInput, ...] = ()
+    kind: RunKind = RunKind.PROBE
 
     @property
     def priority(self) -> bool:
-        return is_priority_run(self.run_id)
+        """A re-probe the judge asked for (confirmation, localisation, recheck), not a regular run."""
+        return self.kind is RunKind.REPROBE
 
 
 @dataclass(frozen=True)

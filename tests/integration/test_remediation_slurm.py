@@ -21,9 +21,9 @@ from healthd.config import JudgeSettings, ProbeSettings, RemediationSettings
 from healthd.jobs import LaunchSettings
 from healthd.judge.engine import Judge, judge_collected
 from healthd.judge.model import JudgeOutput
-from healthd.model import Outcome, ProbeJob
+from healthd.model import Outcome, ProbeJob, RunKind
 from healthd.parsers.healthd_json import parse_result
-from healthd.planning import PlanLimits, is_priority_run, new_run_id, plan
+from healthd.planning import PlanLimits, new_run_id, plan
 from healthd.remediation import Remediator
 from healthd.store import Store
 from tests.integration.conftest import SlurmTestCluster
@@ -82,7 +82,7 @@ class Rig:
             assert [r.nodes for r in requests] == [(node,)]
             (job,) = plan(nodes, probes=PROBES, last_attempts={(n.name, "gemm"): now for n in nodes},
                           busy_nodes=(), in_flight=0, now=now, limits=PlanLimits(), priority=requests)
-            assert is_priority_run(job.run_id) and job.nodes == (node,)
+            assert job.kind is RunKind.REPROBE and job.nodes == (node,)
         else:
             job = ProbeJob(new_run_id(), "gemm", (node,), timeout_s=120.0)
         collector = Collector(self.store, backend, self.results)

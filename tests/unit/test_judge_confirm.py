@@ -7,8 +7,8 @@ import itertools
 from healthd.config import ProbeSettings
 from healthd.judge.confirm import attribute, blame_confirmed, candidates, confirmed, count_flagged, pick_partners, split
 from healthd.judge.model import GroupRecord, Mark, ReasonCode, Severity
-from healthd.model import Node
-from healthd.planning import PlanLimits, PriorityRequest, is_priority_run, new_priority_run_id, new_run_id, plan
+from healthd.model import Node, RunKind
+from healthd.planning import PlanLimits, PriorityRequest, new_priority_run_id, new_run_id, plan
 
 
 def mark(severity: Severity) -> Mark:
@@ -81,12 +81,13 @@ def run_plan(nodes: list[Node], requests: list[PriorityRequest], *, busy: set[st
     jobs = plan(nodes, probes=probes or {"nccl": ProbeSettings(nodes_per_job=2), "gemm": ProbeSettings()},
                 last_attempts=last or {}, busy_nodes=busy or set(), in_flight=0, now=1000.0,
                 limits=limits or PlanLimits(), make_run_id=lambda: f"{next(counter):016x}", priority=requests)
-    return [(j.probe, j.nodes, is_priority_run(j.run_id)) for j in jobs]
+    return [(j.probe, j.nodes, j.kind is RunKind.REPROBE) for j in jobs]
 
 
-def test_priority_ids_are_never_regular_ids() -> None:
-    assert all(not is_priority_run(new_run_id()) for _ in range(200))
-    assert is_priority_run(new_priority_run_id()) and len(new_priority_run_id()) == 16
+def test_priority_ids_stand_out_and_never_collide_with_regular_ids() -> None:
+    regular = {new_run_id() for _ in range(200)}
+    assert not any(r.startswith("rp") for r in regular)
+    assert new_priority_run_id().startswith("rp") and len(new_priority_run_id()) == 16
 
 
 def test_priority_requests_come_first_with_free_known_good_partners() -> None:

@@ -9,7 +9,7 @@ import pytest
 from healthd.config import JudgeSettings, ProbeSettings
 from healthd.judge.engine import Judge, keep_seconds, load_judge, save_output
 from healthd.judge.model import CheckInput, JudgeOutput, MeasurementInput, ReasonCode, Request, RunInput, SeriesKey
-from healthd.model import Node, Outcome
+from healthd.model import Node, Outcome, RunKind
 from healthd.store import Store
 
 CLASS = "h100x8"
@@ -24,6 +24,10 @@ def nodes(names: list[str]) -> list[Node]:
 def wobble(i: int, j: int) -> float:
     """A deterministic +-0.4% spread, so the fleet has a (small) spread like a real one."""
     return 1 + 0.002 * ((i * 7 + j * 3) % 5 - 2)
+
+
+def kind_of(priority: bool) -> RunKind:
+    return RunKind.REPROBE if priority else RunKind.PROBE
 
 
 class Fleet:
@@ -45,7 +49,7 @@ class Fleet:
         i = self.names.index(node)
         ms = tuple(MeasurementInput("flop_per_second", (gpu_values or {}).get(g, 700e12 * scale) * wobble(i, g),
                                     {"gpu": str(g), "dtype": "bf16"}, node) for g in range(8))
-        return RunInput(self.rid(priority), "gemm", (node,), Outcome.PASS, "", self.t, ms)
+        return RunInput(self.rid(priority), "gemm", (node,), Outcome.PASS, "", self.t, ms, kind=kind_of(priority))
 
     def nccl(self, members: tuple[str, ...], group: float = 440e9, *, priority: bool = False) -> RunInput:
         ms = [MeasurementInput("busbw_bytes_per_second", 480e9 * wobble(self.names.index(n), 1),
@@ -54,7 +58,8 @@ class Fleet:
         ms.append(MeasurementInput("busbw_bytes_per_second", group * wobble(self.k, 2),
                                    {"collective": "all_reduce", "size_bytes": GIB, "scope": "group",
                                     "nodes": str(len(members))}, None))
-        return RunInput(self.rid(priority), "nccl", members, Outcome.PASS, "", self.t, tuple(ms))
+        return RunInput(self.rid(priority), "nccl", members, Outcome.PASS, "", self.t, tuple(ms),
+                        kind=kind_of(priority))
 
     def feed(self, runs: list[RunInput], *, advance: float = 900.0, **kw: object) -> JudgeOutput:
         out = self.judge.evaluate(runs, self.nodes, now=self.t, **kw)  # type: ignore[arg-type]
@@ -170,7 +175,8 @@ def test_failed_checks_are_findings_confirmed_like_any_other() -> None:
     assert verdict(fleet, "n2", "nccl") == ("degraded", "check_failed")
     assert verdict(fleet, "n3", "nccl") == ("pass", "ok")  # the check named n2
     assert [(r.kind, r.nodes) for r in out.requests] == [("reprobe", ("n2",))]
-    again = RunInput(fleet.rid(True), "nccl", ("n2", "n4"), Outcome.FAIL, "wrong data", fleet.t, (), (check,))
+    again = RunInput(fleet.rid(True), "nccl", ("n2", "n4"), Outcome.FAIL, "wrong data", fleet.t, (), (check,),
+                     RunKind.REPROBE)
     out = fleet.feed([again])
     assert verdict(fleet, "n2", "nccl") == ("fail", "check_failed")
     assert "check nccl.wrong_data failed: 1024 wrong elements" in fleet.judge.verdicts[("n2", "nccl")].reason

@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 
 from healthd.errors import StoreError
-from healthd.model import Node, Outcome, Verdict
-from healthd.store import MIGRATIONS, SCHEMA_VERSION, Store
+from healthd.model import Node, Outcome, RunKind, Verdict
+from healthd.store import Store
+from healthd.store.schema import MIGRATIONS, SCHEMA_VERSION
 from probes.result import Check, Measurement, ProbeResult
 
 
@@ -144,3 +145,29 @@ def test_snapshot_counts_in_flight(tmp_path: Path) -> None:
     add(store, "x")
     snap = store.snapshot()
     assert snap.in_flight == 1 and snap.last_runs == ()
+
+
+def test_migration_3_reads_the_run_kind_from_the_old_id_prefixes_once(tmp_path: Path) -> None:
+    path = tmp_path / "v2.sqlite"
+    db = sqlite3.connect(path, isolation_level=None)
+    for migration in MIGRATIONS[:2]:
+        for statement in migration.split(";"):
+            if statement.strip():
+                db.execute(statement)
+    db.execute("PRAGMA user_version = 2")
+    rows = [("0123456789abcdef", "probe"), ("rp0123456789abcd", "probe"), ("sw4-0123456789abcdef", "probe"),
+            ("ingest-nccl-tests-x", "ingest")]
+    for run_id, source in rows:
+        db.execute("INSERT INTO runs (run_id, probe, backend, state, submitted_at, source)"
+                   " VALUES (?, 'nccl', 'slurm', 'submitted', 1.0, ?)", (run_id, source))
+        db.execute("INSERT INTO run_nodes (run_id, node) VALUES (?, 'n1')", (run_id,))
+    db.close()
+    store = Store(path)
+    assert [(r.run_id, r.kind) for r in store.unfinished_runs()] == [
+        ("0123456789abcdef", RunKind.PROBE), ("rp0123456789abcd", RunKind.REPROBE),
+        ("sw4-0123456789abcdef", RunKind.SWEEP), ("ingest-nccl-tests-x", RunKind.INGEST)]
+    # from now on the column is the truth: an id that looks like a sweep's is not one
+    store.add_run(run_id="sw2-looks-like-a-sweep", probe="nccl", nodes=("n1", "n2"), backend="slurm", job_id=None,
+                  submitted_at=2.0, result_path=None)
+    assert store.run("sw2-looks-like-a-sweep").kind is RunKind.PROBE  # type: ignore[union-attr]
+    assert store.sweeping_classes() == {""}  # the migrated sweep run only

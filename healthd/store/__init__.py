@@ -1,0 +1,75 @@
+"""SQLite state: the single source of truth for the metrics endpoint, the HTTP API and the CLI.
+
+One module per aggregate, each a part of the ``Store`` facade over one connection (``db``):
+
+- ``schema``: tables and forward migrations;
+- ``runs``: runs, measurements, checks and the counters a run's end bumps;
+- ``nodes``: node states from discovery;
+- ``judgement``: verdicts and the judge's saved state;
+- ``remediation``: recommendations, audit, drains, breaker state;
+- ``sweeps``: scaling-sweep runs and the scaling table;
+- ``rows``: the row types (pure; import these, not the store, for a dataclass).
+
+Readers that need only part of the store depend on a narrow Protocol of what they call.
+"""
+
+from __future__ import annotations
+
+import time
+
+from healthd.store.judgement import JUDGEMENT_PRUNE, JudgementStore
+from healthd.store.nodes import NodesStore
+from healthd.store.remediation import REMEDIATION_PRUNE, RemediationStore
+from healthd.store.rows import (
+    AuditRow,
+    DrainRow,
+    LastRun,
+    MeasurementRow,
+    RecommendationRow,
+    RunRow,
+    RunTiming,
+    Snapshot,
+    canonical_labels,
+)
+from healthd.store.schema import SCHEMA_VERSION
+from healthd.store.sweeps import SweepsStore
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "AuditRow",
+    "DrainRow",
+    "LastRun",
+    "MeasurementRow",
+    "RecommendationRow",
+    "RunRow",
+    "RunTiming",
+    "Snapshot",
+    "Store",
+    "canonical_labels",
+]
+
+
+class Store(SweepsStore, NodesStore, JudgementStore, RemediationStore):
+    """The whole store: every aggregate over one connection."""
+
+    def snapshot(self, *, node_seen_since: float = 0.0) -> Snapshot:
+        """An immutable copy of what the metrics endpoint and the API show, read under one lock."""
+        with self._lock:
+            return Snapshot(
+                taken_at=time.time(),
+                nodes=tuple(self.nodes(seen_since=node_seen_since)),
+                last_runs=tuple(self.last_runs()),
+                latest=tuple(self.latest_measurements()),
+                verdicts=tuple(self.current_verdicts()),
+                counters=tuple(self.counters()),
+                in_flight=len(self.unfinished_runs()),
+                run_timings=tuple(self.last_run_timings()),
+                scaling=tuple(self.scaling_table()),
+            )
+
+    def prune_judgement(self, older_than: float) -> int:
+        """Retention for the judgement and remediation tables (the daemon's housekeeping); open
+        drains, active recommendations and active fleet events stay whatever their age."""
+        with self._tx() as db:
+            return sum(db.execute(sql, (older_than,)).rowcount
+                       for sql in (*REMEDIATION_PRUNE, *JUDGEMENT_PRUNE))

@@ -1,0 +1,45 @@
+"""Nodes as the last discovery saw them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+
+from healthd.model import Node
+from healthd.store.db import Database
+
+
+class NodesStore(Database):
+    def upsert_nodes(self, nodes: Iterable[Node], seen_at: float) -> None:
+        with self._tx() as db:
+            db.executemany(
+                "INSERT INTO nodes (name, state, flags, partitions, gpus, gpu_type, features, reason, node_class,"
+                " last_seen) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (name) DO UPDATE SET state = excluded.state, flags = excluded.flags,"
+                " partitions = excluded.partitions, gpus = excluded.gpus, gpu_type = excluded.gpu_type,"
+                " features = excluded.features, reason = excluded.reason, node_class = excluded.node_class,"
+                " last_seen = excluded.last_seen",
+                [
+                    (n.name, n.state, json.dumps(sorted(n.flags)), json.dumps(list(n.partitions)), n.gpus,
+                     n.gpu_type, json.dumps(list(n.features)), n.reason, n.node_class, seen_at)
+                    for n in nodes
+                ],
+            )
+
+    def nodes(self, *, seen_since: float = 0.0) -> list[Node]:
+        rows = self._query("SELECT * FROM nodes WHERE last_seen >= ? ORDER BY name", (seen_since,))
+        return [
+            Node(
+                name=r["name"],
+                state=r["state"],
+                flags=frozenset(json.loads(r["flags"])),
+                partitions=tuple(json.loads(r["partitions"])),
+                gpus=r["gpus"],
+                gpu_type=r["gpu_type"],
+                features=tuple(json.loads(r["features"])),
+                reason=r["reason"],
+                node_class=r["node_class"],
+            )
+            for r in rows
+        ]
+

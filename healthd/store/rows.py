@@ -1,0 +1,130 @@
+"""The store's row types: plain frozen data, no SQLite (metrics, API, judge and remediation import these)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from healthd.model import Node, Outcome, RunKind, Verdict
+
+RunState = Literal["submitted", "running", "finished"]
+RecommendationState = Literal["active", "cleared", "withdrawn", "dismissed"]
+AuditResult = Literal["done", "refused", "failed", "info"]
+
+
+def canonical_labels(labels: dict[str, str]) -> str:
+    return json.dumps(labels, sort_keys=True, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class RunRow:
+    run_id: str
+    probe: str
+    backend: str
+    job_id: str | None
+    state: RunState
+    outcome: Outcome | None
+    reason: str
+    submitted_at: float
+    started_at: float | None
+    finished_at: float | None
+    duration_s: float | None
+    result_path: str | None
+    source: str
+    nodes: tuple[str, ...]
+    kind: RunKind = RunKind.PROBE
+
+
+@dataclass(frozen=True)
+class MeasurementRow:
+    run_id: str
+    probe: str
+    node: str | None
+    name: str
+    labels: dict[str, str]
+    value: float
+    at: float
+
+
+@dataclass(frozen=True)
+class LastRun:
+    """Per (node, probe): the newest finished run and the newest passing one."""
+
+    node: str
+    probe: str
+    last_run_at: float
+    last_outcome: Outcome
+    last_reason: str
+    last_run_id: str
+    last_success_at: float | None
+
+
+@dataclass(frozen=True)
+class RunTiming:
+    """Per (node, probe): queue wait, duration and GPUs held of the newest finished run (as ``LastRun``)."""
+
+    node: str
+    probe: str
+    queue_wait_s: float
+    duration_s: float
+    gpus: int
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """An immutable copy of what the metrics endpoint and the API show."""
+
+    taken_at: float
+    nodes: tuple[Node, ...]
+    last_runs: tuple[LastRun, ...]
+    latest: tuple[MeasurementRow, ...]
+    verdicts: tuple[Verdict, ...]
+    counters: tuple[tuple[str, dict[str, str], float], ...]
+    in_flight: int
+    run_timings: tuple[RunTiming, ...] = ()
+    scaling: tuple[tuple[str, int, float, MeasurementRow], ...] = ()
+
+
+
+@dataclass(frozen=True)
+class RecommendationRow:
+    id: int
+    node: str
+    probe: str
+    outcome: str
+    reason_code: str
+    text: str
+    evidence: dict[str, Any]
+    since: float
+    updated_at: float
+    state: str
+    closed_at: float | None
+    close_reason: str
+    escalated: bool
+    last_refusal: str
+
+
+@dataclass(frozen=True)
+class AuditRow:
+    at: float
+    actor: str
+    action: str
+    node: str | None
+    result: str
+    reason: str
+    detail: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class DrainRow:
+    node: str
+    node_class: str
+    reason: str
+    actor: str
+    automatic: bool
+    drained_at: float
+    undrained_at: float | None
+    undrained_by: str | None
+    probes: tuple[str, ...] = ()
+

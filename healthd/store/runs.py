@@ -1,0 +1,310 @@
+"""Runs and what they measured: the life of a run (submitted → running → finished), its
+measurements and checks, the counters its end bumps, and the per-(node, probe) views of them."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+from healthd.errors import StoreError
+from healthd.model import Outcome, ProbeResult, RunKind
+from healthd.store.db import Database
+from healthd.store.rows import LastRun, MeasurementRow, RunRow, RunTiming, canonical_labels
+
+
+class RunsStore(Database):
+    def add_run(
+        self,
+        *,
+        run_id: str,
+        probe: str,
+        nodes: Sequence[str],
+        backend: str,
+        job_id: str | None,
+        submitted_at: float,
+        result_path: str | None,
+        source: str = "probe",
+        kind: RunKind = RunKind.PROBE,
+    ) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO runs (run_id, probe, backend, job_id, state, submitted_at, result_path, source, kind)"
+                " VALUES (?, ?, ?, ?, 'submitted', ?, ?, ?, ?)",
+                (run_id, probe, backend, job_id, submitted_at, result_path, source, kind.value),
+            )
+            db.executemany(
+                "INSERT INTO run_nodes (run_id, node) VALUES (?, ?)", [(run_id, n) for n in nodes]
+            )
+
+    def set_job_id(self, run_id: str, job_id: str) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE runs SET job_id = ? WHERE run_id = ?", (job_id, run_id))
+
+    def mark_running(self, run_id: str, started_at: float) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE runs SET state = 'running', started_at = COALESCE(started_at, ?)"
+                " WHERE run_id = ? AND state = 'submitted'",
+                (started_at, run_id),
+            )
+
+    def finish_run(
+        self,
+        run_id: str,
+        *,
+        outcome: Outcome,
+        reason: str,
+        finished_at: float,
+        result: ProbeResult | None = None,
+        started_at: float | None = None,
+    ) -> bool:
+        """Close a run with its outcome and, when there is one, its parsed result.
+
+        Idempotent: a run already finished is left alone and ``False`` is returned, so a
+        result collected twice (a restart between collect and commit) is stored once.
+        """
+        with self._tx() as db:
+            row = db.execute("SELECT state, probe, submitted_at, started_at FROM runs WHERE run_id = ?",
+                             (run_id,)).fetchone()
+            if row is None:
+                raise StoreError(f"no run {run_id!r} in the store")
+            state, probe, submitted_at, known_start = row
+            if state == "finished":
+                return False
+            start = started_at or known_start or submitted_at
+            db.execute(
+                "UPDATE runs SET state = 'finished', outcome = ?, reason = ?, finished_at = ?,"
+                " started_at = ?, duration_s = ? WHERE run_id = ?",
+                (outcome.value, reason, finished_at, start, max(0.0, finished_at - start), run_id),
+            )
+            if result is not None:
+                self._insert_result(db, run_id, probe, result, finished_at)
+            self._bump(db, "probe_runs_total", {"probe": probe, "outcome": outcome.value}, 1.0)
+            seconds = max(0.0, finished_at - start)
+            self._bump(db, "probe_seconds_total", {"probe": probe}, seconds)
+            gpus = db.execute(
+                "SELECT COALESCE(SUM(n.gpus), 0) FROM run_nodes r JOIN nodes n ON n.name = r.node WHERE r.run_id = ?",
+                (run_id,),
+            ).fetchone()[0]
+            if outcome is not Outcome.SKIPPED:
+                self._bump(db, "probe_gpu_seconds_total", {"probe": probe}, seconds * gpus)
+            return True
+
+    def _insert_result(
+        self, db: sqlite3.Connection, run_id: str, probe: str, result: ProbeResult, at: float
+    ) -> None:
+        db.executemany(
+            "INSERT INTO measurements (run_id, probe, node, name, labels, value, per_rank, at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                (
+                    run_id,
+                    probe,
+                    m.node,
+                    m.name,
+                    canonical_labels(m.labels),
+                    m.value,
+                    json.dumps(m.per_rank) if m.per_rank is not None else None,
+                    at,
+                )
+                for m in result.measurements
+            ],
+        )
+        db.executemany(
+            "INSERT INTO checks (run_id, name, ok, detail, node, gpu, rank) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [(run_id, c.name, int(c.ok), c.detail, c.node, c.gpu, c.rank) for c in result.checks],
+        )
+
+    def record_result(
+        self, result: ProbeResult, *, nodes: Sequence[str], backend: str, source: str, result_path: str | None
+    ) -> str:
+        """Store a result that was not run by healthd (``healthd ingest``) as one finished run."""
+        run_id = result.run_id or f"{source}-{int(result.started_at * 1000)}-{abs(hash(result.to_json())):x}"
+        self.add_run(
+            run_id=run_id,
+            probe=result.probe,
+            nodes=nodes,
+            backend=backend,
+            job_id=None,
+            submitted_at=result.started_at,
+            result_path=result_path,
+            source=source,
+            kind=RunKind.INGEST,
+        )
+        self.finish_run(
+            run_id,
+            outcome=result.outcome,
+            reason=result.reason,
+            finished_at=result.finished_at,
+            started_at=result.started_at,
+            result=result,
+        )
+        return run_id
+
+    def _runs(self, where: str, params: Sequence[Any], tail: str = "ORDER BY r.submitted_at") -> list[RunRow]:
+        rows = self._query(
+            "SELECT r.*, (SELECT json_group_array(node) FROM run_nodes n WHERE n.run_id = r.run_id) AS nodes"
+            f" FROM runs r WHERE {where} {tail}",
+            params,
+        )
+        return [
+            RunRow(
+                run_id=r["run_id"],
+                probe=r["probe"],
+                backend=r["backend"],
+                job_id=r["job_id"],
+                state=r["state"],
+                outcome=Outcome(r["outcome"]) if r["outcome"] else None,
+                reason=r["reason"],
+                submitted_at=r["submitted_at"],
+                started_at=r["started_at"],
+                finished_at=r["finished_at"],
+                duration_s=r["duration_s"],
+                result_path=r["result_path"],
+                source=r["source"],
+                nodes=tuple(sorted(json.loads(r["nodes"]))),
+                kind=RunKind(r["kind"]),
+            )
+            for r in rows
+        ]
+
+    def unfinished_runs(self) -> list[RunRow]:
+        return self._runs("r.state != 'finished'", ())
+
+    def run(self, run_id: str) -> RunRow | None:
+        rows = self._runs("r.run_id = ?", (run_id,))
+        return rows[0] if rows else None
+
+    def recent_runs(self, *, node: str | None = None, limit: int = 50) -> list[RunRow]:
+        tail = "ORDER BY r.submitted_at DESC LIMIT ?"
+        if node is None:
+            return self._runs("1", (limit,), tail)
+        return self._runs("r.run_id IN (SELECT run_id FROM run_nodes WHERE node = ?)", (node, limit), tail)
+
+    def last_runs(self) -> list[LastRun]:
+        rows = self._query(
+            """
+            WITH fin AS (
+                SELECT n.node, r.probe, r.run_id, r.outcome, r.reason, r.finished_at,
+                       ROW_NUMBER() OVER (PARTITION BY n.node, r.probe ORDER BY r.finished_at DESC) AS k
+                FROM runs r JOIN run_nodes n ON n.run_id = r.run_id
+                WHERE r.state = 'finished' AND r.outcome != 'skipped'
+            )
+            SELECT f.node, f.probe, f.run_id, f.outcome, f.reason, f.finished_at,
+                   (SELECT MAX(r2.finished_at) FROM runs r2 JOIN run_nodes n2 ON n2.run_id = r2.run_id
+                     WHERE n2.node = f.node AND r2.probe = f.probe AND r2.outcome = 'pass') AS last_success
+            FROM fin f WHERE f.k = 1 ORDER BY f.node, f.probe
+            """
+        )
+        return [
+            LastRun(
+                node=r["node"],
+                probe=r["probe"],
+                last_run_at=r["finished_at"],
+                last_outcome=Outcome(r["outcome"]),
+                last_reason=r["reason"],
+                last_run_id=r["run_id"],
+                last_success_at=r["last_success"],
+            )
+            for r in rows
+        ]
+
+    def last_attempts(self) -> dict[tuple[str, str], float]:
+        """Per (node, probe): when a run was last submitted, whatever became of it (for planning)."""
+        rows = self._query(
+            "SELECT n.node, r.probe, MAX(r.submitted_at) FROM runs r JOIN run_nodes n ON n.run_id = r.run_id"
+            " WHERE r.kind != 'ingest' GROUP BY n.node, r.probe"
+        )
+        return {(r[0], r[1]): r[2] for r in rows}
+    # -- measurements -----------------------------------------------------------------------
+    def latest_measurements(self) -> list[MeasurementRow]:
+        """The newest value of every (probe, node, name, labels) series.
+
+        A measurement of a multi-node group (``node`` NULL) counts once for each node of its run.
+        """
+        rows = self._query(
+            """
+            SELECT run_id, probe, node, name, labels, value, at FROM (
+                SELECT m.run_id, m.probe, COALESCE(m.node, rn.node) AS node, m.name, m.labels, m.value, m.at,
+                       ROW_NUMBER() OVER (PARTITION BY m.probe, COALESCE(m.node, rn.node), m.name, m.labels
+                                          ORDER BY m.at DESC, m.id DESC) AS k
+                FROM measurements m LEFT JOIN run_nodes rn ON m.node IS NULL AND rn.run_id = m.run_id
+            ) WHERE k = 1 ORDER BY probe, node, name, labels
+            """
+        )
+        return [self._measurement(r) for r in rows]
+
+    def measurements(
+        self, *, probe: str | None = None, node: str | None = None, since: float = 0.0,
+        run_id: str | None = None,
+    ) -> list[MeasurementRow]:
+        clauses: list[str] = ["m.at >= ?"]
+        params: list[object] = [since]
+        for column, value in (("probe", probe), ("node", node), ("run_id", run_id)):
+            if value is not None:
+                clauses.append(f"m.{column} = ?")
+                params.append(value)
+        rows = self._query(
+            f"SELECT m.* FROM measurements m WHERE {' AND '.join(clauses)} ORDER BY m.at, m.id", params
+        )
+        return [self._measurement(r) for r in rows]
+
+    @staticmethod
+    def _measurement(r: sqlite3.Row) -> MeasurementRow:
+        return MeasurementRow(
+            run_id=r["run_id"],
+            probe=r["probe"],
+            node=r["node"],
+            name=r["name"],
+            labels=json.loads(r["labels"]),
+            value=r["value"],
+            at=r["at"],
+        )
+
+    def checks(self, run_id: str) -> list[dict[str, Any]]:
+        return [dict(r) for r in self._query("SELECT * FROM checks WHERE run_id = ?", (run_id,))]
+
+    def prune(self, older_than: float) -> int:
+        """Delete finished runs (with their measurements and checks) and verdicts older than ``older_than``.
+
+        The newest verdict per (node, probe) is kept whatever its age. Counters are not touched.
+        """
+        with self._tx() as db:
+            deleted = db.execute(
+                "DELETE FROM runs WHERE state = 'finished' AND finished_at < ?", (older_than,)
+            ).rowcount
+            db.execute(
+                "DELETE FROM verdicts WHERE at < ? AND id NOT IN"
+                " (SELECT MAX(id) FROM verdicts GROUP BY node, probe)",
+                (older_than,),
+            )
+        return int(deleted)
+
+    def last_run_timings(self) -> list[RunTiming]:
+        """Per (node, probe), the newest finished run (the one ``last_runs`` reports): how long it
+        waited between submission and start, how long it ran, and the GPUs of the node it held."""
+        rows = self._query(
+            """
+            WITH fin AS (
+                SELECT n.node, r.probe, r.submitted_at, r.started_at, r.duration_s,
+                       ROW_NUMBER() OVER (PARTITION BY n.node, r.probe ORDER BY r.finished_at DESC) AS k
+                FROM runs r JOIN run_nodes n ON n.run_id = r.run_id
+                WHERE r.state = 'finished' AND r.outcome != 'skipped'
+            )
+            SELECT f.node, f.probe, f.submitted_at, f.started_at, f.duration_s, COALESCE(nd.gpus, 0) AS gpus
+            FROM fin f LEFT JOIN nodes nd ON nd.name = f.node WHERE f.k = 1 ORDER BY f.node, f.probe
+            """
+        )
+        return [
+            RunTiming(
+                node=r["node"],
+                probe=r["probe"],
+                queue_wait_s=max(0.0, (r["started_at"] or r["submitted_at"]) - r["submitted_at"]),
+                duration_s=r["duration_s"] or 0.0,
+                gpus=r["gpus"],
+            )
+            for r in rows
+        ]
+

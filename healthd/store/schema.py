@@ -1,0 +1,235 @@
+"""The store's schema: forward migrations keyed on ``PRAGMA user_version``.
+
+A migration is appended, never edited: a store written by an older healthd is brought forward at
+open, one migration per transaction; a store newer than this healthd is refused.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from healthd.errors import StoreError
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: initial schema
+    """
+    CREATE TABLE runs (
+        run_id       TEXT PRIMARY KEY,
+        probe        TEXT NOT NULL,
+        backend      TEXT NOT NULL,
+        job_id       TEXT,
+        state        TEXT NOT NULL CHECK (state IN ('submitted', 'running', 'finished')),
+        outcome      TEXT CHECK (outcome IN ('pass', 'degraded', 'fail', 'error', 'skipped')),
+        reason       TEXT NOT NULL DEFAULT '',
+        submitted_at REAL NOT NULL,
+        started_at   REAL,
+        finished_at  REAL,
+        duration_s   REAL,
+        result_path  TEXT,
+        source       TEXT NOT NULL DEFAULT 'probe'
+    );
+    CREATE INDEX runs_state ON runs (state);
+    CREATE TABLE run_nodes (
+        run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+        node   TEXT NOT NULL,
+        PRIMARY KEY (run_id, node)
+    );
+    CREATE INDEX run_nodes_node ON run_nodes (node);
+    CREATE TABLE measurements (
+        id       INTEGER PRIMARY KEY,
+        run_id   TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+        probe    TEXT NOT NULL,
+        node     TEXT,
+        name     TEXT NOT NULL,
+        labels   TEXT NOT NULL,
+        value    REAL NOT NULL,
+        per_rank TEXT,
+        at       REAL NOT NULL
+    );
+    CREATE INDEX measurements_series ON measurements (probe, name, node, labels, at);
+    CREATE INDEX measurements_run ON measurements (run_id);
+    CREATE TABLE checks (
+        run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+        name   TEXT NOT NULL,
+        ok     INTEGER NOT NULL,
+        detail TEXT NOT NULL,
+        node   TEXT,
+        gpu    INTEGER,
+        rank   INTEGER
+    );
+    CREATE INDEX checks_run ON checks (run_id);
+    CREATE TABLE verdicts (
+        id          INTEGER PRIMARY KEY,
+        node        TEXT NOT NULL,
+        probe       TEXT NOT NULL,
+        outcome     TEXT NOT NULL,
+        reason      TEXT NOT NULL,
+        reason_code TEXT NOT NULL,
+        run_ids     TEXT NOT NULL,
+        evidence    TEXT NOT NULL,
+        at          REAL NOT NULL
+    );
+    CREATE INDEX verdicts_node_probe ON verdicts (node, probe, at);
+    CREATE TABLE nodes (
+        name        TEXT PRIMARY KEY,
+        state       TEXT NOT NULL,
+        flags       TEXT NOT NULL,
+        partitions  TEXT NOT NULL,
+        gpus        INTEGER NOT NULL,
+        gpu_type    TEXT,
+        features    TEXT NOT NULL,
+        reason      TEXT,
+        node_class  TEXT,
+        last_seen   REAL NOT NULL
+    );
+    CREATE TABLE counters (
+        name   TEXT NOT NULL,
+        labels TEXT NOT NULL,
+        value  REAL NOT NULL,
+        PRIMARY KEY (name, labels)
+    );
+    """,
+    # 2: judgement state, recommendations, remediation audit and drain history
+    """
+    CREATE TABLE judge_series (
+        node        TEXT NOT NULL,
+        probe       TEXT NOT NULL,
+        name        TEXT NOT NULL,
+        labels      TEXT NOT NULL,
+        accepted    TEXT NOT NULL,
+        last_value  REAL,
+        last_at     REAL NOT NULL,
+        last_run_id TEXT NOT NULL,
+        floor       REAL,
+        baseline    REAL,
+        spread      REAL,
+        PRIMARY KEY (node, probe, name, labels)
+    );
+    CREATE TABLE judge_marks (
+        run_id      TEXT NOT NULL,
+        node        TEXT NOT NULL,
+        probe       TEXT NOT NULL,
+        at          REAL NOT NULL,
+        severity    INTEGER NOT NULL,
+        code        TEXT NOT NULL,
+        text        TEXT NOT NULL,
+        regular     INTEGER NOT NULL,
+        event_proof INTEGER NOT NULL,
+        raw_flagged INTEGER NOT NULL,
+        findings    TEXT NOT NULL,
+        PRIMARY KEY (run_id, node)
+    );
+    CREATE INDEX judge_marks_node ON judge_marks (node, at);
+    CREATE INDEX judge_marks_at ON judge_marks (at);
+    CREATE TABLE judge_groups (
+        run_id      TEXT PRIMARY KEY,
+        probe       TEXT NOT NULL,
+        at          REAL NOT NULL,
+        members     TEXT NOT NULL,
+        suspects    TEXT NOT NULL,
+        severity    INTEGER NOT NULL,
+        code        TEXT NOT NULL,
+        text        TEXT NOT NULL,
+        event_proof INTEGER NOT NULL,
+        findings    TEXT NOT NULL
+    );
+    CREATE INDEX judge_groups_at ON judge_groups (at);
+    CREATE TABLE judge_requests (
+        node         TEXT NOT NULL,
+        probe        TEXT NOT NULL,
+        kind         TEXT NOT NULL,
+        nodes        TEXT NOT NULL,
+        requested_at REAL NOT NULL,
+        reason       TEXT NOT NULL,
+        PRIMARY KEY (node, probe)
+    );
+    CREATE TABLE fleet_events (
+        id          INTEGER PRIMARY KEY,
+        node_class  TEXT NOT NULL,
+        probe       TEXT NOT NULL,
+        started_at  REAL NOT NULL,
+        ended_at    REAL,
+        flagged     INTEGER NOT NULL,
+        sampled     INTEGER NOT NULL,
+        series      TEXT NOT NULL,
+        text        TEXT NOT NULL
+    );
+    CREATE UNIQUE INDEX fleet_events_active ON fleet_events (node_class, probe) WHERE ended_at IS NULL;
+    CREATE TABLE recommendations (
+        id           INTEGER PRIMARY KEY,
+        node         TEXT NOT NULL,
+        probe        TEXT NOT NULL,
+        outcome      TEXT NOT NULL,
+        reason_code  TEXT NOT NULL,
+        text         TEXT NOT NULL,
+        evidence     TEXT NOT NULL,
+        since        REAL NOT NULL,
+        updated_at   REAL NOT NULL,
+        state        TEXT NOT NULL CHECK (state IN ('active', 'cleared', 'withdrawn', 'dismissed')),
+        closed_at    REAL,
+        close_reason TEXT NOT NULL DEFAULT '',
+        escalated    INTEGER NOT NULL DEFAULT 0,
+        last_refusal TEXT NOT NULL DEFAULT ''
+    );
+    CREATE UNIQUE INDEX recommendations_active ON recommendations (node, probe) WHERE state = 'active';
+    CREATE INDEX recommendations_node ON recommendations (node, since);
+    CREATE TABLE remediation_audit (
+        id      INTEGER PRIMARY KEY,
+        at      REAL NOT NULL,
+        actor   TEXT NOT NULL,
+        action  TEXT NOT NULL,
+        node    TEXT,
+        result  TEXT NOT NULL CHECK (result IN ('done', 'refused', 'failed', 'info')),
+        reason  TEXT NOT NULL,
+        detail  TEXT NOT NULL
+    );
+    CREATE INDEX remediation_audit_at ON remediation_audit (at);
+    CREATE TABLE drains (
+        id           INTEGER PRIMARY KEY,
+        node         TEXT NOT NULL,
+        node_class   TEXT NOT NULL,
+        reason       TEXT NOT NULL,
+        actor        TEXT NOT NULL,
+        automatic    INTEGER NOT NULL,
+        probes       TEXT NOT NULL DEFAULT '[]',
+        drained_at   REAL NOT NULL,
+        undrained_at REAL,
+        undrained_by TEXT
+    );
+    CREATE INDEX drains_node ON drains (node, drained_at);
+    CREATE TABLE remediation_state (
+        key   TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    );
+    """,
+    # 3: the run kind as a column (it was a run-id prefix)
+    """
+    ALTER TABLE runs ADD COLUMN kind TEXT NOT NULL DEFAULT 'probe'
+        CHECK (kind IN ('probe', 'reprobe', 'sweep', 'ingest'));
+    UPDATE runs SET kind = 'sweep' WHERE run_id LIKE 'sw%';
+    UPDATE runs SET kind = 'reprobe' WHERE run_id LIKE 'rp%';
+    UPDATE runs SET kind = 'ingest' WHERE source != 'probe';
+    CREATE INDEX runs_kind ON runs (kind, state)
+    """,
+)
+
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def migrate(db: sqlite3.Connection, path: Path) -> None:
+    """Bring the store at ``path`` to ``SCHEMA_VERSION``; refuse a newer one."""
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise StoreError(f"{path} has schema version {version}, newer than this healthd ({SCHEMA_VERSION})")
+    for number in range(version, SCHEMA_VERSION):
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in MIGRATIONS[number].split(";"):
+                if statement.strip():
+                    db.execute(statement)
+            db.execute(f"PRAGMA user_version = {number + 1}")
+            db.execute("COMMIT")
+        except sqlite3.Error:
+            db.execute("ROLLBACK")
+            raise
