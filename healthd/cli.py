@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 from collections.abc import Sequence
 
 import healthd
 import healthd.commands
-from healthd.commands.common import EXIT_TROUBLE, EXIT_USAGE
+from healthd.commands.common import EXIT_OK, EXIT_TROUBLE, EXIT_USAGE
 from healthd.errors import ConfigError, HealthdError
 
 
@@ -30,10 +31,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Options in any order; a command that passes options on (``probe``) gets the unknown ones
+    in ``probe_args``, any other command refuses them (exit 2)."""
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        if not getattr(args, "passes_unknown_args", False):
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        args.probe_args = [*args.probe_args, *unknown]
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     try:
         return int(args.func(args))
+    except BrokenPipeError:
+        # the reader went away (``healthd status | head``): what it wanted it has; no traceback
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
     except ConfigError as exc:
         print(f"healthd: configuration error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -17,8 +17,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("name", choices=KNOWN_PROBES)
     p.add_argument("--json", action="store_true", help="print the result document as JSON")
     p.add_argument("--timeout", type=float, default=None, help="seconds (default: the probe's timeout_s)")
-    p.add_argument("probe_args", nargs=argparse.REMAINDER, help="options passed to python -m probes NAME")
-    p.set_defaults(func=cmd_probe)
+    p.set_defaults(func=cmd_probe, passes_unknown_args=True, probe_args=[])
+    p.epilog = "Any other option (before or after healthd's own) goes to python -m probes NAME."
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
