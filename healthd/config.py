@@ -28,6 +28,7 @@ from pydantic_settings import (
 from healthd.errors import ConfigError
 from healthd.jobs import Launcher, launcher_problems
 from healthd.model import validate_node_name
+from probes.catalogue import PROBE_NAMES
 
 DEFAULT_CONFIG_PATH = Path("/etc/healthd/healthd.toml")
 
@@ -124,8 +125,6 @@ def _default_probes() -> dict[str, ProbeSettings]:
         "nccl": ProbeSettings(interval_s=900.0, jitter_s=60.0, timeout_s=180.0),
     }
 
-
-KNOWN_PROBES = ("env", "nccl", "gemm", "ddp", "nccl_tests")
 
 
 class LocalSettings(_Section):
@@ -290,9 +289,9 @@ class JudgeSettings(_Section):
     @field_validator("series")
     @classmethod
     def _known_series_probes(cls, series: list[SeriesSelector]) -> list[SeriesSelector]:
-        unknown = sorted({s.probe for s in series} - set(KNOWN_PROBES))
+        unknown = sorted({s.probe for s in series} - set(PROBE_NAMES))
         if unknown:
-            raise ValueError(f"unknown probe(s) {unknown} in judge.series; known: {list(KNOWN_PROBES)}")
+            raise ValueError(f"unknown probe(s) {unknown} in judge.series; known: {list(PROBE_NAMES)}")
         return series
 
 
@@ -368,9 +367,9 @@ class Settings(BaseSettings):
     @field_validator("probes")
     @classmethod
     def _known_probes(cls, probes: dict[str, ProbeSettings]) -> dict[str, ProbeSettings]:
-        unknown = sorted(set(probes) - set(KNOWN_PROBES))
+        unknown = sorted(set(probes) - set(PROBE_NAMES))
         if unknown:
-            raise ValueError(f"unknown probe(s) {unknown}; known: {list(KNOWN_PROBES)}")
+            raise ValueError(f"unknown probe(s) {unknown}; known: {list(PROBE_NAMES)}")
         return probes
 
     @model_validator(mode="after")

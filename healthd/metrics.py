@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import platform
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 import healthd
-from healthd.model import Outcome
+from healthd.model import Outcome, Verdict
 from healthd.store.rows import Snapshot
 
-OUTCOMES = [o.value for o in Outcome]
+OUTCOMES = tuple(o.value for o in Outcome)
 SCHEDULER_TASKS = ("discover", "plan", "collect", "housekeeping")
 MEASUREMENT_HELP = {
     "busbw_bytes_per_second": "Bus bandwidth as nccl-tests defines it (algbw times the collective's bus factor)",
@@ -34,6 +34,18 @@ MEASUREMENT_HELP = {
     "scaling_efficiency_ratio": "DDP samples/s per rank divided by single-rank samples/s",
     "visible_gpus": "GPUs visible to the probe on the node",
 }
+
+
+def verdict_family(verdicts: Iterable[Verdict]) -> GaugeMetricFamily:
+    """``healthd_node_verdict``: one sample per outcome, 1 for the current one (with its reason code)."""
+    family = GaugeMetricFamily("healthd_node_verdict",
+                               "1 for the node's current verdict for the probe, 0 for the others",
+                               labels=["node", "probe", "outcome", "reason_code"])
+    for v in verdicts:
+        for outcome in OUTCOMES:
+            current = v.outcome.value == outcome
+            family.add_metric([v.node, v.probe, outcome, v.reason_code if current else ""], float(current))
+    return family
 
 
 def _family_name(probe: str, name: str) -> str:
@@ -88,14 +100,7 @@ class StoreCollector(Collector):
         yield last_ok
         yield last_outcome
 
-        verdict = GaugeMetricFamily("healthd_node_verdict",
-                                    "1 for the node's current verdict for the probe, 0 for the others",
-                                    labels=["node", "probe", "outcome", "reason_code"])
-        for v in snap.verdicts:
-            for outcome in OUTCOMES:
-                verdict.add_metric([v.node, v.probe, outcome, v.reason_code if v.outcome.value == outcome else ""],
-                                   float(v.outcome.value == outcome))
-        yield verdict
+        yield verdict_family(snap.verdicts)
 
         yield from self._measurements(snap)
 

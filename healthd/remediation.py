@@ -37,6 +37,7 @@ from healthd.errors import BackendError, InvalidNodeName, PolicyRefused
 from healthd.judge.model import JudgeOutput, ReasonCode, human
 from healthd.logging import get_logger
 from healthd.model import Node, Outcome, validate_node_name
+from healthd.node_class import class_of
 from healthd.store import Store
 from healthd.store.rows import RecommendationRow
 
@@ -261,8 +262,8 @@ class Remediator:
         if sum(1 for d in recent if d.drained_at >= now - 3600) >= s.max_actions_per_hour:
             self._refuse(rec, f"hourly cap of {s.max_actions_per_hour} automatic drains reached; waiting", actions)
             return
-        cls = node.node_class or "default"
-        class_size = sum(1 for n in nodes.values() if (n.node_class or "default") == cls)
+        cls = class_of(node)
+        class_size = sum(1 for n in nodes.values() if class_of(n) == cls)
         allowance = max(s.breaker_class_min_nodes, math.floor(s.breaker_class_share * class_size))
         in_class = sum(1 for d in recent if d.node_class == cls)
         if in_class + 1 > allowance or len(recent) + 1 > s.breaker_max_nodes:
@@ -356,7 +357,7 @@ class Remediator:
             return self._audit(actions, "drain", node, "refused", str(exc), actor=actor)
         except BackendError as exc:
             return self._audit(actions, "drain", node, "failed", str(exc), actor=actor)
-        self.store.add_drain(node=node, node_class=current.node_class or "default", reason=reason, actor=actor,
+        self.store.add_drain(node=node, node_class=class_of(current), reason=reason, actor=actor,
                              automatic=False, at=self.clock())
         return self._audit(actions, "drain", node, "done", reason, actor=actor)
 
@@ -384,7 +385,7 @@ class Remediator:
             return self._audit(actions, "undrain", node, "failed", str(exc), actor=actor)
         now = self.clock()
         if not self.store.close_drain(node, at=now, by=actor):
-            self.store.add_drain(node=node, node_class=current.node_class or "default", reason=current.reason or "",
+            self.store.add_drain(node=node, node_class=class_of(current), reason=current.reason or "",
                                  actor="unknown", automatic=False, at=now)
             self.store.close_drain(node, at=now, by=actor)
         self.store.close_recommendations(node=node, probe=None, state="dismissed", reason=f"undrained by {actor}",

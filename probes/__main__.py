@@ -1,4 +1,4 @@
-"""``python -m probes <env|nccl|gemm|ddp> [common options] [probe options]``.
+"""``python -m probes <name> [common options] [probe options]``, a name from ``probes.catalogue``.
 
 Exit codes: 0 the probe ran (outcome ``pass`` or ``fail``), 1 it could not run (outcome
 ``error``; the document is still written, with the reason), 2 usage error (argparse).
@@ -7,20 +7,25 @@ Exit codes: 0 the probe ran (outcome ``pass`` or ``fail``), 1 it could not run (
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
-from probes import ddp, env, gemm, nccl, nccl_tests
-from probes.context import ProbeModule
+from probes.catalogue import CATALOGUE, PROBE_NAMES, ProbeName
+from probes.context import CommandModule, ProbeModule
 from probes.dist import LaunchError, detect_launch, node_name
 from probes.options import int_at_least, positive_float
 from probes.report import emit, render, reserve_stdout
 from probes.result import Outcome, ProbeResult
 from probes.timing import process_start_time
 
-PROBES: dict[str, ProbeModule] = {m.NAME: m for m in (env, nccl, gemm, ddp)}
+
+def probe_module(name: ProbeName) -> Any:
+    """``probes.<name>``: a ``ProbeModule``, or a ``CommandModule`` where its catalogue entry says ``torch=False``."""
+    return importlib.import_module(f"probes.{name.value}")
 
 
 def common_parser() -> argparse.ArgumentParser:
@@ -59,13 +64,16 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m probes",
         description="healthd probes for compute nodes; prints one ProbeResult JSON document",
     )
-    names = [*PROBES, nccl_tests.NAME]
-    sub = parser.add_subparsers(dest="probe", required=True, metavar="{" + ",".join(names) + "}")
+    sub = parser.add_subparsers(dest="probe", required=True, metavar="{" + ",".join(PROBE_NAMES) + "}")
     common = common_parser()
-    for name, module in PROBES.items():
-        p = sub.add_parser(name, parents=[common], help=module.HELP, description=module.HELP)
+    for name, spec in CATALOGUE.items():
+        if not spec.torch:
+            command: CommandModule = probe_module(name)
+            command.register(sub, common)
+            continue
+        module: ProbeModule = probe_module(name)
+        p = sub.add_parser(name.value, parents=[common], help=module.HELP, description=module.HELP)
         module.add_arguments(p)
-    nccl_tests.register(sub, common)
     return parser
 
 
@@ -89,9 +97,11 @@ def _launch_error(module: ProbeModule, args: argparse.Namespace, reason: str) ->
 def main(argv: Sequence[str] | None = None) -> int:
     raw = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(raw)
-    if args.probe == nccl_tests.NAME:
-        return nccl_tests.run(args)
-    module = PROBES[args.probe]
+    spec = CATALOGUE[ProbeName(args.probe)]
+    if not spec.torch:
+        command: CommandModule = probe_module(spec.name)
+        return command.run(args)
+    module: ProbeModule = probe_module(spec.name)
     try:
         launch = detect_launch(os.environ)
     except LaunchError as exc:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
+from probes.catalogue import ProbeName
 from probes.dist import Backend, DeviceType, LaunchInfo
 from probes.faults import FaultKind
 from probes.result import Check, Measurement, ProbeResult, RankInfo
@@ -82,7 +83,9 @@ class ProbeContext:
 
 
 class ProbeModule(Protocol):
-    NAME: str
+    """A torch probe (``ProbeSpec.torch``): its body runs in every rank."""
+
+    NAME: ProbeName
     HELP: str
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
@@ -90,3 +93,15 @@ class ProbeModule(Protocol):
     def run(self, ctx: ProbeContext) -> ProbeOutput: ...
 
     def format_table(self, result: ProbeResult) -> str: ...
+
+
+class CommandModule(Protocol):
+    """A probe without torch ranks: it adds its own sub-command and runs it."""
+
+    NAME: ProbeName
+
+    def register(
+        self, sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+    ) -> None: ...
+
+    def run(self, args: argparse.Namespace) -> int: ...

@@ -28,6 +28,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from probes.catalogue import ProbeName
 from probes.context import ProbeContext, ProbeOutput
 from probes.result import Check, Measurement, ProbeResult
 from probes.timing import mean, median, quantile
@@ -35,7 +36,7 @@ from probes.timing import mean, median, quantile
 if TYPE_CHECKING:
     import torch
 
-NAME = "ddp"
+NAME = ProbeName.DDP
 HELP = "training throughput of a small GPT under DDP, scaling efficiency, parameter equality"
 
 QUANTILES = (0.5, 0.9)

@@ -20,11 +20,12 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from probes.catalogue import ProbeName
 from probes.context import ProbeContext, ProbeOutput
 from probes.dist import Backend, DeviceType, Launcher, LaunchInfo
 from probes.result import Check, DeviceInfo, Environment, Measurement, ProbeResult, RankInfo
 
-NAME = "env"
+NAME = ProbeName.ENV
 HELP = "environment and device-count check"
 
 

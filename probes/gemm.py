@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from probes.catalogue import ProbeName
 from probes.context import ProbeContext, ProbeOutput
 from probes.nccl import parse_size
 from probes.result import Check, Measurement, ProbeResult
@@ -34,7 +35,7 @@ from probes.timing import median
 if TYPE_CHECKING:
     import torch
 
-NAME = "gemm"
+NAME = ProbeName.GEMM
 HELP = "per-GPU matmul throughput (fp32/tf32/bf16/fp16/fp8) and memory bandwidth"
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")

@@ -44,6 +44,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
+from probes.catalogue import ProbeName
 from probes.context import ProbeContext, ProbeOutput
 from probes.result import Check, Measurement, ProbeResult
 from probes.timing import mean
@@ -51,7 +52,7 @@ from probes.timing import mean
 if TYPE_CHECKING:
     import torch
 
-NAME = "nccl"
+NAME = ProbeName.NCCL
 HELP = "collective bandwidth (algbw/busbw) and correctness, nccl-tests style"
 
 Collective = Literal["all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast", "sendrecv"]

@@ -46,13 +46,14 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Literal, get_args
 
+from probes.catalogue import ProbeName
 from probes.dist import node_name
 from probes.options import int_at_least, positive_float
 from probes.report import emit, render
 from probes.result import Outcome, ProbeResult
 from probes.timing import process_start_time
 
-NAME = "nccl_tests"
+NAME = ProbeName.NCCL_TESTS
 HELP = "run nccl-tests binaries (<collective>_perf from --bin-dir) and capture their output for the daemon"
 
 Collective = Literal[
@@ -117,7 +118,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
     """Add ``nccl_tests`` to ``python -m probes`` (``common``: the shared options' parent parser)."""
-    p = sub.add_parser(NAME, parents=[common], help=HELP, description=HELP)
+    p = sub.add_parser(NAME.value, parents=[common], help=HELP, description=HELP)
     add_arguments(p)
 
 

@@ -20,11 +20,12 @@ from pathlib import Path
 from healthd.errors import BackendError
 from healthd.logging import get_logger
 from healthd.model import JobState, JobStatus, Node, ProbeJob
+from healthd.node_class import LOCAL_CLASS
 from healthd.process import kill_group
+from probes.catalogue import probe_spec
 
 log = get_logger(__name__)
 
-DISTRIBUTED_PROBES = frozenset({"nccl", "ddp"})
 KILL_GRACE_S = 10.0
 
 
@@ -33,7 +34,7 @@ def probe_argv(python: Path | str, job: ProbeJob, result_path: Path | None, *, r
     argv = [str(python), "-m", "probes", job.probe, "--run-id", job.run_id, "--timeout", f"{job.timeout_s:g}"]
     if result_path is not None:
         argv += ["--output", str(result_path)]
-    if job.probe in DISTRIBUTED_PROBES:
+    if (spec := probe_spec(job.probe)) is not None and spec.local_ranks:
         argv += ["--nproc", str(job.ranks_per_node or ranks)]
     return argv + list(job.args)
 
@@ -78,7 +79,7 @@ class LocalBackend:
                 partitions=("local",),
                 gpus=self._gpus,
                 cpus=os.cpu_count(),
-                node_class="local",
+                node_class=LOCAL_CLASS,
             )
         ]
 

@@ -23,31 +23,13 @@ from healthd.errors import PolicyRefused, SlurmError
 from healthd.jobs import Launcher, LaunchSettings, render_batch_script
 from healthd.logging import get_logger
 from healthd.model import JobStatus, Node, ProbeJob, validate_node_name
+from healthd.node_class import class_of
+from probes.catalogue import probe_spec
 
 log = get_logger(__name__)
 
 
-def node_class(node: Node, rules: Sequence[NodeClassRule]) -> str:
-    """The hardware class of ``node`` (pure): the first matching rule, else ``<gpu type>x<count>``
-    (``gpux8`` when the type is unknown), else ``cpu``."""
-    for rule in rules:
-        if rule.gpu_type is not None and rule.gpu_type != node.gpu_type:
-            continue
-        if rule.gpus is not None and rule.gpus != node.gpus:
-            continue
-        if rule.partition is not None and rule.partition not in node.partitions:
-            continue
-        if not set(rule.features) <= set(node.features):
-            continue
-        return rule.name
-    if node.gpus:
-        return f"{node.gpu_type or 'gpu'}x{node.gpus}"
-    return "cpu"
-
-
 EXPECT_TRANSPORT_OPTION = "--expect-transport"
-TRANSPORT_PROBES = frozenset({"nccl"})
-"""Probes that take ``--expect-transport``."""
 
 
 def probes_package_dir() -> Path:
@@ -98,7 +80,7 @@ class LaunchChoices:
         return self.probe_launchers.get(probe)
 
     def expected_transport(self, probe: str, node_class: str | None) -> tuple[str, ...]:
-        if probe not in TRANSPORT_PROBES:
+        if (spec := probe_spec(probe)) is None or not spec.expect_transport:
             return ()
         if node_class is not None and node_class in self.class_transport:
             return self.class_transport[node_class]
@@ -160,7 +142,7 @@ class SlurmBackend:
                    choices=LaunchChoices.from_settings(settings))
 
     def list_nodes(self) -> list[Node]:
-        nodes = [replace(n, node_class=node_class(n, self.node_classes)) for n in self.client.nodes()]
+        nodes = [replace(n, node_class=class_of(n, self.node_classes)) for n in self.client.nodes()]
         self._gpus = {n.name: n.gpus for n in nodes}
         self._classes = {n.name: n.node_class for n in nodes if n.node_class}
         return nodes

@@ -6,15 +6,16 @@ import argparse
 import sys
 
 from healthd.commands.common import EXIT_OK, EXIT_TROUBLE, EXIT_USAGE, add_config_option, human, settings_from
-from healthd.config import KNOWN_PROBES
+from healthd.config import ProbeSettings
 from healthd.errors import CommandTimeout, ParseError
 from healthd.model import Outcome, ProbeResult
+from probes.catalogue import PROBE_NAMES
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("probe", help="run one probe on this machine now and print its result")
     add_config_option(p)
-    p.add_argument("name", choices=KNOWN_PROBES)
+    p.add_argument("name", choices=PROBE_NAMES)
     p.add_argument("--json", action="store_true", help="print the result document as JSON")
     p.add_argument("--timeout", type=float, default=None, help="seconds (default: the probe's timeout_s)")
     p.set_defaults(func=cmd_probe, passes_unknown_args=True, probe_args=[])
@@ -30,8 +31,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     from healthd.process import run
 
     settings, _ = settings_from(args)
-    probe_settings = settings.probes.get(args.name)
-    timeout = args.timeout or (probe_settings.timeout_s if probe_settings else 300.0)
+    timeout = args.timeout or settings.probes.get(args.name, ProbeSettings()).timeout_s
     extra = [a for a in args.probe_args if a != "--"]
     job = ProbeJob(run_id=new_run_id(), probe=args.name, nodes=(settings.local.node_name,),
                    args=tuple(extra), timeout_s=timeout)

@@ -57,27 +57,18 @@ from healthd.judge.model import (
 )
 from healthd.judge.series import key_of, missing_required, select
 from healthd.model import Node, Outcome, RunKind, Verdict
+from healthd.node_class import DEFAULT_CLASS, class_of
 from healthd.planning import PriorityRequest
 
 if TYPE_CHECKING:
     from healthd.collector import Collected
     from healthd.store import Store
 
-DEFAULT_CLASS = "default"
 _CODE_RANK = {
     ReasonCode.CHECK_FAILED: 5, ReasonCode.BELOW_FLOOR: 4, ReasonCode.LOCALISED: 3, ReasonCode.FLEET_OUTLIER: 2,
     ReasonCode.BASELINE_DRIFT: 1,
 }
 PASS_TEXT = "every judged series within its floor, baseline and fleet"
-
-
-def class_of(node: Node) -> str:
-    """The node's class: the backend's ``node_class``, else ``<gpu type>x<gpus>``, else ``default``."""
-    if node.node_class:
-        return node.node_class
-    if node.gpus:
-        return f"{node.gpu_type or 'gpu'}x{node.gpus}"
-    return DEFAULT_CLASS
 
 
 GPU_PEERS_MIN = 4

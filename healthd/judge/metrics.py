@@ -16,11 +16,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from healthd.judge.model import ReasonCode
+from healthd.metrics import verdict_family
 from healthd.model import Outcome, Verdict
 from healthd.store import Store
 from healthd.store.rows import RecommendationRow
 
-OUTCOMES = [o.value for o in Outcome]
 ACTIONS = ("drain", "undrain")
 RESULTS = ("done", "refused", "failed")
 
@@ -57,14 +57,7 @@ def judge_metric_families(snap: JudgeSnapshot, *, verdicts: bool = False) -> Ite
     """The judgement families. ``verdicts=True`` also yields ``healthd_node_verdict`` (the daemon's
     ``StoreCollector`` yields it today; exactly one of the two must)."""
     if verdicts:
-        family = GaugeMetricFamily("healthd_node_verdict",
-                                   "1 for the node's current verdict for the probe, 0 for the others",
-                                   labels=["node", "probe", "outcome", "reason_code"])
-        for v in snap.verdicts:
-            for outcome in OUTCOMES:
-                current = v.outcome.value == outcome
-                family.add_metric([v.node, v.probe, outcome, v.reason_code if current else ""], float(current))
-        yield family
+        yield verdict_family(snap.verdicts)
 
     for kind, column, help_text in (
         ("baseline", "baseline", "The node's own baseline (median of its recent passing results) of"),
