@@ -26,8 +26,8 @@ from healthd.collector import Collected, Collector
 from healthd.config import Settings, load_settings
 from healthd.errors import BackendError, ConfigError, HealthdError, SlurmError, StoreError
 from healthd.http import HttpApp, HttpServer
-from healthd.judge.engine import judge_collected, load_judge
 from healthd.judge.metrics import JudgeCollector
+from healthd.judge.persist import judge_collected, load_judge
 from healthd.logging import get_logger, setup_logging
 from healthd.metrics import DaemonMetrics, StoreCollector
 from healthd.model import RunKind

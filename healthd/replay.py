@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 
 from healthd.config import JudgeSettings, Settings
 from healthd.errors import HealthdError
-from healthd.judge.engine import Judge, runs_from_store
+from healthd.judge.engine import Judge
 from healthd.judge.model import FleetEvent, RunInput
 from healthd.model import Node, Outcome, Verdict
 from healthd.store import Store
@@ -81,7 +81,7 @@ class ReplayReport:
 
 def replay(store: Store, old: Settings, new: Settings, *, since: float, until: float = math.inf,
            old_source: str = "current config", new_source: str = "new config") -> ReplayReport:
-    runs = runs_from_store(store, since=since, until=until)
+    runs = store.judge_history(since=since, until=until)
     if not runs:
         raise HealthdError(f"no finished runs in the store since {_when(since)}")
     nodes = store.nodes()

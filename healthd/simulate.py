@@ -30,8 +30,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from healthd.collector import Collected, Collector
 from healthd.config import Settings
 from healthd.errors import BackendError, ConfigError, PolicyRefused
-from healthd.judge.engine import Judge, judge_collected
+from healthd.judge.engine import Judge
 from healthd.judge.model import JudgeOutput
+from healthd.judge.persist import judge_collected
 from healthd.model import JobState, JobStatus, Node, Outcome, ProbeJob, validate_node_name
 from healthd.planning import PlanLimits, plan
 from healthd.remediation import Action, Remediator

@@ -3,8 +3,8 @@
 ``Judge.evaluate`` is deterministic: the same state and runs give the same output. It keeps its
 state in memory (each node's accepted history per series, recent marks, group results, fleet
 pools, pending re-probes) and reports every change in the ``JudgeOutput`` so that the store can
-persist it (``save_output``) and a restarted daemon can ``Judge.restore`` it. ``replay`` and the
-simulator run the same code without a store.
+persist it and a restarted daemon can ``Judge.restore`` it (``healthd.judge.persist`` connects the
+two; this module imports no store). ``replay`` runs the same code without a store.
 
 Per run and node: the judged series (``series.select``) go through the three layers, floor
 (``floors``), own baseline (``baseline``) and fleet (``fleet``, including the node's own GPUs
@@ -17,13 +17,12 @@ a node: they never make a finding and never erase one.
 
 from __future__ import annotations
 
-import math
 import re
 import threading
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
 from healthd.config import JudgeSettings, ProbeSettings
 from healthd.judge.baseline import Baseline, baseline_of, drift, robust_stats
@@ -45,6 +44,7 @@ from healthd.judge.model import (
     FleetEvent,
     GroupRecord,
     JudgeOutput,
+    JudgeState,
     Mark,
     MeasurementInput,
     ReasonCode,
@@ -56,13 +56,9 @@ from healthd.judge.model import (
     Severity,
 )
 from healthd.judge.series import key_of, missing_required, select
-from healthd.model import Node, Outcome, RunKind, Verdict
+from healthd.model import Node, Outcome, Verdict
 from healthd.node_class import DEFAULT_CLASS, class_of
 from healthd.planning import PriorityRequest
-
-if TYPE_CHECKING:
-    from healthd.collector import Collected
-    from healthd.store import Store
 
 _CODE_RANK = {
     ReasonCode.CHECK_FAILED: 5, ReasonCode.BELOW_FLOOR: 4, ReasonCode.LOCALISED: 3, ReasonCode.FLEET_OUTLIER: 2,
@@ -726,44 +722,33 @@ class Judge:
             return sorted(self.events.values(), key=lambda e: (e.node_class, e.probe))
 
     # -- persistence --------------------------------------------------------------------------
-    def restore(self, rows: Mapping[str, Sequence[dict[str, Any]]], nodes: Sequence[Node], *, now: float) -> None:
-        """Rebuild the state from ``Store.load_judgement`` rows (a daemon restart)."""
-        for node in nodes:
-            self.classes[node.name] = class_of(node)
-        self.drained = {n.name for n in nodes if n.drained}
-        for r in rows.get("series", ()):
-            key = SeriesKey.of(r["probe"], r["name"], r["labels"])
-            st = SeriesState(r["node"], key, [(float(a), float(v)) for a, v in r["accepted"]], r["last_value"],
-                             r["last_at"], r["last_run_id"], r["floor"], r["baseline"], r["spread"])
-            self.series[(r["node"], key)] = st
-            if st.last_value is not None:
-                self.pools[(self.node_class(st.node), key.without("gpu"))][(st.node, key)] = (st.last_value, st.last_at)
-        for r in sorted(rows.get("marks", ()), key=lambda r: (r["at"], r["run_id"])):
-            mark = Mark(r["run_id"], r["node"], r["probe"], r["at"], Severity(r["severity"]), ReasonCode(r["code"]),
-                        r["text"], bool(r["regular"]), bool(r["event_proof"]),
-                        tuple(Finding.from_dict(f) for f in r["findings"]), bool(r["raw_flagged"]))
-            self._add_mark(mark)
-            self.status[(mark.node, mark.probe)] = _Status("judged", mark.at, mark.run_id, "")
-            if mark.regular:
-                self.samples[(self.node_class(mark.node), mark.probe)][mark.node] = (mark.at, mark.raw_flagged)
-        for r in sorted(rows.get("groups", ()), key=lambda r: (r["at"], r["run_id"])):
-            record = GroupRecord(r["run_id"], r["probe"], r["at"], tuple(r["members"]), Severity(r["severity"]),
-                                 ReasonCode(r["code"]), r["text"], tuple(r["suspects"]), bool(r["event_proof"]),
-                                 tuple(Finding.from_dict(f) for f in r["findings"]))
-            self._add_group(record, suppressed=record.code is ReasonCode.FLEET_EVENT)
-        for r in rows.get("events", ()):
-            self.events[(r["node_class"], r["probe"])] = FleetEvent(
-                r["node_class"], r["probe"], r["started_at"], None, r["flagged"], r["sampled"], tuple(r["series"]),
-                r["text"], r["id"])
-        for r in rows.get("pending", ()):
-            self.pending[(r["node"], r["probe"])] = Request(r["kind"], r["probe"], tuple(r["nodes"]),
-                                                             r["requested_at"], r["reason"])
-        for v in rows.get("verdicts", ()):
-            verdict = v["verdict"]
-            assert isinstance(verdict, Verdict)
-            self.verdicts[(verdict.node, verdict.probe)] = verdict
-        for r in rows.get("resets", ()):
-            self.resets[r["node"]] = max(self.resets.get(r["node"], float("-inf")), float(r["at"]))
+    def restore(self, state: JudgeState, nodes: Sequence[Node], *, now: float) -> None:
+        """Rebuild the state from what the store kept (``Store.load_judgement``; a daemon restart)."""
+        with self._lock:
+            for node in nodes:
+                self.classes[node.name] = class_of(node)
+            self.drained = {n.name for n in nodes if n.drained}
+            for saved in state.series:
+                st = replace(saved, accepted=list(saved.accepted))
+                self.series[(st.node, st.key)] = st
+                if st.last_value is not None:
+                    self.pools[(self.node_class(st.node), st.key.without("gpu"))][(st.node, st.key)] = \
+                        (st.last_value, st.last_at)
+            for mark in sorted(state.marks, key=lambda m: (m.at, m.run_id)):
+                self._add_mark(mark)
+                self.status[(mark.node, mark.probe)] = _Status("judged", mark.at, mark.run_id, "")
+                if mark.regular:
+                    self.samples[(self.node_class(mark.node), mark.probe)][mark.node] = (mark.at, mark.raw_flagged)
+            for record in sorted(state.groups, key=lambda g: (g.at, g.run_id)):
+                self._add_group(record, suppressed=record.code is ReasonCode.FLEET_EVENT)
+            for event in state.events:
+                self.events[(event.node_class, event.probe)] = event
+            for name, req in state.pending:
+                self.pending[(name, req.probe)] = req
+            for verdict in state.verdicts:
+                self.verdicts[(verdict.node, verdict.probe)] = verdict
+            for name, at in state.resets:
+                self.resets[name] = max(self.resets.get(name, float("-inf")), at)
 
 
 def _flat(evidence: Mapping[str, object], top: Finding | None) -> dict[str, float | str]:
@@ -779,93 +764,3 @@ def _flat(evidence: Mapping[str, object], top: Finding | None) -> dict[str, floa
     if isinstance(partners, list):
         out["partners"] = ",".join(str(p) for p in partners)
     return out
-
-
-# -- inputs ------------------------------------------------------------------------------------
-def run_from_collected(c: Collected, now: float) -> RunInput:
-    """A collected run as judge input (the daemon's path)."""
-    result = c.result
-    measurements: tuple[MeasurementInput, ...] = ()
-    failed: tuple[CheckInput, ...] = ()
-    if result is not None:
-        measurements = tuple(MeasurementInput(m.name, m.value, dict(m.labels), m.node) for m in result.measurements)
-        failed = tuple(CheckInput(ch.name, ch.detail, ch.node, ch.gpu) for ch in result.checks if not ch.ok)
-    return RunInput(c.run_id, c.probe, tuple(c.nodes), c.outcome, c.reason,
-                    result.finished_at if result is not None else now, measurements, failed, c.kind)
-
-
-def runs_from_store(store: Store, *, since: float = 0.0, until: float = math.inf) -> list[RunInput]:
-    """Finished runs with their measurements and failed checks, oldest first (replay's path)."""
-    rows = store.judge_history(since=since, until=until)
-    return [
-        RunInput(r["run_id"], r["probe"], tuple(r["nodes"]), Outcome(r["outcome"]), r["reason"], r["at"],
-                 tuple(MeasurementInput(m["name"], m["value"], m["labels"], m["node"]) for m in r["measurements"]),
-                 tuple(CheckInput(ch["name"], ch["detail"], ch["node"], ch["gpu"]) for ch in r["failed_checks"]),
-                 RunKind(r["kind"]))
-        for r in rows
-    ]
-
-
-# -- the daemon's entry points -------------------------------------------------------------------
-def save_output(store: Store, output: JudgeOutput, *, keep_s: float) -> None:
-    """Persist one evaluation (verdicts, series, marks, groups, events, re-probes) in one transaction."""
-    store.save_judgement(
-        verdicts=output.verdicts,
-        series=[{"node": s.node, "probe": s.key.probe, "name": s.key.name, "labels": _labels_json(s.key),
-                 "accepted": s.accepted, "last_value": s.last_value, "last_at": s.last_at,
-                 "last_run_id": s.last_run_id, "floor": s.floor, "baseline": s.baseline, "spread": s.spread}
-                for s in output.series],
-        marks=[{"run_id": m.run_id, "node": m.node, "probe": m.probe, "at": m.at, "severity": int(m.severity),
-                "code": m.code.value, "text": m.text, "regular": m.regular, "event_proof": m.event_proof,
-                "raw_flagged": m.raw_flagged, "findings": [f.to_dict() for f in m.findings]} for m in output.marks],
-        groups=[{"run_id": g.run_id, "probe": g.probe, "at": g.at, "members": list(g.members),
-                 "suspects": list(g.suspects), "severity": int(g.severity), "code": g.code.value, "text": g.text,
-                 "event_proof": g.event_proof, "findings": [f.to_dict() for f in g.findings]}
-                for g in output.groups],
-        events=[{"node_class": e.node_class, "probe": e.probe, "started_at": e.started_at, "ended_at": e.ended_at,
-                 "flagged": e.flagged, "sampled": e.sampled, "series": list(e.series), "text": e.text}
-                for e in output.fleet_events],
-        pending=[{"node": n, "probe": r.probe, "kind": r.kind, "nodes": list(r.nodes),
-                  "requested_at": r.requested_at, "reason": r.reason}
-                 for r in output.requests for n in r.nodes],
-        satisfied=output.satisfied,
-        prune_before=output.at - keep_s,
-    )
-
-
-_LABELS_JSON: dict[SeriesKey, str] = {}
-
-
-def _labels_json(key: SeriesKey) -> str:
-    """The store's canonical JSON of a series' labels, computed once per series."""
-    text = _LABELS_JSON.get(key)
-    if text is None:
-        if len(_LABELS_JSON) > 200_000:
-            _LABELS_JSON.clear()
-        text = _LABELS_JSON[key] = key.canonical_labels
-    return text
-
-
-def judge_collected(judge: Judge, store: Store, done: Sequence[Collected], *, now: float,
-                    nodes: Sequence[Node] | None = None) -> JudgeOutput:
-    """What the daemon calls after each collect: judge the collected runs and persist the result.
-
-    ``nodes`` (classes, drain state; default: the store's) and the undrain times that reset a
-    node's evidence come from the store; the caller hands the output to ``Remediator.apply``.
-    """
-    runs = [run_from_collected(c, now) for c in done]
-    output = judge.evaluate(runs, store.nodes() if nodes is None else nodes, now=now, resets=store.judge_resets())
-    save_output(store, output, keep_s=keep_seconds(judge.settings))
-    return output
-
-
-def keep_seconds(settings: JudgeSettings) -> float:
-    """How long marks and group records are kept: the confirmation window (and an hour of slack)."""
-    return max(settings.confirm.window_s, settings.fleet.event_window_s) + 3600.0
-
-
-def load_judge(store: Store, settings: JudgeSettings, *, now: float) -> Judge:
-    """A judge with the state a previous daemon left in the store."""
-    judge = Judge(settings)
-    judge.restore(store.load_judgement(since=now - keep_seconds(settings)), store.nodes(), now=now)
-    return judge

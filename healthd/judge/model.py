@@ -8,7 +8,6 @@ confirmation; see ``healthd.judge.engine``.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from typing import Literal, NamedTuple
@@ -16,6 +15,7 @@ from typing import Literal, NamedTuple
 from healthd.model import Outcome, RunKind, Verdict
 
 Direction = Literal["higher", "lower"]
+RequestKind = Literal["reprobe", "localise", "bisect", "recheck"]
 
 
 class ReasonCode(StrEnum):
@@ -73,10 +73,6 @@ class SeriesKey(NamedTuple):
     def label_dict(self) -> dict[str, str]:
         return dict(self.labels)
 
-    @property
-    def canonical_labels(self) -> str:
-        return json.dumps(dict(self.labels), sort_keys=True, separators=(",", ":"))
-
     def without(self, *keys: str) -> SeriesKey:
         return SeriesKey(self.probe, self.name, tuple(kv for kv in self.labels if kv[0] not in keys))
 
@@ -126,22 +122,6 @@ class Finding:
     event_proof: bool = False
     """True when a fleet-wide shift cannot explain it (a failed check; an outlier against the
     class as it is during the event)."""
-
-    def to_dict(self) -> dict[str, object]:
-        return {"code": self.code.value, "severity": int(self.severity), "probe": self.key.probe,
-                "name": self.key.name, "labels": dict(self.key.labels), "value": self.value,
-                "reference": self.reference, "threshold": self.threshold, "detail": self.detail,
-                "score": self.score, "event_proof": self.event_proof}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, object]) -> Finding:
-        labels = d["labels"]
-        assert isinstance(labels, dict)
-        score = d.get("score")
-        return cls(ReasonCode(str(d["code"])), Severity(int(str(d["severity"]))),
-                   SeriesKey.of(str(d["probe"]), str(d["name"]), {str(k): str(v) for k, v in labels.items()}),
-                   float(str(d["value"])), float(str(d["reference"])), float(str(d["threshold"])), str(d["detail"]),
-                   float(str(score)) if score is not None else None, bool(d.get("event_proof", False)))
 
     def evidence(self) -> dict[str, float | str]:
         out: dict[str, float | str] = {"layer": self.code.value, "series": self.key.describe(), "value": self.value,
@@ -244,7 +224,6 @@ class FleetEvent:
     sampled: int
     series: tuple[str, ...]
     text: str
-    event_id: int | None = None
 
     @property
     def active(self) -> bool:
@@ -255,7 +234,7 @@ class FleetEvent:
 class Request:
     """A re-probe the judge wants: confirm a finding, localise a bad group, or bisect one."""
 
-    kind: Literal["reprobe", "localise", "bisect", "recheck"]
+    kind: RequestKind
     probe: str
     nodes: tuple[str, ...]
     requested_at: float
@@ -307,3 +286,22 @@ class SeriesState:
     floor: float | None = None
     baseline: float | None = None
     spread: float | None = None
+
+
+@dataclass(frozen=True)
+class JudgeState:
+    """The judge's saved state, as the store keeps it and ``Judge.restore`` rebuilds from it."""
+
+    series: tuple[SeriesState, ...] = ()
+    marks: tuple[Mark, ...] = ()
+    """Recent marks (the confirmation window), any order."""
+    groups: tuple[GroupRecord, ...] = ()
+    """Recent group records, any order."""
+    events: tuple[FleetEvent, ...] = ()
+    """Active fleet events."""
+    pending: tuple[tuple[str, Request], ...] = ()
+    """(node, its pending re-probe of the request's probe)."""
+    verdicts: tuple[Verdict, ...] = ()
+    """The current verdict of each (node, probe)."""
+    resets: tuple[tuple[str, float], ...] = ()
+    """(node, when healthd last undrained it): its evidence from before no longer counts."""

@@ -1,13 +1,33 @@
 """The judge's saved state: verdicts, judged series, marks, group records, fleet events and
-pending re-probes, written once per evaluation and read back at start-up."""
+pending re-probes, written once per evaluation and read back at start-up. The mapping between the
+judge's types (``healthd.judge.model``) and the tables lives here and nowhere else."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
-from typing import Any
+import sqlite3
+from collections.abc import Iterable
+from typing import Any, cast, get_args
 
-from healthd.model import Outcome, Verdict
+from healthd.errors import StoreError
+from healthd.judge.model import (
+    CheckInput,
+    Finding,
+    FleetEvent,
+    GroupRecord,
+    JudgeOutput,
+    JudgeState,
+    Mark,
+    MeasurementInput,
+    ReasonCode,
+    Request,
+    RequestKind,
+    RunInput,
+    SeriesKey,
+    SeriesState,
+    Severity,
+)
+from healthd.model import Outcome, RunKind, Verdict
 from healthd.store.db import Database
 from healthd.store.rows import canonical_labels
 
@@ -19,19 +39,77 @@ JUDGEMENT_PRUNE = (
 )
 """Retention (housekeeping): ended fleet events and state not refreshed since the cut-off."""
 
+_INSERT_VERDICT = ("INSERT INTO verdicts (node, probe, outcome, reason, reason_code, run_ids, evidence, at)"
+                   " VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
+_LABELS_JSON: dict[SeriesKey, str] = {}
+
+
+def _labels_json(key: SeriesKey) -> str:
+    """The canonical JSON of a series' labels, computed once per series (every evaluation writes them)."""
+    text = _LABELS_JSON.get(key)
+    if text is None:
+        if len(_LABELS_JSON) > 200_000:
+            _LABELS_JSON.clear()
+        text = _LABELS_JSON[key] = canonical_labels(dict(key.labels))
+    return text
+
+
+def _verdict_row(v: Verdict) -> tuple[object, ...]:
+    return (v.node, v.probe, v.outcome.value, v.reason, v.reason_code, json.dumps(list(v.run_ids)),
+            json.dumps(v.evidence), v.at)
+
+
+def _findings_json(findings: Iterable[Finding]) -> str:
+    return json.dumps([
+        {"code": f.code.value, "severity": int(f.severity), "probe": f.key.probe, "name": f.key.name,
+         "labels": dict(f.key.labels), "value": f.value, "reference": f.reference, "threshold": f.threshold,
+         "detail": f.detail, "score": f.score, "event_proof": f.event_proof}
+        for f in findings])
+
+
+def _findings(text: str) -> tuple[Finding, ...]:
+    return tuple(
+        Finding(ReasonCode(d["code"]), Severity(d["severity"]), SeriesKey.of(d["probe"], d["name"], d["labels"]),
+                float(d["value"]), float(d["reference"]), float(d["threshold"]), d["detail"],
+                float(d["score"]) if d.get("score") is not None else None, bool(d.get("event_proof", False)))
+        for d in json.loads(text))
+
+
+def _series(r: sqlite3.Row) -> SeriesState:
+    return SeriesState(r["node"], SeriesKey.of(r["probe"], r["name"], json.loads(r["labels"])),
+                       [(float(a), float(v)) for a, v in json.loads(r["accepted"])], r["last_value"], r["last_at"],
+                       r["last_run_id"], r["floor"], r["baseline"], r["spread"])
+
+
+def _mark(r: sqlite3.Row) -> Mark:
+    return Mark(r["run_id"], r["node"], r["probe"], r["at"], Severity(r["severity"]), ReasonCode(r["code"]),
+                r["text"], bool(r["regular"]), bool(r["event_proof"]), _findings(r["findings"]),
+                bool(r["raw_flagged"]))
+
+
+def _group(r: sqlite3.Row) -> GroupRecord:
+    return GroupRecord(r["run_id"], r["probe"], r["at"], tuple(json.loads(r["members"])), Severity(r["severity"]),
+                       ReasonCode(r["code"]), r["text"], tuple(json.loads(r["suspects"])), bool(r["event_proof"]),
+                       _findings(r["findings"]))
+
+
+def _event(r: sqlite3.Row) -> FleetEvent:
+    return FleetEvent(r["node_class"], r["probe"], r["started_at"], r["ended_at"], r["flagged"], r["sampled"],
+                      tuple(json.loads(r["series"])), r["text"])
+
+
+def _pending(r: sqlite3.Row) -> tuple[str, Request]:
+    kind = r["kind"]
+    if kind not in get_args(RequestKind):
+        raise StoreError(f"unknown re-probe kind {kind!r} in judge_requests")
+    return r["node"], Request(cast(RequestKind, kind), r["probe"], tuple(json.loads(r["nodes"])),
+                              r["requested_at"], r["reason"])
+
 
 class JudgementStore(Database):
     def put_verdicts(self, verdicts: Iterable[Verdict]) -> None:
         with self._tx() as db:
-            db.executemany(
-                "INSERT INTO verdicts (node, probe, outcome, reason, reason_code, run_ids, evidence, at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (v.node, v.probe, v.outcome.value, v.reason, v.reason_code, json.dumps(list(v.run_ids)),
-                     json.dumps(v.evidence), v.at)
-                    for v in verdicts
-                ],
-            )
+            db.executemany(_INSERT_VERDICT, [_verdict_row(v) for v in verdicts])
 
     def current_verdicts(self) -> list[Verdict]:
         rows = self._query(
@@ -55,101 +133,70 @@ class JudgementStore(Database):
             for r in rows
         ]
 
-    def save_judgement(
-        self,
-        *,
-        verdicts: Iterable[Verdict],
-        series: Iterable[dict[str, Any]],
-        marks: Iterable[dict[str, Any]],
-        groups: Iterable[dict[str, Any]],
-        events: Iterable[dict[str, Any]],
-        pending: Iterable[dict[str, Any]],
-        satisfied: Iterable[tuple[str, str]],
-        prune_before: float | None = None,
-    ) -> None:
-        """One evaluation of the judge, in one transaction (see ``healthd.judge.engine.save_output``)."""
+    def save_judgement(self, output: JudgeOutput, *, keep_s: float | None = None) -> None:
+        """One evaluation of the judge in one transaction: changed verdicts and series, marks, group
+        records, fleet events that started or ended, re-probes asked for and answered; marks and group
+        records older than ``keep_s`` before the evaluation are dropped."""
         with self._tx() as db:
-            db.executemany(
-                "INSERT INTO verdicts (node, probe, outcome, reason, reason_code, run_ids, evidence, at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                [(v.node, v.probe, v.outcome.value, v.reason, v.reason_code, json.dumps(list(v.run_ids)),
-                  json.dumps(v.evidence), v.at) for v in verdicts],
-            )
+            db.executemany(_INSERT_VERDICT, [_verdict_row(v) for v in output.verdicts])
             db.executemany(
                 "INSERT OR REPLACE INTO judge_series (node, probe, name, labels, accepted, last_value, last_at,"
                 " last_run_id, floor, baseline, spread) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [(s["node"], s["probe"], s["name"],
-                  s["labels"] if isinstance(s["labels"], str) else canonical_labels(s["labels"]),
-                  json.dumps(s["accepted"]), s["last_value"], s["last_at"], s["last_run_id"], s["floor"],
-                  s["baseline"], s["spread"])
-                 for s in series],
+                [(s.node, s.key.probe, s.key.name, _labels_json(s.key), json.dumps(s.accepted), s.last_value,
+                  s.last_at, s.last_run_id, s.floor, s.baseline, s.spread) for s in output.series],
             )
             db.executemany(
                 "INSERT OR REPLACE INTO judge_marks (run_id, node, probe, at, severity, code, text, regular,"
                 " event_proof, raw_flagged, findings) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [(m["run_id"], m["node"], m["probe"], m["at"], m["severity"], m["code"], m["text"], int(m["regular"]),
-                  int(m["event_proof"]), int(m["raw_flagged"]), json.dumps(m["findings"])) for m in marks],
+                [(m.run_id, m.node, m.probe, m.at, int(m.severity), m.code.value, m.text, int(m.regular),
+                  int(m.event_proof), int(m.raw_flagged), _findings_json(m.findings)) for m in output.marks],
             )
             db.executemany(
                 "INSERT OR REPLACE INTO judge_groups (run_id, probe, at, members, suspects, severity, code, text,"
                 " event_proof, findings) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [(g["run_id"], g["probe"], g["at"], json.dumps(g["members"]), json.dumps(g["suspects"]),
-                  g["severity"], g["code"], g["text"], int(g["event_proof"]), json.dumps(g["findings"]))
-                 for g in groups],
+                [(g.run_id, g.probe, g.at, json.dumps(list(g.members)), json.dumps(list(g.suspects)),
+                  int(g.severity), g.code.value, g.text, int(g.event_proof), _findings_json(g.findings))
+                 for g in output.groups],
             )
-            for e in events:
-                if e["ended_at"] is None:
+            for e in output.fleet_events:
+                if e.ended_at is None:
                     db.execute(
                         "INSERT INTO fleet_events (node_class, probe, started_at, flagged, sampled, series, text)"
                         " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        (e["node_class"], e["probe"], e["started_at"], e["flagged"], e["sampled"],
-                         json.dumps(e["series"]), e["text"]),
+                        (e.node_class, e.probe, e.started_at, e.flagged, e.sampled, json.dumps(list(e.series)),
+                         e.text),
                     )
                 else:
                     db.execute(
                         "UPDATE fleet_events SET ended_at = ?, text = ? WHERE node_class = ? AND probe = ?"
-                        " AND ended_at IS NULL", (e["ended_at"], e["text"], e["node_class"], e["probe"]),
+                        " AND ended_at IS NULL", (e.ended_at, e.text, e.node_class, e.probe),
                     )
-            db.executemany("DELETE FROM judge_requests WHERE node = ? AND probe = ?", list(satisfied))
+            db.executemany("DELETE FROM judge_requests WHERE node = ? AND probe = ?", list(output.satisfied))
             db.executemany(
                 "INSERT OR REPLACE INTO judge_requests (node, probe, kind, nodes, requested_at, reason)"
                 " VALUES (?, ?, ?, ?, ?, ?)",
-                [(p["node"], p["probe"], p["kind"], json.dumps(p["nodes"]), p["requested_at"], p["reason"])
-                 for p in pending],
+                [(n, r.probe, r.kind, json.dumps(list(r.nodes)), r.requested_at, r.reason)
+                 for r in output.requests for n in r.nodes],
             )
-            if prune_before is not None:
-                db.execute("DELETE FROM judge_marks WHERE at < ?", (prune_before,))
-                db.execute("DELETE FROM judge_groups WHERE at < ?", (prune_before,))
+            if keep_s is not None:
+                db.execute("DELETE FROM judge_marks WHERE at < ?", (output.at - keep_s,))
+                db.execute("DELETE FROM judge_groups WHERE at < ?", (output.at - keep_s,))
 
-    def load_judgement(self, *, since: float) -> dict[str, list[dict[str, Any]]]:
+    def load_judgement(self, *, since: float) -> JudgeState:
         """What ``Judge.restore`` needs: every series, marks and group records since ``since``,
         active fleet events, pending re-probes, current verdicts and undrain times."""
-        def rows(sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
-            return [dict(r) for r in self._query(sql, params)]
-
         with self._lock:
-            series = rows("SELECT * FROM judge_series")
-            for s in series:
-                s["labels"] = json.loads(s["labels"])
-                s["accepted"] = json.loads(s["accepted"])
-            marks = rows("SELECT * FROM judge_marks WHERE at >= ? ORDER BY at", (since,))
-            for m in marks:
-                m["findings"] = json.loads(m["findings"])
-            groups = rows("SELECT * FROM judge_groups WHERE at >= ? ORDER BY at", (since,))
-            for g in groups:
-                for key in ("members", "suspects", "findings"):
-                    g[key] = json.loads(g[key])
-            events = rows("SELECT * FROM fleet_events WHERE ended_at IS NULL")
-            for e in events:
-                e["series"] = json.loads(e["series"])
-            pending = rows("SELECT * FROM judge_requests")
-            for p in pending:
-                p["nodes"] = json.loads(p["nodes"])
-            return {
-                "series": series, "marks": marks, "groups": groups, "events": events, "pending": pending,
-                "verdicts": [{"verdict": v} for v in self.current_verdicts()],
-                "resets": [{"node": n, "at": at} for n, at in self.judge_resets().items()],
-            }
+            return JudgeState(
+                series=tuple(_series(r) for r in self._query("SELECT * FROM judge_series")),
+                marks=tuple(_mark(r) for r in self._query(
+                    "SELECT * FROM judge_marks WHERE at >= ? ORDER BY at", (since,))),
+                groups=tuple(_group(r) for r in self._query(
+                    "SELECT * FROM judge_groups WHERE at >= ? ORDER BY at", (since,))),
+                events=tuple(_event(r) for r in self._query("SELECT * FROM fleet_events WHERE ended_at IS NULL")),
+                pending=tuple(_pending(r) for r in self._query("SELECT * FROM judge_requests")),
+                verdicts=tuple(self.current_verdicts()),
+                resets=tuple(self.judge_resets().items()),
+            )
 
     def judge_resets(self) -> dict[str, float]:
         """Per node, when healthd last undrained it: its earlier evidence no longer counts."""
@@ -165,34 +212,34 @@ class JudgementStore(Database):
             s["labels"] = json.loads(s["labels"])
         return out
 
-    def judge_history(self, *, since: float = 0.0, until: float = float("inf")) -> list[dict[str, Any]]:
-        """Finished runs in [since, until] by finish time, with nodes, measurements and failed checks."""
+    def judge_history(self, *, since: float = 0.0, until: float = float("inf")) -> list[RunInput]:
+        """Finished runs in [since, until] by finish time, with nodes, measurements and failed checks, as
+        the judge takes them (replay's input)."""
         params = (since, until if until != float("inf") else 1e300)
+        measurements: dict[str, list[MeasurementInput]] = {}
+        failed: dict[str, list[CheckInput]] = {}
         with self._lock:
-            runs = [dict(r) for r in self._query(
+            runs = self._query(
                 "SELECT r.run_id, r.probe, r.kind, r.outcome, r.reason, r.finished_at AS at,"
                 " (SELECT json_group_array(node) FROM run_nodes n WHERE n.run_id = r.run_id) AS nodes"
                 " FROM runs r WHERE r.state = 'finished' AND r.finished_at >= ? AND r.finished_at <= ?"
-                " ORDER BY r.finished_at, r.run_id", params)]
-            by_run: dict[str, dict[str, Any]] = {}
-            for r in runs:
-                r["nodes"] = sorted(json.loads(r["nodes"]))
-                r["measurements"], r["failed_checks"] = [], []
-                by_run[r["run_id"]] = r
+                " ORDER BY r.finished_at, r.run_id", params)
             for m in self._query(
                 "SELECT m.run_id, m.node, m.name, m.labels, m.value FROM measurements m JOIN runs r"
                 " ON r.run_id = m.run_id WHERE r.state = 'finished' AND r.finished_at >= ? AND r.finished_at <= ?"
                 " ORDER BY m.id", params):
-                if m["run_id"] in by_run:
-                    by_run[m["run_id"]]["measurements"].append(
-                        {"name": m["name"], "value": m["value"], "labels": json.loads(m["labels"]), "node": m["node"]})
+                measurements.setdefault(m["run_id"], []).append(
+                    MeasurementInput(m["name"], m["value"], json.loads(m["labels"]), m["node"]))
             for c in self._query(
                 "SELECT c.* FROM checks c JOIN runs r ON r.run_id = c.run_id WHERE c.ok = 0"
                 " AND r.state = 'finished' AND r.finished_at >= ? AND r.finished_at <= ?", params):
-                if c["run_id"] in by_run:
-                    by_run[c["run_id"]]["failed_checks"].append(
-                        {"name": c["name"], "detail": c["detail"], "node": c["node"], "gpu": c["gpu"]})
-        return runs
+                failed.setdefault(c["run_id"], []).append(CheckInput(c["name"], c["detail"], c["node"], c["gpu"]))
+        return [
+            RunInput(r["run_id"], r["probe"], tuple(sorted(json.loads(r["nodes"]))), Outcome(r["outcome"]),
+                     r["reason"], r["at"], tuple(measurements.get(r["run_id"], ())),
+                     tuple(failed.get(r["run_id"], ())), RunKind(r["kind"]))
+            for r in runs
+        ]
 
     def marks_since(self, node: str, since: float) -> list[tuple[float, str, int, str]]:
         """(at, probe, severity, code) of the node's judged results after ``since``, oldest first."""

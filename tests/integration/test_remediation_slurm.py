@@ -19,8 +19,9 @@ from healthd.cluster.slurm import SlurmBackend
 from healthd.collector import Collected, Collector
 from healthd.config import JudgeSettings, ProbeSettings, RemediationSettings
 from healthd.jobs import LaunchSettings
-from healthd.judge.engine import Judge, judge_collected
+from healthd.judge.engine import Judge
 from healthd.judge.model import JudgeOutput
+from healthd.judge.persist import judge_collected
 from healthd.model import Outcome, ProbeJob, RunKind
 from healthd.parsers.healthd_json import parse_result
 from healthd.planning import PlanLimits, new_run_id, plan

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from healthd.config import JudgeSettings, ProbeSettings
-from healthd.judge.engine import Judge, keep_seconds, load_judge, save_output
+from healthd.judge.engine import Judge
 from healthd.judge.model import CheckInput, JudgeOutput, MeasurementInput, ReasonCode, Request, RunInput, SeriesKey
+from healthd.judge.persist import keep_seconds, load_judge
 from healthd.model import Node, Outcome, RunKind
 from healthd.store import Store
 
@@ -39,6 +41,8 @@ class Fleet:
         self.judge = Judge(settings or JudgeSettings())
         self.t = 10_000.0
         self.k = 0
+        self.store: Store | None = None
+        """Where each output is saved, as the daemon does (none: the judge alone)."""
 
     def rid(self, priority: bool) -> str:
         self.k += 1
@@ -63,6 +67,8 @@ class Fleet:
 
     def feed(self, runs: list[RunInput], *, advance: float = 900.0, **kw: object) -> JudgeOutput:
         out = self.judge.evaluate(runs, self.nodes, now=self.t, **kw)  # type: ignore[arg-type]
+        if self.store is not None:
+            self.store.save_judgement(out, keep_s=keep_seconds(self.judge.settings))
         self.t += advance
         return out
 
@@ -231,8 +237,9 @@ def test_fleet_event_gives_one_fleet_verdict_and_no_recommendation() -> None:
     assert verdict(fleet, "n05") == ("pass", "ok")
 
 
-def pairs_fleet() -> Fleet:
+def pairs_fleet(store: Store | None = None) -> Fleet:
     fleet = Fleet(["a", "b", "c", "d", "e", "f"])
+    fleet.store = store
     for round_pairs in ((("a", "b"), ("c", "d"), ("e", "f")), (("a", "c"), ("b", "e"), ("d", "f")),
                         (("a", "d"), ("b", "f"), ("c", "e"))):
         fleet.feed([fleet.nccl(p) for p in round_pairs])
@@ -297,9 +304,9 @@ def test_state_survives_a_restart_through_the_store(tmp_path: Path) -> None:
     fleet = Fleet([f"n{i}" for i in range(10)])
     keep = keep_seconds(fleet.judge.settings)
     for _ in range(3):
-        save_output(store, fleet.feed([fleet.gemm(n) for n in fleet.names]), keep_s=keep)
-    save_output(store, fleet.feed([fleet.gemm(n, {2: 350e12} if n == "n6" else None) for n in fleet.names],
-                                  advance=60), keep_s=keep)
+        store.save_judgement(fleet.feed([fleet.gemm(n) for n in fleet.names]), keep_s=keep)
+    store.save_judgement(fleet.feed([fleet.gemm(n, {2: 350e12} if n == "n6" else None) for n in fleet.names],
+                                    advance=60), keep_s=keep)
     restored = load_judge(store, JudgeSettings(), now=fleet.t)
     judge = fleet.judge
     assert restored.pending == judge.pending == {("n6", "gemm"): restored.pending[("n6", "gemm")]}
@@ -316,6 +323,57 @@ def test_state_survives_a_restart_through_the_store(tmp_path: Path) -> None:
     b = restored.evaluate([run], fleet.nodes, now=fleet.t)
     assert [(v.node, v.outcome, v.reason) for v in a.verdicts] == [(v.node, v.outcome, v.reason) for v in b.verdicts]
     assert [r.node for r in b.recommendations] == ["n6"]
+    store.close()
+
+
+def a_bad_link_and_a_slow_gpu(store: Store) -> tuple[Fleet, list[Callable[[Fleet], list[RunInput]]]]:
+    """Before the restart: a group suspect pair (localise requests) and a slow GPU (a re-probe)."""
+    fleet = pairs_fleet(store)
+    fleet.healthy_gemm_rounds()
+    fleet.feed([fleet.nccl(("a", "b"), group=220e9), fleet.nccl(("c", "d")), fleet.nccl(("e", "f")),
+                *(fleet.gemm(n, {2: 350e12} if n == "e" else None) for n in fleet.names)], advance=60)
+    return fleet, [
+        lambda f: [f.nccl(("a", "c"), group=220e9, priority=True), f.nccl(("b", "d"), priority=True),
+                   f.gemm("e", {2: 350e12}, priority=True)],
+        lambda f: [f.nccl(("a", "e"), group=220e9), f.nccl(("b", "c")), f.nccl(("d", "f")),
+                   *(f.gemm(n, {2: 350e12} if n == "e" else None) for n in f.names)],
+        lambda f: [f.nccl(("a", "f"), group=220e9, priority=True)],
+    ]
+
+
+def an_active_fleet_event(store: Store) -> tuple[Fleet, list[Callable[[Fleet], list[RunInput]]]]:
+    """Before the restart: a fleet event on gemm, with one GPU far below the class as it is now."""
+    fleet = Fleet([f"n{i:02d}" for i in range(12)])
+    fleet.store = store
+    fleet.healthy_gemm_rounds()
+    fleet.feed([fleet.gemm(n, scale=0.7) for n in fleet.names], advance=60)
+    fleet.feed([fleet.gemm(n, {1: 245e12} if n == "n02" else None, scale=0.7) for n in fleet.names], advance=60)
+    return fleet, [
+        lambda f: [f.gemm("n02", {1: 245e12}, scale=0.7, priority=True)],
+        lambda f: [f.gemm(n) for n in f.names if n != "n02"],
+        lambda f: [f.gemm(n, {1: 245e12} if n == "n02" else None) for n in f.names],
+    ]
+
+
+@pytest.mark.parametrize("scenario", [a_bad_link_and_a_slow_gpu, an_active_fleet_event])
+def test_a_judge_restored_from_the_store_judges_the_next_runs_the_same(
+        tmp_path: Path, scenario: Callable[[Store], tuple[Fleet, list[Callable[[Fleet], list[RunInput]]]]]) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    fleet, rounds = scenario(store)
+    store.upsert_nodes(fleet.nodes, 1.0)
+    original, restored = fleet.judge, load_judge(store, fleet.judge.settings, now=fleet.t)
+    probes = {"gemm": ProbeSettings(), "nccl": ProbeSettings(nodes_per_job=2)}
+    assert restored.requests(fleet.t, probes) == original.requests(fleet.t, probes)
+    assert restored.active_events() == original.active_events()
+    for make in rounds:
+        runs = make(fleet)
+        a = original.evaluate(runs, fleet.nodes, now=fleet.t)
+        b = restored.evaluate(runs, fleet.nodes, now=fleet.t)
+        assert a == b and (a.verdicts or a.marks)
+        assert restored.requests(fleet.t, probes) == original.requests(fleet.t, probes)
+        fleet.t += 60
+    assert {k: (v.outcome, v.reason_code, v.reason) for k, v in restored.verdicts.items()} == \
+        {k: (v.outcome, v.reason_code, v.reason) for k, v in original.verdicts.items()}
     store.close()
 
 

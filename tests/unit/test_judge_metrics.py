@@ -9,35 +9,29 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 
 from healthd.judge.metrics import JudgeCollector, judge_metric_families, judge_snapshot
+from healthd.judge.model import FleetEvent, JudgeOutput, SeriesKey, SeriesState
 from healthd.model import Outcome, Verdict
 from healthd.store import Store
 
 
 def filled_store(tmp_path: Path) -> Store:
     store = Store(tmp_path / "s.sqlite")
+    gemm = SeriesKey.of("gemm", "flop_per_second", {"gpu": "0", "dtype": "bf16"})
+    group = SeriesKey.of("nccl", "busbw_bytes_per_second",
+                         {"scope": "group", "size_bytes": "1073741824", "nodes": "2"})
+    node = SeriesKey.of("nccl", "busbw_bytes_per_second", {"scope": "node", "size_bytes": "1073741824"})
     series = [
-        {"node": "n1", "probe": "gemm", "name": "flop_per_second", "labels": {"gpu": "0", "dtype": "bf16"},
-         "accepted": [[1.0, 7e14]], "last_value": 7e14, "last_at": 1.0, "last_run_id": "r", "floor": 5.25e14,
-         "baseline": 7e14, "spread": 1e12},
-        {"node": "n1", "probe": "nccl", "name": "busbw_bytes_per_second",
-         "labels": {"scope": "group", "size_bytes": "1073741824", "nodes": "2"}, "accepted": [], "last_value": 4e11,
-         "last_at": 1.0, "last_run_id": "r", "floor": 1e11, "baseline": None, "spread": None},
-        {"node": "n2", "probe": "nccl", "name": "busbw_bytes_per_second",
-         "labels": {"scope": "node", "size_bytes": "1073741824"}, "accepted": [], "last_value": 4.8e11,
-         "last_at": 1.0, "last_run_id": "r", "floor": None, "baseline": 4.8e11, "spread": 2e9},
+        SeriesState("n1", gemm, [(1.0, 7e14)], 7e14, 1.0, "r", 5.25e14, 7e14, 1e12),
+        SeriesState("n1", group, [], 4e11, 1.0, "r", 1e11, None, None),
+        SeriesState("n2", node, [], 4.8e11, 1.0, "r", None, 4.8e11, 2e9),
     ]
-    events = [
-        {"node_class": "h100x8", "probe": "nccl", "started_at": 1.0, "ended_at": None, "flagged": 9, "sampled": 12,
-         "series": [], "text": "x"},
-        {"node_class": "a100x8", "probe": "gemm", "started_at": 1.0, "ended_at": None, "flagged": 9, "sampled": 12,
-         "series": [], "text": "y"},
-    ]
-    store.save_judgement(verdicts=[Verdict("n1", "gemm", Outcome.FAIL, "slow", "below_floor"),
-                                   Verdict("n2", "nccl", Outcome.PASS, "ok", "ok")],
-                         series=series, marks=[], groups=[], events=events, pending=[], satisfied=[])
-    store.save_judgement(verdicts=[], series=[], marks=[], groups=[], pending=[], satisfied=[], events=[
-        {"node_class": "a100x8", "probe": "gemm", "started_at": 1.0, "ended_at": 5.0, "flagged": 0, "sampled": 0,
-         "series": [], "text": "y; over"}])
+    events = [FleetEvent("h100x8", "nccl", 1.0, None, 9, 12, (), "x"),
+              FleetEvent("a100x8", "gemm", 1.0, None, 9, 12, (), "y")]
+    store.save_judgement(JudgeOutput(at=1.0, verdicts=[Verdict("n1", "gemm", Outcome.FAIL, "slow", "below_floor"),
+                                                       Verdict("n2", "nccl", Outcome.PASS, "ok", "ok")],
+                                     series=series, fleet_events=events))
+    store.save_judgement(JudgeOutput(at=5.0, fleet_events=[
+        FleetEvent("a100x8", "gemm", 1.0, 5.0, 0, 0, (), "y; over")]))
     for probe, outcome, code in (("gemm", "degraded", "fleet_outlier"), ("nccl", "fail", "localised")):
         store.upsert_recommendation(node="n1", probe=probe, outcome=outcome, reason_code=code, text="t",
                                     evidence={}, at=2.0)

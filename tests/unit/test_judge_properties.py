@@ -10,8 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from healthd.config import FloorRule, JudgeSettings, RemediationSettings
-from healthd.judge.engine import Judge, keep_seconds, save_output
+from healthd.judge.engine import Judge
 from healthd.judge.model import CheckInput, MeasurementInput, RunInput
+from healthd.judge.persist import keep_seconds
 from healthd.model import Node, Outcome
 from healthd.remediation import Remediator
 from healthd.simulate import ClassSpec, Scenario, SimCluster
@@ -97,7 +98,7 @@ def test_errors_never_yield_a_recommendation_or_a_drain(events: list[tuple[int, 
             else:
                 run = RunInput(f"{k:016x}", "gemm", (node,), Outcome.ERROR, "submit failed", at)
             out = judge.evaluate([run], nodes, now=at)
-            save_output(store, out, keep_s=keep_seconds(judge.settings))
+            store.save_judgement(out, keep_s=keep_seconds(judge.settings))
             remediator.apply(out)
             assert {v.outcome for v in out.verdicts} <= {Outcome.PASS, Outcome.ERROR}
             clock[0] += 300.0

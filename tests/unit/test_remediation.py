@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from healthd.config import RemediationSettings
-from healthd.judge.model import JudgeOutput, ReasonCode, RecommendationCandidate
+from healthd.judge.model import FleetEvent, JudgeOutput, Mark, ReasonCode, RecommendationCandidate, Severity
 from healthd.model import Outcome, Verdict
 from healthd.remediation import Remediator, recommendations_document
 from healthd.simulate import ClassSpec, Scenario, SimCluster
@@ -159,10 +159,10 @@ def test_a_repeat_offender_is_left_to_humans(tmp_path: Path) -> None:
 
 
 def passing_marks(store: Store, node: str, at: float, probe: str = "gemm", n: int = 1, severity: int = 0) -> None:
-    store.save_judgement(verdicts=[], series=[], groups=[], events=[], pending=[], satisfied=[], marks=[
-        {"run_id": f"{probe}{at}{i}", "node": node, "probe": probe, "at": at + i, "severity": severity,
-         "code": "ok" if severity == 0 else "below_floor", "text": "", "regular": True, "event_proof": False,
-         "raw_flagged": severity > 0, "findings": []} for i in range(n)])
+    store.save_judgement(JudgeOutput(at=at, marks=[
+        Mark(f"{probe}{at}{i}", node, probe, at + i, Severity(severity),
+             ReasonCode.OK if severity == 0 else ReasonCode.BELOW_FLOOR, "", True, raw_flagged=severity > 0)
+        for i in range(n)]))
 
 
 def test_undrain_after_consecutive_passes_of_the_drained_probe(tmp_path: Path) -> None:
@@ -238,9 +238,8 @@ def test_act_on_and_the_api_document(tmp_path: Path) -> None:
     rig = Rig(tmp_path, act_on=["fail"])
     assert rig.recommend("n01", outcome=Outcome.DEGRADED, code=ReasonCode.FLEET_OUTLIER) == []
     rig.recommend("n02")
-    rig.store.save_judgement(verdicts=[], series=[], marks=[], groups=[], pending=[], satisfied=[], events=[
-        {"node_class": "h100x8", "probe": "nccl", "started_at": rig.now, "ended_at": None, "flagged": 9,
-         "sampled": 12, "series": [], "text": "fleet event: nccl on h100x8"}])
+    rig.store.save_judgement(JudgeOutput(at=rig.now, fleet_events=[
+        FleetEvent("h100x8", "nccl", rig.now, None, 9, 12, (), "fleet event: nccl on h100x8")]))
     doc = recommendations_document(rig.store, rig.settings)
     assert doc["mode"] == "enforce" and doc["breaker"] == {"open": False}
     assert [(r["node"], r["reason_code"], r["refused"]) for r in doc["recommendations"]] == \

@@ -13,8 +13,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from healthd.collector import Collector
 from healthd.config import Settings
-from healthd.judge.engine import judge_collected, load_judge
 from healthd.judge.metrics import JudgeCollector
+from healthd.judge.persist import judge_collected, load_judge
 from healthd.planning import PlanLimits, plan
 from healthd.remediation import Remediator, recommendations_document
 from healthd.simulate import SIM_EPOCH, ClassSpec, FaultSpec, Scenario, SeriesSpec, SimCluster

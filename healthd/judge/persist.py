@@ -1,0 +1,56 @@
+"""Where the judge meets the collector and the store: the daemon's (and the simulator's) entry points.
+
+The judge (``healthd.judge.engine``) knows neither; the store maps the judge's types to its tables
+(``healthd.store.judgement``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from healthd.config import JudgeSettings
+from healthd.judge.engine import Judge
+from healthd.judge.model import CheckInput, JudgeOutput, MeasurementInput, RunInput
+from healthd.model import Node
+
+if TYPE_CHECKING:
+    from healthd.collector import Collected
+    from healthd.store import Store
+
+
+def run_from_collected(c: Collected, now: float) -> RunInput:
+    """A collected run as judge input (the daemon's path)."""
+    result = c.result
+    measurements: tuple[MeasurementInput, ...] = ()
+    failed: tuple[CheckInput, ...] = ()
+    if result is not None:
+        measurements = tuple(MeasurementInput(m.name, m.value, dict(m.labels), m.node) for m in result.measurements)
+        failed = tuple(CheckInput(ch.name, ch.detail, ch.node, ch.gpu) for ch in result.checks if not ch.ok)
+    return RunInput(c.run_id, c.probe, tuple(c.nodes), c.outcome, c.reason,
+                    result.finished_at if result is not None else now, measurements, failed, c.kind)
+
+
+def keep_seconds(settings: JudgeSettings) -> float:
+    """How long marks and group records are kept: the confirmation window (and an hour of slack)."""
+    return max(settings.confirm.window_s, settings.fleet.event_window_s) + 3600.0
+
+
+def judge_collected(judge: Judge, store: Store, done: Sequence[Collected], *, now: float,
+                    nodes: Sequence[Node] | None = None) -> JudgeOutput:
+    """What the daemon calls after each collect: judge the collected runs and persist the result.
+
+    ``nodes`` (classes, drain state; default: the store's) and the undrain times that reset a
+    node's evidence come from the store; the caller hands the output to ``Remediator.apply``.
+    """
+    runs = [run_from_collected(c, now) for c in done]
+    output = judge.evaluate(runs, store.nodes() if nodes is None else nodes, now=now, resets=store.judge_resets())
+    store.save_judgement(output, keep_s=keep_seconds(judge.settings))
+    return output
+
+
+def load_judge(store: Store, settings: JudgeSettings, *, now: float) -> Judge:
+    """A judge with the state a previous daemon left in the store."""
+    judge = Judge(settings)
+    judge.restore(store.load_judgement(since=now - keep_seconds(settings)), store.nodes(), now=now)
+    return judge
