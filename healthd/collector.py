@@ -148,9 +148,8 @@ class Collector:
                 collected = self._advance(run, status, now)
             if collected is not None:
                 done.append(collected)
-        forget = getattr(self.backend, "forget", None)
-        if forget is not None:
-            forget([r.job_id for r in runs if r.job_id and any(c.run_id == r.run_id for c in done)])
+        closed = {c.run_id for c in done}
+        self.backend.forget([r.job_id for r in runs if r.job_id and r.run_id in closed])
         return done
 
     def _advance(self, run: RunRow, status: JobStatus | None, now: float) -> Collected | None:

@@ -22,6 +22,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry
 
 from healthd.cluster import ClusterBackend, make_backend
+from healthd.cluster.base import BackendTraits, ObservedBackend
 from healthd.collector import Collected, Collector
 from healthd.config import Settings, load_settings
 from healthd.errors import BackendError, ConfigError, HealthdError, SlurmError, StoreError
@@ -56,16 +57,18 @@ class Daemon:
             raise StoreError(f"cannot create the results directory {settings.results_dir}: {exc}") from None
         self.store = Store(settings.store_path)
         self.backend = backend or make_backend(settings)
+        self.backend_up = True
         self.registry = CollectorRegistry()
         self.metrics = DaemonMetrics(self.registry)
         self.metrics.backend_up.labels(self.backend.name).set(1)
         self.metrics.slurm_up.set(0)
+        self.observed = ObservedBackend(self.backend, self._backend_call_ok)
         self.registry.register(StoreCollector(self._snapshot, lambda: self.backend.name))
         self.registry.register(JudgeCollector(self.store))
         self.judge = load_judge(self.store, settings.judge, now=time.time())
         self.remediator = Remediator(self.store, self.backend, settings.remediation)
         self.collector = Collector(
-            self.store, self.backend, settings.results_dir,
+            self.store, self.observed, settings.results_dir,
             pending_timeout_s=settings.slurm.pending_timeout_s,
             on_error=lambda kind: self.metrics.errors.labels(kind).inc(),
         )
@@ -119,30 +122,28 @@ class Daemon:
         run.__name__ = f"tick_{name}"
         return run
 
+    @property
+    def traits(self) -> BackendTraits:
+        return self.backend.traits(self.settings)
+
     def _backend_call_ok(self, ok: bool) -> None:
+        """Every call of discover, plan and collect to the backend ends here (``ObservedBackend``)."""
+        self.backend_up = ok
         self.metrics.backend_up.labels(self.backend.name).set(1 if ok else 0)
-        if self.backend.name == "slurm":
+        if self.traits.controller:
             self.metrics.slurm_up.set(1 if ok else 0)
 
     def discover(self) -> None:
-        try:
-            nodes = self.backend.list_nodes()
-        except BackendError:
-            self._backend_call_ok(False)
-            raise
-        self._backend_call_ok(True)
-        self.store.upsert_nodes(nodes, time.time())
+        self.store.upsert_nodes(self.observed.list_nodes(), time.time())
 
     def plan_and_launch(self) -> None:
+        """Plan and submit probe jobs; nothing while the backend is down (the next discover tells)."""
+        if not self.backend_up:
+            log.info("plan_skipped", why="the backend is down")
+            return
         s = self.settings
         runs = self.store.unfinished_runs()
-        limits = PlanLimits(
-            max_jobs_in_flight=s.slurm.max_concurrent_jobs if self.backend.name == "slurm" else s.local.max_concurrent,
-            max_idle_share=s.slurm.max_idle_share if self.backend.name == "slurm" else 1.0,
-            partitions=frozenset(s.slurm.partitions) if self.backend.name == "slurm" else frozenset(),
-            exclude=frozenset(s.slurm.exclude_nodes),
-            own_reservation=s.slurm.reservation,
-        )
+        limits = plan_limits(self.traits, s)
         now = time.time()
         last_attempts = self.store.last_attempts()
         priority = self.judge.requests(now, s.probes) + self.judge.recheck_requests(
@@ -173,13 +174,7 @@ class Daemon:
             self.collector.launch(job)
 
     def collect(self) -> None:
-        try:
-            done = self.collector.collect()
-        except BackendError:
-            self._backend_call_ok(False)
-            raise
-        self._backend_call_ok(True)
-        self._judge(done)
+        self._judge(self.collector.collect())
 
     def _judge(self, done: list[Collected]) -> None:
         """Judge the runs just collected, persist verdicts, then let remediation act on them.
@@ -287,7 +282,7 @@ class Daemon:
         deadline = time.monotonic() + STOP_DEADLINE_S
         self.scheduler.pause()
         self.backend.close()
-        if self.backend.name == "local":
+        if self.traits.probes_in_daemon:
             try:
                 self._judge(self.collector.collect())
             except HealthdError as exc:
@@ -298,6 +293,17 @@ class Daemon:
         waiter.join(max(0.0, deadline - time.monotonic()))
         self.store.close()
         log.info("daemon_stopped")
+
+
+def plan_limits(traits: BackendTraits, settings: Settings) -> PlanLimits:
+    """The planner's limits: the backend's, and the nodes the settings exclude (pure)."""
+    return PlanLimits(
+        max_jobs_in_flight=traits.max_jobs_in_flight,
+        max_idle_share=traits.max_idle_share,
+        partitions=traits.partitions,
+        exclude=frozenset(settings.slurm.exclude_nodes),
+        own_reservation=settings.slurm.reservation,
+    )
 
 
 def _utc(ts: float) -> Any:

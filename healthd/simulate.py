@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from healthd.cluster.base import BackendTraits
 from healthd.collector import Collected, Collector
 from healthd.config import Settings
 from healthd.errors import BackendError, ConfigError, PolicyRefused
@@ -241,6 +242,10 @@ class SimCluster:
         self.undrain_log: list[tuple[float, str]] = []
 
     # ClusterBackend
+    def traits(self, settings: Settings) -> BackendTraits:
+        return BackendTraits(max_jobs_in_flight=settings.slurm.max_concurrent_jobs,
+                             max_idle_share=settings.slurm.max_idle_share)
+
     def list_nodes(self) -> list[Node]:
         out = []
         for n in self.nodes.values():
@@ -468,8 +473,8 @@ class Simulation:
         self.judge = Judge(self.settings.judge)
         self.remediator = Remediator(self.store, self.cluster, self.settings.remediation,
                                      clock=lambda: self.cluster.now)
-        self.limits = PlanLimits(max_jobs_in_flight=self.settings.slurm.max_concurrent_jobs,
-                                 max_idle_share=self.settings.slurm.max_idle_share)
+        traits = self.cluster.traits(self.settings)
+        self.limits = PlanLimits(max_jobs_in_flight=traits.max_jobs_in_flight, max_idle_share=traits.max_idle_share)
         self.echo = echo
         self.nodes: list[Node] = self.cluster.list_nodes()
         self.outcomes = [FaultOutcome(f) for f in scenario.faults]

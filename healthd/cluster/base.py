@@ -10,20 +10,53 @@ or pyslurm). Contract for every implementation:
   query to the cluster, never one per job.
 - ``drain``/``undrain`` only act on nodes whose reason carries healthd's prefix or that have no
   drain; ownership checks live in ``healthd.remediation`` and are repeated here defensively.
+- What the daemon does differently per backend comes from :meth:`ClusterBackend.traits`, never
+  from ``name`` (a label value only).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import ParamSpec, Protocol, TypeVar, runtime_checkable
 
+from healthd.config import Settings
+from healthd.errors import BackendError
 from healthd.model import JobStatus, Node, ProbeJob
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class BackendTraits:
+    """What a backend imposes on the daemon around it.
+
+    :param max_jobs_in_flight: probe jobs the planner may have submitted and unfinished at once.
+    :param max_idle_share: share of the idle nodes the planner may take at once.
+    :param partitions: only nodes in these partitions are probed (empty: all).
+    :param controller: the backend talks to a controller whose reachability is exported as
+        ``healthd_slurm_up`` (1 after a call that worked, 0 after a ``BackendError``).
+    :param probes_in_daemon: probes run inside the daemon and die with it (:meth:`ClusterBackend.close`
+        cancels them), so one more collect on stop records how they ended.
+    """
+
+    max_jobs_in_flight: int
+    max_idle_share: float = 1.0
+    partitions: frozenset[str] = frozenset()
+    controller: bool = False
+    probes_in_daemon: bool = False
 
 
 @runtime_checkable
 class ClusterBackend(Protocol):
     name: str
+    """A label value (metrics, stored runs, logs); behaviour comes from :meth:`traits`."""
+
+    def traits(self, settings: Settings) -> BackendTraits:
+        """This backend's limits and capabilities under ``settings`` (pure; asked again after a reload)."""
+        ...
 
     def list_nodes(self) -> list[Node]:
         """All nodes with state, flags, partitions, GPUs, features and drain reason."""
@@ -41,6 +74,10 @@ class ClusterBackend(Protocol):
         """Jobs of healthd still known to the cluster (after a daemon restart)."""
         ...
 
+    def forget(self, job_ids: Sequence[str]) -> None:
+        """The collector has closed these jobs: drop what is cached about them (a no-op where nothing is)."""
+        ...
+
     def cancel(self, job_ids: Sequence[str]) -> None:
         """Cancel the given jobs; unknown ids are ignored."""
         ...
@@ -56,3 +93,53 @@ class ClusterBackend(Protocol):
     def close(self) -> None:
         """Stop whatever the backend runs itself (local subprocesses); Slurm jobs stay."""
         ...
+
+
+class ObservedBackend:
+    """``backend`` with the outcome of every call that reaches the cluster reported to ``observe``:
+    ``False`` when it raised ``BackendError``, ``True`` when it returned. Other errors (a refused
+    drain, a bad config) say nothing about the cluster and are not reported."""
+
+    def __init__(self, backend: ClusterBackend, observe: Callable[[bool], None]) -> None:
+        self.backend = backend
+        self.observe = observe
+        self.name = backend.name
+
+    def _call(self, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        try:
+            result = fn(*args, **kwargs)
+        except BackendError:
+            self.observe(False)
+            raise
+        self.observe(True)
+        return result
+
+    def traits(self, settings: Settings) -> BackendTraits:
+        return self.backend.traits(settings)
+
+    def list_nodes(self) -> list[Node]:
+        return self._call(self.backend.list_nodes)
+
+    def submit(self, job: ProbeJob, result_path: Path) -> str:
+        return self._call(self.backend.submit, job, result_path)
+
+    def poll(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
+        return self._call(self.backend.poll, job_ids)
+
+    def adopt(self) -> list[JobStatus]:
+        return self._call(self.backend.adopt)
+
+    def forget(self, job_ids: Sequence[str]) -> None:
+        self.backend.forget(job_ids)
+
+    def cancel(self, job_ids: Sequence[str]) -> None:
+        self._call(self.backend.cancel, job_ids)
+
+    def drain(self, node: str, reason: str) -> None:
+        self._call(self.backend.drain, node, reason)
+
+    def undrain(self, node: str) -> None:
+        self._call(self.backend.undrain, node)
+
+    def close(self) -> None:
+        self.backend.close()

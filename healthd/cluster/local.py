@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from healthd.cluster.base import BackendTraits
+from healthd.config import Settings
 from healthd.errors import BackendError
 from healthd.logging import get_logger
 from healthd.model import JobState, JobStatus, Node, ProbeJob
@@ -68,6 +70,9 @@ class LocalBackend:
         self._finished: dict[str, JobStatus] = {}
         self._lock = threading.Lock()
         self._gpus = count_local_gpus()
+
+    def traits(self, settings: Settings) -> BackendTraits:
+        return BackendTraits(max_jobs_in_flight=settings.local.max_concurrent, probes_in_daemon=True)
 
     def list_nodes(self) -> list[Node]:
         with self._lock:

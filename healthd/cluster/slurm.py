@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import probes
+from healthd.cluster.base import BackendTraits
 from healthd.cluster.slurm_cli import SlurmCli, SlurmClient
 from healthd.config import LauncherSettings, NodeClassRule, Settings
 from healthd.errors import PolicyRefused, SlurmError
@@ -141,6 +142,11 @@ class SlurmBackend:
         return cls(client, launch, reason_prefix=settings.remediation.reason_prefix, node_classes=s.node_classes,
                    choices=LaunchChoices.from_settings(settings))
 
+    def traits(self, settings: Settings) -> BackendTraits:
+        s = settings.slurm
+        return BackendTraits(max_jobs_in_flight=s.max_concurrent_jobs, max_idle_share=s.max_idle_share,
+                             partitions=frozenset(s.partitions), controller=True)
+
     def list_nodes(self) -> list[Node]:
         nodes = [replace(n, node_class=class_of(n, self.node_classes)) for n in self.client.nodes()]
         self._gpus = {n.name: n.gpus for n in nodes}
@@ -180,6 +186,9 @@ class SlurmBackend:
 
     def adopt(self) -> list[JobStatus]:
         return self._ours()
+
+    def forget(self, job_ids: Sequence[str]) -> None:
+        pass
 
     def cancel(self, job_ids: Sequence[str]) -> None:
         if job_ids:

@@ -1,4 +1,4 @@
-"""Remediation with a real store and the simulator's in-memory cluster: recommendations, ownership,
+"""Remediation with a real store and the Slurm backend over a fake Slurm: recommendations, ownership,
 the circuit breaker, the hourly cap, stale evidence, repeat offenders, undrains, operators, audit."""
 
 from __future__ import annotations
@@ -11,16 +11,16 @@ from healthd.config import RemediationSettings
 from healthd.judge.model import FleetEvent, JudgeOutput, Mark, ReasonCode, RecommendationCandidate, Severity
 from healthd.model import Outcome, Verdict
 from healthd.remediation import Remediator, recommendations_document
-from healthd.simulate import ClassSpec, Scenario, SimCluster
 from healthd.store import Store
+from tests.fakes.slurm import FakeSlurmClient, fake_backend, gpu_node
 
 T0 = 1_000_000.0
 
 
 class Rig:
     def __init__(self, tmp_path: Path, **settings: object) -> None:
-        scenario = Scenario(classes=[ClassSpec(name="h100x8", count=20, prefix="n", gpu_type="h100")])
-        self.cluster = SimCluster(scenario)
+        self.slurm = FakeSlurmClient([gpu_node(f"n{i:02d}") for i in range(20)])
+        self.cluster = fake_backend(self.slurm, tmp_path / "results")
         self.store = Store(tmp_path / "s.sqlite")
         self.now = T0
         self.settings = RemediationSettings(**{"mode": "enforce", **settings})
@@ -38,7 +38,7 @@ class Rig:
         return [(a.action, a.node or "", a.result) for a in self.remediator.apply(out)]
 
     def reason(self, node: str) -> str | None:
-        return self.cluster.nodes[node].drain_reason
+        return self.slurm.node(node).reason
 
 
 def evidence() -> dict[str, object]:
@@ -59,7 +59,7 @@ def test_recommend_mode_keeps_recommendations_and_never_drains(tmp_path: Path) -
     (rec,) = rig.store.recommendations()
     assert (rec.node, rec.probe, rec.outcome, rec.reason_code) == ("n01", "gemm", "fail", "below_floor")
     assert (rec.since, rec.updated_at) == (T0, T0 + 60)  # ...and keeps the time it was first made
-    assert rig.cluster.drain_log == []
+    assert rig.slurm.drains() == []
     assert rig.judged("n01") == [("clear", "n01", "info")]  # judged again without a finding: cleared
     assert rig.store.recommendations() == []
     (closed,) = rig.store.recommendations(states=("cleared",))
@@ -82,7 +82,7 @@ def test_enforce_drains_once_with_an_owned_reason_and_audits(tmp_path: Path) -> 
 
 def test_a_node_drained_by_someone_else_is_never_touched(tmp_path: Path) -> None:
     rig = Rig(tmp_path)
-    rig.cluster.nodes["n02"].drain_reason = "PSU swap (admin)"
+    rig.slurm.admin_drain("n02", "PSU swap (admin)")
     expected = [("recommend", "n02", "info"), ("drain", "n02", "refused")]
     assert rig.recommend("n02") == expected
     assert rig.recommend("n02") == []  # the same refusal is audited once, not at every tick
@@ -142,7 +142,7 @@ def test_stale_evidence_is_never_acted_on(tmp_path: Path) -> None:
                            clock=lambda: rig.now)
     rig.now += 3601  # older than max_evidence_age_s: a closing breaker or a mode change replays nothing stale
     assert enforcing.apply(JudgeOutput(at=rig.now)) == []
-    assert rig.cluster.drain_log == []
+    assert rig.slurm.drains() == []
 
 
 def test_a_repeat_offender_is_left_to_humans(tmp_path: Path) -> None:
@@ -185,7 +185,7 @@ def test_undrain_after_consecutive_passes_of_the_drained_probe(tmp_path: Path) -
 def test_no_undrain_when_the_drain_reason_changed_hands(tmp_path: Path) -> None:
     rig = Rig(tmp_path, undrain_after_passes=1)
     rig.recommend("n01")
-    rig.cluster.nodes["n01"].drain_reason = "RMA (admin took over)"
+    rig.slurm.admin_drain("n01", "RMA (admin took over)")
     passing_marks(rig.store, "n01", rig.now + 10)
     rig.now += 60
     assert rig.judged("n01")[-1] == ("undrain", "n01", "refused")
@@ -277,11 +277,11 @@ def test_retention_keeps_what_is_still_open(tmp_path: Path) -> None:
 
 def test_a_drain_seen_late_through_the_node_cache_is_still_refused_by_the_backend(tmp_path: Path) -> None:
     rig = Rig(tmp_path, mode="enforce")
-    rig.cluster.nodes["n01"].drain_reason = "RMA (admin)"
+    rig.slurm.admin_drain("n01", "RMA (admin)")
     assert rig.recommend("n01")[-1] == ("drain", "n01", "refused")  # reads the node list (cached for 30 s)
-    rig.cluster.nodes["n02"].drain_reason = "BIOS update (admin)"
+    rig.slurm.admin_drain("n02", "BIOS update (admin)")
     rig.now += 5
     assert rig.recommend("n02")[-1] == ("drain", "n02", "refused")
     (refusal,) = [a for a in rig.store.audit() if a.node == "n02" and a.result == "refused"]
-    assert refusal.reason == "backend refused: n02 is already drained by someone else"
+    assert refusal.reason == "backend refused: n02 is already drained by someone else (reason: 'BIOS update (admin)')"
     assert rig.reason("n02") == "BIOS update (admin)"

@@ -1,48 +1,87 @@
 """The judge and remediation entry points wired the way the daemon wires them, on a real store in a
 temporary directory: collect -> ``judge_collected`` -> ``Remediator.apply`` -> metrics and API; plan
-with ``Judge.requests``; a restart through ``load_judge``. The cluster is the simulator's in-memory one,
-whose probes write real result files that the real collector reads."""
+with ``Judge.requests``; a restart through ``load_judge``. The cluster is the Slurm backend over a fake
+Slurm; this test plays the probes, writing real result files that the real collector reads."""
 
 from __future__ import annotations
 
+import random
 import shutil
 import subprocess
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 
+from healthd.cluster.slurm import SlurmBackend
 from healthd.collector import Collector
 from healthd.config import Settings
 from healthd.judge.metrics import JudgeCollector
 from healthd.judge.persist import judge_collected, load_judge
+from healthd.model import Outcome
 from healthd.planning import PlanLimits, plan
 from healthd.remediation import Remediator, recommendations_document
-from healthd.simulate import SIM_EPOCH, ClassSpec, FaultSpec, Scenario, SeriesSpec, SimCluster
 from healthd.store import Store
+from probes.result import Measurement, ProbeResult
+from tests.fakes.slurm import FakeJob, FakeSlurmClient, fake_backend, gpu_node
 
-SCENARIO = Scenario(
-    classes=[ClassSpec(name="h100x8", count=8, prefix="n", gpu_type="h100", noise=0.01, series=[
-        SeriesSpec(probe="gemm", name="flop_per_second", per="gpu", labels={"dtype": "bf16"}, value=700e12)])],
-    faults=[FaultSpec(kind="gpu", node="n3", gpu=2, probe="gemm", name="flop_per_second", factor=0.5,
-                      from_round=4)],
-    probe_seconds={"gemm": 30.0},
-)
+EPOCH = 1_767_225_600.0
+GEMM = 700e12
+NOISE = 0.01
+PROBE_S = 30.0
+FAULT = ("n3", "2", 0.5, 4)
+"""From round 4 on, gpu 2 of n3 does half the gemm rate of the others."""
+
+
+class Cluster:
+    """A fake Slurm whose jobs start at once and run ``PROBE_S``, and the gemm probe they run."""
+
+    def __init__(self) -> None:
+        self.now = EPOCH
+        self.round = 1
+        self.rng = random.Random(7)
+        self.slurm = FakeSlurmClient([gpu_node(f"n{i}") for i in range(8)], clock=lambda: self.now)
+
+    def backend(self, settings: Settings) -> SlurmBackend:
+        return fake_backend(self.slurm, settings.results_dir, reason_prefix=settings.remediation.reason_prefix)
+
+    def run_probes(self) -> None:
+        """Every job that has run its ``PROBE_S`` writes its result and completes."""
+        for job in list(self.slurm.jobs_by_id.values()):
+            if job.started_at is not None and not job.state.finished and self.now - job.started_at >= PROBE_S:
+                self.write_result(job)
+                self.slurm.finish(job.job_id)
+
+    def write_result(self, job: FakeJob) -> None:
+        node, fault_gpu, factor, from_round = FAULT
+        assert job.result_path is not None and job.started_at is not None
+        measurements = [
+            Measurement(name="flop_per_second", labels={"dtype": "bf16", "gpu": str(gpu)}, node=n,
+                        value=GEMM * max(0.01, self.rng.gauss(1.0, NOISE))
+                        * (factor if (n, str(gpu)) == (node, fault_gpu) and self.round >= from_round else 1.0))
+            for n in job.nodes for gpu in range(8)]
+        result = ProbeResult(probe="gemm", run_id=job.result_path.stem, outcome=Outcome.PASS,
+                             started_at=job.started_at, finished_at=job.started_at + PROBE_S, nodes=list(job.nodes),
+                             measurements=measurements)
+        job.result_path.parent.mkdir(parents=True, exist_ok=True)
+        job.result_path.write_text(result.to_json())
 
 
 class Daemon:
     """The daemon's collect/plan ticks, nothing more (see healthd.daemon)."""
 
-    def __init__(self, tmp: Path, settings: Settings, cluster: SimCluster) -> None:
+    def __init__(self, tmp: Path, settings: Settings, cluster: Cluster) -> None:
         self.settings = settings
         self.cluster = cluster
+        self.backend = backend = cluster.backend(settings)
         self.store = Store(settings.store_path)
-        self.collector = Collector(self.store, cluster, settings.results_dir, clock=lambda: cluster.now)
+        self.collector = Collector(self.store, backend, settings.results_dir, clock=lambda: cluster.now)
         self.judge = load_judge(self.store, settings.judge, now=cluster.now)
-        self.remediator = Remediator(self.store, cluster, settings.remediation, clock=lambda: cluster.now)
+        self.remediator = Remediator(self.store, backend, settings.remediation, clock=lambda: cluster.now)
 
     def tick(self) -> None:
         now = self.cluster.now
-        self.store.upsert_nodes(self.cluster.list_nodes(), now)
+        self.cluster.run_probes()
+        self.store.upsert_nodes(self.backend.list_nodes(), now)
         done = self.collector.collect()
         if done:
             self.remediator.apply(judge_collected(self.judge, self.store, done, now=now))
@@ -52,6 +91,7 @@ class Daemon:
                     limits=PlanLimits(max_jobs_in_flight=16), priority=self.judge.requests(now, self.settings.probes))
         for job in jobs:
             self.collector.launch(job)
+        self.cluster.slurm.start_all()
 
 
 def settings_for(tmp: Path) -> Settings:
@@ -64,21 +104,21 @@ def run_rounds(daemon: Daemon, rounds: range) -> None:
     for rnd in rounds:
         daemon.cluster.round = rnd
         for k in range(10):
-            daemon.cluster.now = SIM_EPOCH + (rnd - 1) * 600 + k * 60
+            daemon.cluster.now = EPOCH + (rnd - 1) * 600 + k * 60
             daemon.tick()
 
 
 def test_daemon_path_finds_drains_exports_and_restarts(tmp_path: Path) -> None:
     settings = settings_for(tmp_path)
-    cluster = SimCluster(SCENARIO)
+    cluster = Cluster()
     daemon = Daemon(tmp_path, settings, cluster)
     run_rounds(daemon, range(1, 4))
-    assert cluster.drain_log == [] and daemon.store.recommendations() == []
+    assert cluster.slurm.drains() == [] and daemon.store.recommendations() == []
     assert {v.outcome.value for v in daemon.store.current_verdicts()} == {"pass"}
 
     run_rounds(daemon, range(4, 5))
-    (drain,) = cluster.drain_log
-    assert drain[1] == "n3" and drain[2].startswith("healthd: below_floor gemm gpu 2 flop_per_second{dtype=bf16}")
+    (drain,) = cluster.slurm.drains()
+    assert drain[0] == "n3" and drain[1].startswith("healthd: below_floor gemm gpu 2 flop_per_second{dtype=bf16}")
     verdicts = {(v.node, v.probe): v for v in daemon.store.current_verdicts()}
     n3 = verdicts[("n3", "gemm")]
     assert (n3.outcome.value, n3.reason_code, n3.evidence["gpu"]) == ("fail", "below_floor", "2")
@@ -115,6 +155,6 @@ def test_daemon_path_finds_drains_exports_and_restarts(tmp_path: Path) -> None:
     assert {k: s.baseline for k, s in again.judge.series.items()} == \
         {k: s.baseline for k, s in old_judge.series.items()}
     run_rounds(again, range(5, 6))
-    assert len(cluster.drain_log) == 1
+    assert len(cluster.slurm.drains()) == 1
     assert [a.action for a in again.store.audit()].count("recommend") == 1
     again.store.close()

@@ -1,0 +1,247 @@
+"""``FakeSlurmClient``: a stateful stand-in for a Slurm controller behind the ``SlurmClient`` protocol.
+
+In the manner of submitit's Slurm double: the fake keeps nodes and jobs in memory and the test
+drives time (``start``, ``finish``, ``purge``); every ``SlurmClient`` method changes or reads that
+state the way the Slurm commands do:
+
+- ``submit`` reads the batch script the backend wrote (its ``#SBATCH`` lines, then the command
+  line's ``extra_args``, which win as with ``sbatch``): job name, node list, partition. The job is
+  ``pending`` until the test starts it.
+- ``drain`` sets the DRAIN flag and the reason (with who and when), replacing an earlier reason;
+  ``undrain`` clears the flag and, unless the node is DOWN, the reason.
+- ``outage`` set: every call raises ``SlurmError`` (controller unreachable) or ``SlurmTimeout``.
+
+Operators' own actions (a drain with their reason, a user's job) go through ``admin_drain`` and
+``occupy``, which are not recorded as healthd's commands.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+from healthd.cluster.slurm import SlurmBackend
+from healthd.cluster.slurm_parse import expand_nodes
+from healthd.errors import SlurmError, SlurmTimeout
+from healthd.jobs import LaunchSettings
+from healthd.model import JobState, JobStatus, Node, validate_node_name
+
+Outage = Literal["down", "timeout"]
+CONTROLLER_DOWN = "Unable to contact slurm controller (connect failure)"
+
+
+@dataclass
+class FakeJob:
+    job_id: str
+    name: str
+    nodes: tuple[str, ...]
+    script: Path
+    partition: str | None = None
+    result_path: Path | None = None
+    """The probe's ``--output`` in the script's command line (where the probe writes its result)."""
+    state: JobState = JobState.PENDING
+    exit_code: int | None = None
+    reason: str = ""
+    started_at: float | None = None
+    finished_at: float | None = None
+
+    def status(self) -> JobStatus:
+        return JobStatus(self.job_id, self.state, exit_code=self.exit_code, reason=self.reason,
+                         started_at=self.started_at, finished_at=self.finished_at, nodes=self.nodes, name=self.name)
+
+
+def gpu_node(name: str, *, gpus: int = 8, gpu_type: str = "h100", partitions: tuple[str, ...] = ("gpu",)) -> Node:
+    return Node(name=name, state="idle", partitions=partitions, gpus=gpus, gpu_type=gpu_type, cpus=64)
+
+
+def fake_backend(fake: FakeSlurmClient, results_dir: Path, *, reason_prefix: str = "healthd:") -> SlurmBackend:
+    """The real Slurm backend over ``fake``, writing its batch scripts to ``results_dir``."""
+    return SlurmBackend(fake, LaunchSettings(python="python3", results_dir=results_dir), reason_prefix=reason_prefix)
+
+
+class FakeSlurmClient:
+    """Implements ``healthd.cluster.slurm_cli.SlurmClient`` in memory (see the module docstring)."""
+
+    def __init__(self, nodes: Iterable[Node] = (), *, clock: Callable[[], float] = time.time,
+                 user: str = "slurm", release: tuple[int, int, int] = (24, 11, 1)) -> None:
+        self.node_map: dict[str, Node] = {n.name: n for n in nodes}
+        self.jobs_by_id: dict[str, FakeJob] = {}
+        self.clock = clock
+        self.user = user
+        self.release = release
+        self.outage: Outage | None = None
+        self.commands: list[tuple[str, ...]] = []
+        """healthd's commands that changed something, in order: ``("sbatch", job_id)``,
+        ``("scancel", *ids)``, ``("drain", node, reason)``, ``("undrain", node)``."""
+        self._next_id = 1000
+
+    # --- the test drives the cluster ----------------------------------------------------------
+
+    def add_nodes(self, *nodes: Node) -> None:
+        self.node_map.update((n.name, n) for n in nodes)
+
+    def admin_drain(self, node: str, reason: str, *, user: str = "admin") -> None:
+        """An operator drains ``node`` with ``reason`` (not one of healthd's commands)."""
+        self._set_drain(node, reason, user)
+
+    def occupy(self, node: str, busy: bool = True) -> None:
+        """A user's job takes ``node`` (or leaves it)."""
+        self._set_state(node, "allocated" if busy else "idle")
+
+    def start(self, job_id: str) -> None:
+        """``pending`` → ``running``; its nodes are allocated."""
+        job = self.jobs_by_id[job_id]
+        if job.state is not JobState.PENDING:
+            raise AssertionError(f"job {job_id} is {job.state.value}, not pending")
+        job.state, job.started_at = JobState.RUNNING, self.clock()
+        for name in job.nodes:
+            self._set_state(name, "allocated")
+
+    def start_all(self) -> list[FakeJob]:
+        """Start every pending job whose nodes are free; returns the jobs started."""
+        started = []
+        for job in list(self.jobs_by_id.values()):
+            if job.state is JobState.PENDING and all(self.node_map[n].state == "idle" for n in job.nodes):
+                self.start(job.job_id)
+                started.append(job)
+        return started
+
+    def finish(self, job_id: str, state: JobState = JobState.COMPLETED, *, exit_code: int = 0,
+               reason: str = "") -> None:
+        """A running job ends in ``state``; its nodes are idle again (still drained if they were)."""
+        job = self.jobs_by_id[job_id]
+        if job.state is not JobState.RUNNING:
+            raise AssertionError(f"job {job_id} is {job.state.value}, not running")
+        self._end(job, state, exit_code, reason)
+
+    def purge(self) -> None:
+        """Finished jobs leave the controller's memory (``MinJobAge`` passed)."""
+        self.jobs_by_id = {k: j for k, j in self.jobs_by_id.items() if not j.state.finished}
+
+    def submitted(self) -> list[str]:
+        return [c[1] for c in self.commands if c[0] == "sbatch"]
+
+    def drains(self) -> list[tuple[str, str]]:
+        return [(c[1], c[2]) for c in self.commands if c[0] == "drain"]
+
+    def undrains(self) -> list[str]:
+        return [c[1] for c in self.commands if c[0] == "undrain"]
+
+    # --- SlurmClient --------------------------------------------------------------------------
+
+    def version(self) -> tuple[int, int, int]:
+        self._reachable("sinfo")
+        return self.release
+
+    def nodes(self) -> list[Node]:
+        self._reachable("sinfo")
+        return list(self.node_map.values())
+
+    def node(self, name: str) -> Node:
+        self._reachable("scontrol")
+        validate_node_name(name)
+        if name not in self.node_map:
+            raise SlurmError(f"scontrol exited 1: Node {name} not found")
+        return self.node_map[name]
+
+    def jobs(self, name_prefix: str) -> list[JobStatus]:
+        if not name_prefix:
+            raise ValueError("name_prefix must not be empty")
+        self._reachable("squeue")
+        return [j.status() for j in self.jobs_by_id.values() if j.name.startswith(name_prefix)]
+
+    def submit(self, script: Path, *, extra_args: Sequence[str] = ()) -> str:
+        self._reachable("sbatch")
+        text = script.read_text()
+        options = _options([line.removeprefix("#SBATCH ").strip() for line in text.splitlines()
+                            if line.startswith("#SBATCH ")] + list(extra_args))
+        nodes = expand_nodes(options.get("nodelist", ""))
+        unknown = [n for n in nodes if n not in self.node_map]
+        if not nodes or unknown:
+            raise SlurmError("sbatch exited 1: sbatch: error: Batch job submission failed: "
+                             "Invalid node name specified")
+        self._next_id += 1
+        job = FakeJob(str(self._next_id), options.get("job-name", script.name), nodes, script,
+                      partition=options.get("partition"), result_path=_probe_output(text))
+        self.jobs_by_id[job.job_id] = job
+        self.commands.append(("sbatch", job.job_id))
+        return job.job_id
+
+    def cancel(self, job_ids: Sequence[str]) -> None:
+        self._reachable("scancel")
+        self.commands.append(("scancel", *job_ids))
+        for job_id in job_ids:
+            job = self.jobs_by_id.get(job_id)
+            if job is not None and not job.state.finished:
+                self._end(job, JobState.CANCELLED, None, "cancelled")
+
+    def drain(self, node: str, reason: str) -> None:
+        self._reachable("scontrol")
+        if not reason:
+            raise ValueError("a drain needs a reason")
+        self._known(node)
+        self.commands.append(("drain", node, reason))
+        self._set_drain(node, reason, self.user)
+
+    def undrain(self, node: str) -> None:
+        self._reachable("scontrol")
+        current = self._known(node)
+        self.commands.append(("undrain", node))
+        keep_reason = current.state == "down"
+        self.node_map[node] = replace(current, flags=current.flags - {"DRAIN"},
+                                      reason=current.reason if keep_reason else None,
+                                      reason_user=current.reason_user if keep_reason else None,
+                                      reason_time=current.reason_time if keep_reason else None)
+
+    # --- inside -------------------------------------------------------------------------------
+
+    def _reachable(self, command: str) -> None:
+        if self.outage == "timeout":
+            raise SlurmTimeout(f"{command} did not answer within 30 s")
+        if self.outage == "down":
+            raise SlurmError(f"{command} exited 1: {command}: error: {CONTROLLER_DOWN}")
+
+    def _known(self, node: str) -> Node:
+        validate_node_name(node)
+        if node not in self.node_map:
+            raise SlurmError("scontrol exited 1: slurm_update error: Invalid node name specified")
+        return self.node_map[node]
+
+    def _set_drain(self, node: str, reason: str, user: str) -> None:
+        current = self._known(node)
+        self.node_map[node] = replace(current, flags=current.flags | {"DRAIN"}, reason=reason, reason_user=user,
+                                      reason_time=self.clock())
+
+    def _set_state(self, node: str, state: str) -> None:
+        self.node_map[node] = replace(self._known(node), state=state)
+
+    def _end(self, job: FakeJob, state: JobState, exit_code: int | None, reason: str) -> None:
+        ran = job.state is JobState.RUNNING
+        job.state, job.exit_code, job.reason, job.finished_at = state, exit_code, reason, self.clock()
+        if ran:
+            for name in job.nodes:
+                self._set_state(name, "idle")
+
+
+def _options(args: Sequence[str]) -> dict[str, str]:
+    """``--key=value`` options, later ones winning; flags without a value map to ``""``."""
+    options: dict[str, str] = {}
+    for arg in args:
+        key, _, value = arg.removeprefix("--").partition("=")
+        options[key] = value
+    return options
+
+
+def _probe_output(script: str) -> Path | None:
+    """The ``--output`` the script passes to ``python -m probes`` (the result document)."""
+    for line in script.splitlines():
+        if line.startswith("exec "):
+            argv = shlex.split(line)
+            if "probes" in argv and "--output" in argv[argv.index("probes"):]:
+                tail = argv[argv.index("probes"):]
+                return Path(tail[tail.index("--output") + 1])
+    return None
