@@ -74,7 +74,10 @@ def log_tail(result_path: Path) -> str:
 
 
 def outcome_of(job: JobStatus | None, result: ProbeResult | None, parse_error: str | None) -> tuple[Outcome, str]:
-    """Sort one finished run (pure). A probe that could not run is ``error``, never ``fail``."""
+    """Sort one finished run (pure). A probe that could not run is ``error``, never ``fail``; one that
+    Slurm pre-empted for a user's job is ``skipped`` (the node was taken, nothing is known of it)."""
+    if job is not None and job.state is JobState.PREEMPTED:
+        return Outcome.SKIPPED, f"pre-empted: {job.reason or 'Slurm gave the node to a job that outranks the probe'}"
     if result is not None:
         if result.outcome is Outcome.PASS and not result.measurements and not result.checks:
             return Outcome.ERROR, "probe reported pass without any measurement"
@@ -98,7 +101,7 @@ class Collector:
         backend: ClusterBackend,
         results_dir: Path,
         *,
-        pending_timeout_s: float = 600.0,
+        pending_timeout_s: float = 60.0,
         clock: Callable[[], float] = time.time,
         on_error: Callable[[str], None] = lambda kind: None,
     ) -> None:

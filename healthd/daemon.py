@@ -36,6 +36,7 @@ from healthd.planning import PlanLimits, plan, plan_sweep
 from healthd.remediation import Remediator, recommendations_document
 from healthd.sdnotify import Notifier
 from healthd.store import Store
+from healthd.store.rows import RunRow
 
 log = get_logger(__name__)
 
@@ -58,6 +59,7 @@ class Daemon:
         self.store = Store(settings.store_path)
         self.backend = backend or make_backend(settings)
         self.backend_up = True
+        self._backend_down_since: float | None = None
         self.registry = CollectorRegistry()
         self.metrics = DaemonMetrics(self.registry)
         self.metrics.backend_up.labels(self.backend.name).set(1)
@@ -93,7 +95,12 @@ class Daemon:
         age = time.monotonic() - self._heartbeat
         if age > self.settings.scheduler.heartbeat_stale_s:
             return False, f"scheduler has not ticked for {age:.0f} s"
-        return True, f"ok: last tick {age:.1f} s ago"
+        text = f"ok: last tick {age:.1f} s ago"
+        if self._backend_down_since is not None:
+            what = "slurm controller" if self.traits.controller else f"backend {self.backend.name}"
+            text += (f"; {what} not answering for {time.time() - self._backend_down_since:.0f} s: nothing is"
+                     " planned or submitted until it answers")
+        return True, text
 
     def _on_missed(self, event: JobExecutionEvent) -> None:
         self.metrics.missed.labels(event.job_id).inc()
@@ -128,6 +135,12 @@ class Daemon:
 
     def _backend_call_ok(self, ok: bool) -> None:
         """Every call of discover, plan and collect to the backend ends here (``ObservedBackend``)."""
+        if ok != self.backend_up:
+            if ok:
+                log.warning("backend_back", backend=self.backend.name)
+            else:
+                log.error("backend_down", backend=self.backend.name)
+        self._backend_down_since = None if ok else (self._backend_down_since or time.time())
         self.backend_up = ok
         self.metrics.backend_up.labels(self.backend.name).set(1 if ok else 0)
         if self.traits.controller:
@@ -137,30 +150,39 @@ class Daemon:
         self.store.upsert_nodes(self.observed.list_nodes(), time.time())
 
     def plan_and_launch(self) -> None:
-        """Plan and submit probe jobs; nothing while the backend is down (the next discover tells)."""
+        """Plan from the node states read now and submit; nothing while the backend is down.
+
+        The nodes are read by this tick (one query), never taken from an earlier discovery: a user's
+        job that started since is seen, so the window between the read and sbatch is one query long.
+        A probe that still pends has lost its node to a user (the collector cancels it after
+        ``pending_timeout_s``): it keeps its nodes out of the plan but no longer counts against
+        the in-flight cap, so it never holds up probes of other idle nodes.
+        """
         if not self.backend_up:
             log.info("plan_skipped", why="the backend is down")
             return
         s = self.settings
-        runs = self.store.unfinished_runs()
-        limits = plan_limits(self.traits, s)
+        known = self.observed.list_nodes()
         now = time.time()
+        self.store.upsert_nodes(known, now)
+        runs = self.store.unfinished_runs()
+        in_flight = sum(1 for r in runs if not waiting_for_nodes(r, now, s.scheduler.plan_interval_s))
+        limits = plan_limits(self.traits, s)
         last_attempts = self.store.last_attempts()
         priority = self.judge.requests(now, s.probes) + self.judge.recheck_requests(
             self.remediator.recheck_nodes(), s.probes, last_attempts, now
         )
-        known = self.store.nodes(seen_since=now - 3 * s.scheduler.discover_interval_s - 60)
         jobs = plan(
             known,
             probes=s.probes,
             last_attempts=last_attempts,
             busy_nodes={n for r in runs for n in r.nodes},
-            in_flight=len(runs),
+            in_flight=in_flight,
             now=now,
             limits=limits,
             priority=priority,
         )
-        if len(runs) + len(jobs) < limits.max_jobs_in_flight:
+        if in_flight + len(jobs) < limits.max_jobs_in_flight:
             jobs += plan_sweep(
                 known,
                 settings=s.sweep,
@@ -169,7 +191,7 @@ class Daemon:
                 sweeping_classes=self.store.sweeping_classes(),
                 now=now,
                 limits=limits,
-            )[: limits.max_jobs_in_flight - len(runs) - len(jobs)]
+            )[: limits.max_jobs_in_flight - in_flight - len(jobs)]
         for job in jobs:
             self.collector.launch(job)
 
@@ -304,6 +326,12 @@ def plan_limits(traits: BackendTraits, settings: Settings) -> PlanLimits:
         exclude=frozenset(settings.slurm.exclude_nodes),
         own_reservation=settings.slurm.reservation,
     )
+
+
+def waiting_for_nodes(run: RunRow, now: float, plan_interval_s: float) -> bool:
+    """A run submitted more than one plan interval ago that has not started: its nodes were taken
+    by users between our read and sbatch (it pends at the lowest priority until it is cancelled)."""
+    return run.state == "submitted" and now - run.submitted_at >= plan_interval_s
 
 
 def _utc(ts: float) -> Any:

@@ -148,6 +148,11 @@ def container_mounts(launcher: Launcher, results_dir: Path) -> list[str]:
     return mounts
 
 
+MAX_NICE = 2147483645
+"""The largest ``sbatch --nice`` Slurm accepts: a job with it is scheduled after every job of normal
+priority that could use the same nodes (with ``priority/basic`` (FIFO) and ``priority/multifactor``)."""
+
+
 @dataclass(frozen=True)
 class LaunchSettings:
     python: str
@@ -159,6 +164,7 @@ class LaunchSettings:
     reservation: str | None = None
     extra_sbatch_args: tuple[str, ...] = ()
     pending_timeout_s: float | None = None
+    nice: int = MAX_NICE
     env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     launcher: Launcher = Launcher()
 
@@ -236,6 +242,8 @@ def render_batch_script(job: ProbeJob, settings: LaunchSettings, *, ranks_per_no
     ]
     if gpus_per_node > 0:
         directives.append(f"--gpus-per-node={gpus_per_node}")
+    if settings.nice:
+        directives.append(f"--nice={settings.nice}")
     if settings.pending_timeout_s is not None:
         deadline_s = int(settings.pending_timeout_s + job.timeout_s + START_MARGIN_S)
         directives.append(f"--deadline=now+{deadline_s}")

@@ -75,6 +75,8 @@ class JobState(StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    PREEMPTED = "preempted"
+    """Slurm took the node back for a job that outranks the probe: Slurm working as designed."""
     TIMEOUT = "timeout"
     UNKNOWN = "unknown"
 

@@ -12,7 +12,8 @@ pytest_plugins = ["tests.integration.daemons"]
 def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """No test reads the developer's /etc/healthd, $HEALTHD_* or state directory."""
     for key in list(os.environ):
-        if key.startswith("HEALTHD_") or key in ("STATE_DIRECTORY", "NOTIFY_SOCKET", "WATCHDOG_USEC"):
+        if (key.startswith("HEALTHD_") and key != "HEALTHD_UPDATE_GOLDEN") or key in (
+                "STATE_DIRECTORY", "NOTIFY_SOCKET", "WATCHDOG_USEC"):
             monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("xdg-state")))
     monkeypatch.setattr("healthd.config.DEFAULT_CONFIG_PATH", tmp_path_factory.mktemp("etc") / "none.toml")

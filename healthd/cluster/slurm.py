@@ -138,6 +138,7 @@ class SlurmBackend:
             reservation=s.reservation,
             extra_sbatch_args=tuple(s.extra_sbatch_args),
             pending_timeout_s=s.pending_timeout_s,
+            nice=s.nice,
         )
         return cls(client, launch, reason_prefix=settings.remediation.reason_prefix, node_classes=s.node_classes,
                    choices=LaunchChoices.from_settings(settings))

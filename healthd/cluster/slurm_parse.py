@@ -91,7 +91,7 @@ _JOB_STATES: dict[str, JobState] = {
     "OUT_OF_MEMORY": JobState.FAILED,
     "BOOT_FAIL": JobState.FAILED,
     "CANCELLED": JobState.CANCELLED,
-    "PREEMPTED": JobState.CANCELLED,
+    "PREEMPTED": JobState.PREEMPTED,
     "DEADLINE": JobState.CANCELLED,
     "REVOKED": JobState.CANCELLED,
     "TIMEOUT": JobState.TIMEOUT,

@@ -185,3 +185,10 @@ def test_outcome_rules() -> None:
     assert outcome_of(timeout, ok, None)[0] is Outcome.ERROR
     cancelled = JobStatus("1", JobState.CANCELLED)
     assert outcome_of(cancelled, None, None) == (Outcome.ERROR, "cancelled: by Slurm or an operator")
+
+
+def test_a_preempted_probe_is_skipped_not_an_error() -> None:
+    preempted = JobStatus("1", JobState.PREEMPTED)
+    assert outcome_of(preempted, None, "no result file x")[0] is Outcome.SKIPPED
+    assert outcome_of(JobStatus("1", JobState.PREEMPTED, reason="PREEMPTED"), None, None) == (
+        Outcome.SKIPPED, "pre-empted: PREEMPTED")

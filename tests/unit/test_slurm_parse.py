@@ -274,7 +274,7 @@ def test_exit_status(raw: int, expected: int | None) -> None:
         ("BOOT_FAIL", JobState.FAILED),
         ("CANCELLED", JobState.CANCELLED),
         ("CANCELLED by 0", JobState.CANCELLED),
-        ("PREEMPTED", JobState.CANCELLED),
+        ("PREEMPTED", JobState.PREEMPTED),
         ("DEADLINE", JobState.CANCELLED),
         ("TIMEOUT", JobState.TIMEOUT),
         ("timeout", JobState.TIMEOUT),
