@@ -34,10 +34,11 @@ from typing import Any, Literal, Protocol
 
 from healthd.config import RemediationSettings
 from healthd.errors import BackendError, InvalidNodeName, PolicyRefused
-from healthd.judge.model import JudgeOutput, ReasonCode, human
+from healthd.judge.model import JudgeOutput, ReasonCode
 from healthd.logging import get_logger
 from healthd.model import Node, Outcome, validate_node_name
 from healthd.store import RecommendationRow, Store
+from healthd.units import human
 
 log = get_logger(__name__)
 
