@@ -34,12 +34,13 @@ from typing import Any, Literal, Protocol
 
 from healthd.config import RemediationSettings
 from healthd.errors import BackendError, InvalidNodeName, PolicyRefused
-from healthd.judge.model import JudgeOutput, ReasonCode, human
+from healthd.judge.model import JudgeOutput, ReasonCode
 from healthd.logging import get_logger
 from healthd.model import Node, Outcome, validate_node_name
 from healthd.node_class import class_of
 from healthd.store import Store
 from healthd.store.rows import RecommendationRow
+from healthd.units import human
 
 log = get_logger(__name__)
 

@@ -1,4 +1,4 @@
-"""Helpers shared by the subcommands: config loading, exit codes, number formatting."""
+"""Helpers shared by the subcommands: config loading, exit codes."""
 
 from __future__ import annotations
 
@@ -18,12 +18,3 @@ def add_config_option(p: argparse.ArgumentParser) -> None:
 
 def settings_from(args: argparse.Namespace) -> tuple[Settings, Path | None]:
     return load_settings(args.config)
-
-
-def human(name: str, value: float) -> str:
-    """A measurement value in the unit people read (TFLOP/s, GB/s, us)."""
-    for unit, scale, suffix in (("flop_per_second", 1e12, "TFLOP/s"), ("bytes_per_second", 1e9, "GB/s"),
-                                ("seconds", 1e-6, "us")):
-        if name.endswith(unit):
-            return f"{value / scale:.3f} {suffix}"
-    return f"{value:.4g}"

@@ -15,11 +15,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from healthd.commands.common import EXIT_OK, EXIT_TROUBLE, add_config_option, human, settings_from
+from healthd.commands.common import EXIT_OK, EXIT_TROUBLE, add_config_option, settings_from
 from healthd.errors import InvalidNodeName, ParseError
 from healthd.ingest import MAX_FILE_BYTES, SOURCE, IngestError, Prepared, parse_results, parse_time, prepare
 from healthd.model import validate_node_name
 from healthd.parsers.tools import TOOL_NAMES, decode_output
+from healthd.units import human
 from probes.result import ProbeResult
 
 if TYPE_CHECKING:
@@ -150,7 +151,7 @@ def _summary(result: ProbeResult) -> list[str]:
     for (name, node, rest), (size, value) in shown[:SUMMARY_LINES]:
         labels = ",".join(f"{k}={v}" for k, v in rest) + (f",size_bytes={size}" if size >= 0 else "")
         where = f"  node={node}" if node else ""
-        lines.append(f"  {name:<34} {human(name, value):>16}  {labels}{where}")
+        lines.append(f"  {name:<34} {human(name, value, column=True):>16}  {labels}{where}")
     if len(shown) > SUMMARY_LINES:
         lines.append(f"  ... {len(shown) - SUMMARY_LINES} more series (--json prints every value)")
     for c in result.checks:

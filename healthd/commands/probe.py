@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from healthd.commands.common import EXIT_OK, EXIT_TROUBLE, EXIT_USAGE, add_config_option, human, settings_from
+from healthd.commands.common import EXIT_OK, EXIT_TROUBLE, EXIT_USAGE, add_config_option, settings_from
 from healthd.config import ProbeSettings
 from healthd.errors import CommandTimeout, ParseError
 from healthd.model import Outcome, ProbeResult
+from healthd.units import human
 from probes.catalogue import PROBE_NAMES
 
 
@@ -62,7 +63,8 @@ def format_result(result: ProbeResult) -> str:
     ]
     for m in result.measurements:
         labels = ", ".join(f"{k}={v}" for k, v in sorted(m.labels.items()))
-        lines.append(f"  {m.name:<40} {human(m.name, m.value):>16}  {labels}" + (f"  node={m.node}" if m.node else ""))
+        value = human(m.name, m.value, column=True)
+        lines.append(f"  {m.name:<40} {value:>16}  {labels}" + (f"  node={m.node}" if m.node else ""))
     bad = [c for c in result.checks if not c.ok]
     lines.append(f"  checks: {len(result.checks) - len(bad)}/{len(result.checks)} ok")
     lines += [f"  FAILED {c.name}: {c.detail}" for c in bad]

@@ -6,9 +6,10 @@ import argparse
 import json
 from datetime import UTC, datetime
 
-from healthd.commands.common import EXIT_OK, EXIT_TROUBLE, add_config_option, human, settings_from
+from healthd.commands.common import EXIT_OK, EXIT_TROUBLE, add_config_option, settings_from
 from healthd.errors import HealthdError
 from healthd.model import Outcome
+from healthd.units import human
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -45,7 +46,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"  {probe:<8} {outcome:<9} last run {when} UTC" + (f"  {reason}" if reason else ""))
             for m in info["measurements"][:12]:
                 labels = ",".join(f"{k}={v}" for k, v in sorted(m["labels"].items()))
-                print(f"           {m['name']:<36} {human(m['name'], m['value']):>14}  {labels}")
+                print(f"           {m['name']:<36} {human(m['name'], m['value'], column=True):>14}  {labels}")
     if not doc["nodes"]:
         print("no nodes known yet")
     return EXIT_TROUBLE if bad else EXIT_OK

@@ -12,7 +12,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from healthd.judge.model import Direction, Finding, ReasonCode, SeriesKey, Severity, human
+from healthd.judge.model import Direction, Finding, ReasonCode, SeriesKey, Severity
+from healthd.units import human
 
 MAD_TO_SD = 1.4826
 """Scales a median absolute deviation to a standard deviation for normally distributed noise."""

@@ -20,7 +20,8 @@ import numpy as np
 
 from healthd.config import FleetSettings
 from healthd.judge.baseline import MAD_TO_SD
-from healthd.judge.model import Direction, Finding, ReasonCode, SeriesKey, Severity, human
+from healthd.judge.model import Direction, Finding, ReasonCode, SeriesKey, Severity
+from healthd.units import human
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ from pydantic import ValidationError
 
 from healthd.config import FloorRule, JudgeSettings
 from healthd.errors import ConfigError
-from healthd.judge.model import Direction, Finding, ReasonCode, SeriesKey, Severity, human
+from healthd.judge.model import Direction, Finding, ReasonCode, SeriesKey, Severity
+from healthd.units import human
 
 
 @lru_cache(maxsize=1)

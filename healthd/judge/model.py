@@ -95,15 +95,6 @@ def _short_size(key: str, value: str) -> str:
     return value
 
 
-def human(name: str, value: float) -> str:
-    """A value in the unit people read: TFLOP/s, GB/s, ms."""
-    for unit, scale, suffix in (("flop_per_second", 1e12, " TFLOP/s"), ("bytes_per_second", 1e9, " GB/s"),
-                                ("samples_per_second", 1.0, " samples/s"), ("seconds", 1e-3, " ms")):
-        if name.endswith(unit):
-            return f"{value / scale:.4g}{suffix}"
-    return f"{value:.4g}"
-
-
 @dataclass(frozen=True)
 class Finding:
     """One layer's statement about one value of one series."""

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import json
 import re
-import time as _time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from healthd.errors import ParseError
+from healthd.parsers.common import tool_result
 from probes.result import Check, Outcome, ProbeResult
 
 __all__ = [
@@ -422,7 +422,6 @@ def to_probe_results(parsed: DcgmiDiag, *, node: str | None = None, at: float | 
     """One ``ProbeResult`` (probe ``dcgmi``): a ``Check`` per test and GPU (``ok`` unless the
     status is ``fail``), per ``Error`` row, outcome ``fail`` on any failure, ``error`` when
     DCGM reported an error without running tests, ``skipped`` when every test was skipped."""
-    stamp = _time.time() if at is None else at
     checks: list[Check] = []
     for test in parsed.tests:
         detail_msgs = "; ".join(m.text for m in test.messages if m.kind != "info")[:500]
@@ -469,15 +468,4 @@ def to_probe_results(parsed: DcgmiDiag, *, node: str | None = None, at: float | 
         "tests": {t.name: t.status for t in parsed.tests},
         "complete": parsed.complete,
     }
-    return [
-        ProbeResult(
-            probe=PROBE,
-            outcome=outcome,
-            reason=reason,
-            started_at=stamp,
-            finished_at=stamp,
-            nodes=[node] if node else [],
-            params=params,
-            checks=checks,
-        )
-    ]
+    return [tool_result(PROBE, outcome, reason, params, at=at, node=node, checks=checks)]

@@ -15,11 +15,11 @@ integer, the throughput of one GPU (``derived_samples_per_second`` recomputes it
 from __future__ import annotations
 
 import re
-import time as _time
 from dataclasses import dataclass
 from typing import Any
 
 from healthd.errors import ParseError
+from healthd.parsers.common import strip_tag, tool_result
 from probes.result import Measurement, Outcome, ProbeResult
 
 __all__ = [
@@ -84,7 +84,6 @@ class DdpBenchmarkOutput:
     truncated: bool
 
 
-_PREFIX = re.compile(r"^(?:\[\d{1,7},\d{1,7}\]<(?:stdout|stderr)>: ?|\s{0,8}\d{1,7}: ?)")
 _PREAMBLE = re.compile(r"^\* (PyTorch version|CUDA version|Distributed backend|Maximum bucket size): (.*)$")
 _BENCHMARK = re.compile(r"^Benchmark: (?P<model>\S+) with batch size (?P<batch>\d{1,9})\s*$")
 _ROW = re.compile(r"^\s*(?P<ranks>\d{1,7}) GPUs -- \s*(?P<config>[^:]{1,40}?):(?P<rest>\s+p\d\d:.*)$")
@@ -111,7 +110,7 @@ def parse_ddp_benchmark(text: str) -> DdpBenchmarkOutput:
             benchmarks.append(DdpBenchmark(model, batch, tuple(rows), model_line))
 
     for lineno, raw in enumerate(text.splitlines(), start=1):
-        line = _PREFIX.sub("", raw, count=1).rstrip()
+        line = strip_tag(raw).rstrip()
         if not line.strip():
             continue
         if line.strip() == "PyTorch distributed benchmark suite":
@@ -184,7 +183,6 @@ def to_probe_results(
     ``quantile`` (``0.5``, ``0.75``...) and ``scope`` = ``<model>:<config>`` (e.g.
     ``resnet50:2M/8G``); ``nodes`` = the machine count for multi-machine rows.
     """
-    stamp = _time.time() if at is None else at
     measurements: list[Measurement] = []
     for bench in parsed.benchmarks:
         for result in bench.results:
@@ -221,15 +219,4 @@ def to_probe_results(
         "batch_sizes": [b.batch_size for b in parsed.benchmarks],
         "truncated": parsed.truncated,
     }
-    return [
-        ProbeResult(
-            probe=PROBE,
-            outcome=outcome,
-            reason=reason,
-            started_at=stamp,
-            finished_at=stamp,
-            nodes=[node] if node else [],
-            params=params,
-            measurements=measurements,
-        )
-    ]
+    return [tool_result(PROBE, outcome, reason, params, at=at, node=node, measurements=measurements)]

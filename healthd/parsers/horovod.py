@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import math
 import re
-import time as _time
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from healthd.errors import ParseError
+from healthd.parsers.common import strip_tag, tool_result
 from probes.result import Measurement, Outcome, ProbeResult
 
 __all__ = ["HorovodBenchmark", "HorovodIteration", "parse_horovod", "to_probe_results"]
@@ -80,7 +80,6 @@ class HorovodBenchmark:
         return None
 
 
-_PREFIX = re.compile(r"^(?:\[\d{1,7},\d{1,7}\]<(?:stdout|stderr)>: ?|\s{0,8}\d{1,7}: ?)")
 _NUM = r"(\d{1,12}(?:\.\d{1,12})?)"
 _MODEL = re.compile(r"^Model: (\S+)\s*$")
 _BATCH = re.compile(r"^Batch size: (\d{1,9})\s*$")
@@ -105,7 +104,7 @@ def parse_horovod(text: str) -> HorovodBenchmark:
     total_devices: int | None = None
     nccl: str | None = None
     for lineno, raw in enumerate(text.splitlines(), start=1):
-        line = _PREFIX.sub("", raw, count=1).strip()
+        line = strip_tag(raw).strip()
         if not line:
             continue
         if m := _MODEL.match(line):
@@ -152,7 +151,6 @@ def to_probe_results(
     ``scope`` ``per_gpu`` (or ``per_cpu``) and ``total``; the per-iteration rates (of rank 0's
     view, not per rank) go in ``params['iterations']``. Outcome ``error`` when the output
     stops before the ``Total img/sec`` line."""
-    stamp = _time.time() if at is None else at
     unit = (parsed.device or "GPU").lower()
     measurements: list[Measurement] = []
     if parsed.per_device_mean is not None and math.isfinite(parsed.per_device_mean):
@@ -168,13 +166,6 @@ def to_probe_results(
         measurements.append(
             Measurement(name="throughput_samples_per_second", value=parsed.total, labels={"scope": "total"}, node=node)
         )
-    if parsed.total is None:
-        outcome, reason = (
-            Outcome.ERROR,
-            (f"truncated output: no 'Total img/sec' line after {len(parsed.iterations)} iterations"),
-        )
-    else:
-        outcome, reason = Outcome.PASS, ""
     params: dict[str, Any] = {
         "tool": "horovod",
         "model": parsed.model,
@@ -187,15 +178,9 @@ def to_probe_results(
         "mean_excludes_first": parsed.mean_excludes_first,
         "nccl_version": parsed.nccl_version,
     }
-    return [
-        ProbeResult(
-            probe=PROBE,
-            outcome=outcome,
-            reason=reason,
-            started_at=stamp,
-            finished_at=stamp,
-            nodes=[node] if node else [],
-            params=params,
-            measurements=measurements,
-        )
-    ]
+    if parsed.total is None:
+        outcome = Outcome.ERROR
+        reason = f"truncated output: no 'Total img/sec' line after {len(parsed.iterations)} iterations"
+    else:
+        outcome, reason = Outcome.PASS, ""
+    return [tool_result(PROBE, outcome, reason, params, at=at, node=node, measurements=measurements)]

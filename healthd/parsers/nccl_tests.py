@@ -27,12 +27,12 @@ from __future__ import annotations
 import json
 import math
 import re
-import time as _time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from healthd.errors import ParseError
+from healthd.parsers.common import BusClass, bus_factor_of, timestamp, tool_result
 from probes.result import Check, Measurement, Outcome, ProbeResult
 
 __all__ = [
@@ -74,6 +74,12 @@ KNOWN_COLLECTIVES = frozenset(
     }
 )
 """Collectives whose byte counts and bus factors are known (one binary ``<name>_perf`` each)."""
+
+_BUS_CLASSES: dict[str, BusClass] = {
+    "all_reduce": "all_reduce",
+    **dict.fromkeys(("all_gather", "reduce_scatter", "alltoall", "alltoallv", "gather", "scatter"), "spread"),
+    **dict.fromkeys(("broadcast", "reduce", "sendrecv", "hypercube"), "one"),
+}
 
 _DTYPE_SIZES = {
     "int8": 1,
@@ -262,16 +268,7 @@ def dtype_size(dtype: str) -> int | None:
 
 def bus_factor(collective: str, nranks: int) -> float | None:
     """nccl-tests' bus bandwidth factor for ``collective`` over ``nranks`` ranks."""
-    if nranks <= 0:
-        return None
-    n = float(nranks)
-    if collective == "all_reduce":
-        return 2.0 * (n - 1.0) / n
-    if collective in ("all_gather", "reduce_scatter", "alltoall", "alltoallv", "gather", "scatter"):
-        return (n - 1.0) / n
-    if collective in ("broadcast", "reduce", "sendrecv", "hypercube"):
-        return 1.0
-    return None
+    return bus_factor_of(_BUS_CLASSES.get(collective), nranks)
 
 
 def derived_algbw_gbps(size_bytes: int, time_us: float) -> float | None:
@@ -648,11 +645,6 @@ def _infer_collective(rows: Sequence[NcclRow], layout: _Layout | None, nranks: i
 # --------------------------------------------------------------------------- text parser
 
 
-def _numbered_lines(text: str) -> Iterator[tuple[int, str]]:
-    for number, raw in enumerate(text.splitlines(), start=1):
-        yield number, strip_launcher_prefix(raw.replace("\x00", ""))
-
-
 def parse_nccl_tests(text: str, *, collective: str | None = None) -> NcclTestsOutput:
     """Parse nccl-tests stdout (or a ``-J`` JSON report) into runs.
 
@@ -668,221 +660,291 @@ def parse_nccl_tests(text: str, *, collective: str | None = None) -> NcclTestsOu
         raise ParseError(f"nccl-tests: expected text (str), got {type(text).__name__}")
     if collective is not None and collective not in KNOWN_COLLECTIVES:
         raise ValueError(f"unknown collective {collective!r}; known: {', '.join(sorted(KNOWN_COLLECTIVES))}")
-    hint = collective
     if text.lstrip().startswith("{"):
-        return _parse_json(text, hint)
-    runs: list[NcclTestRun] = []
+        return _parse_json(text, collective)
+    return _parse_text(text, collective)
+
+
+class _Line(NamedTuple):
+    text: str
+    """The line without its launcher prefix."""
+    stripped: str
+    body: str
+    """``stripped`` without a leading ``#``: the words of a column header line."""
+    number: int
+
+
+_Subject = Literal["text", "stripped", "body"]
+_SUBJECT_INDEX: dict[_Subject, Literal[0, 1, 2]] = {"text": 0, "stripped": 1, "body": 2}
+
+
+@dataclass
+class _TextState:
+    """What the text parser carries from line to line."""
+
+    hint: str | None
+    runs: list[NcclTestRun] = field(default_factory=list)
     current: _RunBuilder | None = None
     pending_program: str | None = None
-    ignored = 0
+    """A test binary named (on a command line) before its run's first line."""
+    ignored: int = 0
+
+    def finish(self) -> None:
+        if self.current is not None and self.current.has_content:
+            self.runs.append(self.current.build(self.hint))
+        self.current = None
+
+    def run_at(self, number: int, restart: Callable[[_RunBuilder], bool] | None = None) -> _RunBuilder:
+        """The run being read; a new one from line ``number`` when there is none or when
+        ``restart`` says the line begins the next run."""
+        if self.current is None or (restart is not None and restart(self.current)):
+            self.finish()
+            self.current = _RunBuilder(first_line=number, program=self.pending_program)
+            self.pending_program = None
+        return self.current
+
+
+_Handler = Callable[[_TextState, _Line, re.Match[str]], None]
+
+
+def _add_failure(state: _TextState, line: _Line, m: re.Match[str], kind: FailureKind, message: str) -> None:
+    run = state.run_at(line.number)
+    head = line.text[: m.start()]
+    if head.strip() and _ROW_START.match(head):
+        run.cut_rows.append(line.number)
+    run.failures.append(NcclFailure(kind, m.group("host"), m.group("loc"), message, line.number))
+
+
+def _on_failure(state: _TextState, line: _Line, m: re.Match[str]) -> None:
+    kind: FailureKind = "NCCL" if m.group("kind") == "NCCL" else "CUDA"
+    _add_failure(state, line, m, kind, m.group("msg").strip())
+
+
+def _on_timeout(state: _TextState, line: _Line, m: re.Match[str]) -> None:
+    _add_failure(state, line, m, "timeout", f"timeout after {m.group('secs')}s")
+
+
+def _on_trace(state: _TextState, line: _Line, m: re.Match[str]) -> None:
+    state.run_at(line.number).trace.append(line.stripped)
+
+
+def _on_warn(state: _TextState, line: _Line, m: re.Match[str]) -> None:
+    run = state.run_at(line.number)
+    run.warnings.append(m.group("msg").strip())
+    version = _NCCL_VERSION.search(line.text)
+    if version:
+        run.nccl_version = version.group("v")
+
+
+def _on_version(state: _TextState, line: _Line, m: re.Match[str]) -> None:
+    run = state.run_at(line.number, lambda r: r.has_table or bool(r.version or r.header))
+    run.version = m.group("version") + (f" ({m.group('git')})" if m.group("git") else "")
+    run.nccl_headers = _int(m.group("headers") or "")
+    run.nccl_library = _int(m.group("library") or "")
+
+
+def _on_starting(state: _TextState, line: _Line, m: re.Match[str]) -> None:
+    state.run_at(line.number, lambda r: r.has_table or bool(r.header)).program = m.group("program")
+
+
+def _on_concluded(state: _TextState, line: _Line, m: re.Match[str]) -> None:
+    run = state.current
+    if run is not None:
+        run.concluded = True
+        if run.program is None:
+            run.program = m.group("program")
+
+
+def _on_params(state: _TextState, line: _Line, m: re.Match[str]) -> None:
+    state.run_at(line.number, lambda r: r.has_table or bool(r.devices)).header = _header_from_match(m, line.number)
+
+
+def _on_device(state: _TextState, line: _Line, m: re.Match[str]) -> None:
+    run = state.run_at(line.number, lambda r: r.has_table)
+    device = _device_from_match(m)
+    if device is not None:
+        if m.group("rank1") is not None:
+            run.nccl1 = True
+        run.devices.append(device)
+
+
+def _on_out_of_bounds(state: _TextState, line: _Line, m: re.Match[str]) -> None:
+    run = state.run_at(line.number)
+    run.out_of_bounds = _int(m.group("n"))
+    run.out_of_bounds_ok = m.group("ok") == "OK"
+
+
+def _on_avg(state: _TextState, line: _Line, m: re.Match[str]) -> None:
+    run = state.run_at(line.number)
+    run.avg_busbw = _finite(_float(m.group("bw")))
+    check = m.group("check")
+    run.avg_check = "OK" if check == "OK" else "FAILED" if check == "FAILED" else None
+
+
+def _on_error(state: _TextState, line: _Line, m: re.Match[str]) -> None:
+    if state.current is not None:
+        state.current.errors.append(m.group("msg").strip())
+
+
+def _on_nccl_version(state: _TextState, line: _Line, m: re.Match[str]) -> None:
+    state.run_at(line.number).nccl_version = m.group("v")
+
+
+def _table_restarts(run: _RunBuilder) -> bool:
+    return bool(run.rows) and run.footer_seen
+
+
+def _on_placement_header(state: _TextState, line: _Line, m: re.Match[str]) -> None:
+    state.run_at(line.number, _table_restarts)
+
+
+def _on_column_header(state: _TextState, line: _Line, m: re.Match[str]) -> None:
+    run = state.run_at(line.number, _table_restarts)
+    tokens = line.body.split()
+    layout = _layout_from_names(tokens, run.units_ms)
+    if layout is not None:
+        run.layout = layout
+        run.columns = tuple(tokens)
+
+
+def _on_unit_header(state: _TextState, line: _Line, m: re.Match[str]) -> None:
+    run = state.current
+    if run is not None:
+        ms = "(ms)" in line.body.split()
+        run.units_ms = ms
+        if run.layout is not None:
+            run.layout = replace(run.layout, time_scale=1000.0 if ms else 1.0)
+
+
+def _on_row(state: _TextState, line: _Line, m: re.Match[str]) -> None:
+    run = state.current
+    tokens = line.text.split()
+    if run is not None and run.layout is None:
+        run.layout = _default_layout(tokens)
+    if run is None or run.layout is None:
+        state.ignored += 1
+        return
+    row = _parse_row(tokens, run.layout, line.number)
+    if row is not None:
+        run.rows.append(row)
+    else:
+        run.cut_rows.append(line.number)
+    run.last_line = line.number
+
+
+def _on_program(state: _TextState, line: _Line, m: re.Match[str]) -> None:
+    program = m.group("prog")
+    if "NCCL INFO" in line.text or _collective_of_program(program) is None:
+        state.ignored += 1
+        return
+    run = state.current
+    if run is not None and run.has_content and (run.has_table or run.header):
+        state.finish()
+    if state.current is None:
+        state.pending_program = program
+    elif state.current.program is None:
+        state.current.program = program
+
+
+def _word(*words: str) -> str:
+    """A lookahead for one of ``words`` as a whole whitespace-separated word."""
+    return r"(?=(?:.*\s)?(?:" + "|".join(re.escape(w) for w in words) + r")(?:\s|$))"
+
+
+_PLACEMENT_HEADER = re.compile(_word("out-of-place", "in-place"))
+_COLUMN_HEADER = re.compile(_word("algbw") + _word("busbw") + _word("time", "cputime"))
+_UNIT_HEADER = re.compile(_word("(us)", "(ms)") + _word("(GB/s)"))
+
+
+_LineKind = Literal["comment", "plain", "any"]
+
+
+class _Rule(NamedTuple):
+    find: Callable[[str], re.Match[str] | None]
+    subject: Literal[0, 1, 2]
+    """The index in ``_Line`` of the text ``find`` reads."""
+    needle: str
+    handler: _Handler
+    extends_run: bool
+    """The line is the current run's last so far."""
+    lines: _LineKind
+    """The lines the rule applies to: ``comment`` lines start with ``#``, ``plain`` ones do not."""
+
+
+def _rule(
+    pattern: re.Pattern[str],
+    handler: _Handler,
+    *,
+    on: _Subject = "stripped",
+    search: bool = False,
+    needle: str = "",
+    extends_run: bool = True,
+    lines: _LineKind = "any",
+) -> _Rule:
+    """A line kind: ``pattern`` tried on the line's ``on`` text (``re.match``, or ``re.search``
+    with ``search``) when that text holds ``needle``."""
+    find = pattern.search if search else pattern.match
+    return _Rule(find, _SUBJECT_INDEX[on], needle, handler, extends_run, lines)
+
+
+_RULES: tuple[_Rule, ...] = (
+    _rule(_FAILURE, _on_failure, on="text", search=True, needle="failure"),
+    _rule(_TIMEOUT, _on_timeout, on="text", search=True, needle="Test timeout"),
+    _rule(_TRACE, _on_trace, on="text", needle="..", lines="plain"),
+    _rule(_WARN, _on_warn, on="text", search=True, needle="NCCL WARN", extends_run=False),
+    _rule(_VERSION, _on_version, lines="comment"),
+    _rule(_STARTING, _on_starting, lines="comment"),
+    _rule(_CONCLUDED, _on_concluded, lines="comment"),
+    _rule(_PARAMS, _on_params, needle="nThread "),
+    _rule(_DEVICE, _on_device, lines="comment"),
+    _rule(_OOB, _on_out_of_bounds, needle="Out of bounds values"),
+    _rule(_AVG, _on_avg, needle="Avg bus bandwidth"),
+    _rule(_ERROR_LINE, _on_error, extends_run=False, lines="comment"),
+    _rule(_NCCL_VERSION, _on_nccl_version, on="text", search=True, needle="NCCL version", extends_run=False),
+    _rule(_PLACEMENT_HEADER, _on_placement_header, on="body", needle="-place"),
+    _rule(_COLUMN_HEADER, _on_column_header, on="body", needle="busbw"),
+    _rule(_UNIT_HEADER, _on_unit_header, on="body", needle="(GB/s)", extends_run=False),
+    _rule(_ROW_START, _on_row, on="text", extends_run=False, lines="plain"),
+    _rule(_PROGRAM_HINT, _on_program, on="text", search=True, needle="_perf", extends_run=False, lines="plain"),
+)
+"""Every line kind, in the order they are tried: the first match takes the line; a line no
+rule takes is counted as ignored."""
+
+_COMMENT_RULES = tuple(rule for rule in _RULES if rule.lines != "plain")
+_PLAIN_RULES = tuple(rule for rule in _RULES if rule.lines != "comment")
+
+
+def _parse_text(text: str, hint: str | None) -> NcclTestsOutput:
+    state = _TextState(hint)
     total = 0
-
-    def finish() -> None:
-        nonlocal current
-        if current is not None and current.has_content:
-            runs.append(current.build(hint))
-        current = None
-
-    def start(lineno: int) -> _RunBuilder:
-        nonlocal current, pending_program
-        finish()
-        current = _RunBuilder(first_line=lineno, program=pending_program)
-        pending_program = None
-        return current
-
-    for lineno, line in _numbered_lines(text):
-        total = lineno
-        stripped = line.strip()
+    for number, raw in enumerate(text.splitlines(), start=1):
+        total = number
+        unprefixed = strip_launcher_prefix(raw.replace("\x00", ""))
+        stripped = unprefixed.strip()
         if not stripped:
             continue
-        run = current
-
-        failure = _FAILURE.search(line) if "failure" in line else None
-        timeout = _TIMEOUT.search(line) if failure is None and "Test timeout" in line else None
-        if failure is not None or timeout is not None:
-            if run is None:
-                run = start(lineno)
-            found = failure if failure is not None else timeout
-            head = line[: found.start()] if found is not None else ""
-            if head.strip() and _ROW_START.match(head):
-                run.cut_rows.append(lineno)
-            if failure is not None:
-                kind: FailureKind = "NCCL" if failure.group("kind") == "NCCL" else "CUDA"
-                run.failures.append(
-                    NcclFailure(kind, failure.group("host"), failure.group("loc"), failure.group("msg").strip(), lineno)
-                )
-            elif timeout is not None:
-                run.failures.append(
-                    NcclFailure(
-                        "timeout",
-                        timeout.group("host"),
-                        timeout.group("loc"),
-                        f"timeout after {timeout.group('secs')}s",
-                        lineno,
-                    )
-                )
-            run.last_line = lineno
-            continue
-
-        if ".." in line and _TRACE.match(line):
-            if run is None:
-                run = start(lineno)
-            run.trace.append(stripped)
-            run.last_line = lineno
-            continue
-
-        warn = _WARN.search(line) if "NCCL WARN" in line else None
-        if warn is not None:
-            if run is None:
-                run = start(lineno)
-            run.warnings.append(warn.group("msg").strip())
-            version = _NCCL_VERSION.search(line)
-            if version:
-                run.nccl_version = version.group("v")
-            continue
-
-        m = _VERSION.match(stripped)
-        if m:
-            if run is None or run.has_table or run.version or run.header:
-                run = start(lineno)
-            run.version = m.group("version") + (f" ({m.group('git')})" if m.group("git") else "")
-            run.nccl_headers = _int(m.group("headers") or "")
-            run.nccl_library = _int(m.group("library") or "")
-            run.last_line = lineno
-            continue
-
-        m = _STARTING.match(stripped)
-        if m:
-            if run is None or run.has_table or run.header:
-                run = start(lineno)
-            run.program = m.group("program")
-            run.last_line = lineno
-            continue
-
-        m = _CONCLUDED.match(stripped)
-        if m:
-            if run is not None:
-                run.concluded = True
-                if run.program is None:
-                    run.program = m.group("program")
-                run.last_line = lineno
-            continue
-
-        m = _PARAMS.match(stripped)
-        if m:
-            if run is None or run.has_table or run.devices:
-                run = start(lineno)
-            run.header = _header_from_match(m, lineno)
-            run.last_line = lineno
-            continue
-
-        m = _DEVICE.match(stripped)
-        if m:
-            if run is None or run.has_table:
-                run = start(lineno)
-            device = _device_from_match(m)
-            if device is not None:
-                if m.group("rank1") is not None:
-                    run.nccl1 = True
-                run.devices.append(device)
-            run.last_line = lineno
-            continue
-
-        m = _OOB.match(stripped)
-        if m:
-            if run is None:
-                run = start(lineno)
-            run.out_of_bounds = _int(m.group("n"))
-            run.out_of_bounds_ok = m.group("ok") == "OK"
-            run.last_line = lineno
-            continue
-
-        m = _AVG.match(stripped)
-        if m:
-            if run is None:
-                run = start(lineno)
-            run.avg_busbw = _finite(_float(m.group("bw")))
-            check = m.group("check")
-            run.avg_check = "OK" if check == "OK" else "FAILED" if check == "FAILED" else None
-            run.last_line = lineno
-            continue
-
-        m = _ERROR_LINE.match(stripped)
-        if m:
-            if run is not None:
-                run.errors.append(m.group("msg").strip())
-            continue
-
-        version = _NCCL_VERSION.search(line) if "NCCL version" in line else None
-        if version:
-            if run is None:
-                run = start(lineno)
-            run.nccl_version = version.group("v")
-            continue
-
-        body = stripped[1:].strip() if stripped.startswith("#") else stripped
-        tokens = body.split()
-        if "out-of-place" in tokens or "in-place" in tokens:
-            if run is None or (run.rows and run.footer_seen):
-                run = start(lineno)
-            run.last_line = lineno
-            continue
-        if ("algbw" in tokens and "busbw" in tokens) and ("time" in tokens or "cputime" in tokens):
-            if run is None or (run.rows and run.footer_seen):
-                run = start(lineno)
-            layout = _layout_from_names(tokens, run.units_ms)
-            if layout is not None:
-                run.layout = layout
-                run.columns = tuple(tokens)
-            run.last_line = lineno
-            continue
-        if ("(us)" in tokens or "(ms)" in tokens) and ("(GB/s)" in tokens):
-            if run is not None:
-                ms = "(ms)" in tokens
-                run.units_ms = ms
-                if run.layout is not None:
-                    run.layout = replace(run.layout, time_scale=1000.0 if ms else 1.0)
-            continue
-
-        if not stripped.startswith("#") and _ROW_START.match(line):
-            raw_tokens = line.split()
-            if run is not None and run.layout is None:
-                fallback = _default_layout(raw_tokens)
-                if fallback is not None:
-                    run.layout = fallback
-            if run is not None and run.layout is not None:
-                row = _parse_row(raw_tokens, run.layout, lineno)
-                if row is not None:
-                    run.rows.append(row)
-                else:
-                    run.cut_rows.append(lineno)
-                run.last_line = lineno
+        comment = stripped.startswith("#")
+        line = _Line(unprefixed, stripped, stripped[1:].strip() if comment else stripped, number)
+        for find, subject, needle, handler, extends_run, _lines in _COMMENT_RULES if comment else _PLAIN_RULES:
+            if needle not in line[subject]:
                 continue
-            ignored += 1
-            continue
-
-        if not stripped.startswith("#"):
-            hint_match = _PROGRAM_HINT.search(line) if "_perf" in line else None
-            if hint_match and "NCCL INFO" not in line:
-                program = hint_match.group("prog")
-                if _collective_of_program(program) is not None:
-                    if run is not None and run.has_content and (run.has_table or run.header):
-                        finish()
-                    if current is None:
-                        pending_program = program
-                    elif current.program is None:
-                        current.program = program
-                    continue
-        ignored += 1
-
-    finish()
-    if not runs:
+            m = find(line[subject])
+            if m is None:
+                continue
+            handler(state, line, m)
+            if extends_run and state.current is not None:
+                state.current.last_line = number
+            break
+        else:
+            state.ignored += 1
+    state.finish()
+    if not state.runs:
         raise ParseError(
             f"nccl-tests: no output found in {total} lines: expected a '# nThread ... nGpus ...' "
             "parameter line, a result table (size count type ... time algbw busbw) or a "
             "'<host>: Test NCCL|CUDA failure' line"
         )
-    return NcclTestsOutput(tuple(runs), total, ignored)
+    return NcclTestsOutput(tuple(state.runs), total, state.ignored)
 
 
 def _header_from_match(m: re.Match[str], lineno: int) -> NcclHeader:
@@ -1227,7 +1289,7 @@ def to_probe_results(parsed: NcclTestsOutput, *, node: str | None = None, at: fl
     them. Node: the device list's host when it names one, else ``node``; several hosts
     leave ``node`` empty and list the hosts in ``nodes``.
     """
-    stamp = _time.time() if at is None else at
+    stamp = timestamp(at)
     results: list[ProbeResult] = []
     for run in parsed.runs:
         hosts = run.hosts
@@ -1272,18 +1334,9 @@ def to_probe_results(parsed: NcclTestsOutput, *, node: str | None = None, at: fl
             params["cut_rows"] = list(run.cut_rows)
         if run.warnings:
             params["nccl_warnings"] = list(run.warnings[:20])
+        checks = _run_checks(run, attributed)
         results.append(
-            ProbeResult(
-                probe=PROBE,
-                outcome=outcome,
-                reason=reason,
-                started_at=stamp,
-                finished_at=stamp,
-                nodes=nodes,
-                params=params,
-                measurements=measurements,
-                checks=_run_checks(run, attributed),
-            )
+            tool_result(PROBE, outcome, reason, params, at=stamp, nodes=nodes, measurements=measurements, checks=checks)
         )
     return results
 

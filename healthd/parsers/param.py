@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import math
 import re
-import time as _time
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from healthd.errors import ParseError
+from healthd.parsers.common import BusClass, bus_factor_of, strip_tag, tool_result
 from probes.result import Measurement, Outcome, ProbeResult
 
 __all__ = [
@@ -48,12 +48,7 @@ __all__ = [
     "parse_param_compute",
 ]
 
-_PREFIX = re.compile(r"^(?:\[\d{1,7},\d{1,7}\]<(?:stdout|stderr)>: ?|\s{0,8}\d{1,7}: ?)")
 _NUMBER = re.compile(r"[-+]?(?:\d{1,30}(?:\.\d{0,30})?|\.\d{1,30})(?:[eE][-+]?\d{1,4})?|nan|inf")
-
-
-def _strip(raw: str) -> str:
-    return _PREFIX.sub("", raw, count=1)
 
 
 def _to_float(token: str) -> float | None:
@@ -112,16 +107,14 @@ class CommsOutput:
 
 def comms_bus_factor(collective: str, world_size: int) -> float | None:
     """PARAM's ``getBusBW`` factor."""
-    if world_size <= 0:
-        return None
-    n = float(world_size)
+    bus_class: BusClass | None = None
     if collective == "all_reduce":
-        return 2.0 * (n - 1.0) / n
-    if collective.startswith(("all_to_all", "all_gather", "reduce_scatter")) or collective in ("gather", "scatter"):
-        return (n - 1.0) / n
-    if collective in ("reduce", "broadcast", "incast", "multicast"):
-        return 1.0
-    return None
+        bus_class = "all_reduce"
+    elif collective.startswith(("all_to_all", "all_gather", "reduce_scatter")) or collective in ("gather", "scatter"):
+        bus_class = "spread"
+    elif collective in ("reduce", "broadcast", "incast", "multicast"):
+        bus_class = "one"
+    return bus_factor_of(bus_class, world_size)
 
 
 _COLUMN_TOKENS = re.compile(
@@ -156,20 +149,10 @@ _COLUMN_MAP = {
     "De-Quant": "dequant_p95_us",
     "Overall": "overall_p95_us",
 }
+_NINE_VALUES = ("size_bytes", "elements", "p50_us", "p75_us", "p95_us", "min_us", "max_us", "algbw_gbps", "busbw_gbps")
 _BY_COUNT = {
-    9: ("size_bytes", "elements", "p50_us", "p75_us", "p95_us", "min_us", "max_us", "algbw_gbps", "busbw_gbps"),
-    10: (
-        "size_bytes",
-        "elements",
-        "p50_us",
-        "p75_us",
-        "p95_us",
-        "min_us",
-        "max_us",
-        "algbw_gbps",
-        "busbw_gbps",
-        "total_p50_us",
-    ),
+    9: _NINE_VALUES,
+    10: (*_NINE_VALUES, "total_p50_us"),
     7: ("size_bytes", "elements", "p50_us", "p75_us", "p95_us", "algbw_gbps", "busbw_gbps"),
 }
 _STANDARD = frozenset(_BY_COUNT[10])
@@ -214,7 +197,7 @@ def parse_param_comms(text: str) -> CommsOutput:
     backend: str | None = None
     settings: list[tuple[str, str]] = []
     for lineno, raw in enumerate(text.splitlines(), start=1):
-        line = _strip(raw)
+        line = strip_tag(raw)
         if "PARAM COMM" in line and "environment" in line:
             wm = _WORLD.search(line)
             if wm:
@@ -308,7 +291,6 @@ def comms_to_probe_results(
     labels ``quantile`` 0.5/0.75/0.95 for the three printed percentiles),
     ``algbw_bytes_per_second`` and ``busbw_bytes_per_second`` (derived from p50 and the
     world size when not printed), labels ``collective``, ``size_bytes``, ``dtype``."""
-    stamp = _time.time() if at is None else at
     measurements: list[Measurement] = []
     seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
     for row in parsed.rows:
@@ -342,17 +324,7 @@ def comms_to_probe_results(
         "settings": dict(parsed.settings),
         "rows": len(parsed.rows),
     }
-    return [
-        ProbeResult(
-            probe="param_comms",
-            outcome=Outcome.PASS,
-            started_at=stamp,
-            finished_at=stamp,
-            nodes=[node] if node else [],
-            params=params,
-            measurements=measurements,
-        )
-    ]
+    return [tool_result("param_comms", Outcome.PASS, "", params, at=at, node=node, measurements=measurements)]
 
 
 # =========================================================================== compute
@@ -457,7 +429,7 @@ def parse_param_compute(text: str) -> ComputeOutput:
     emb: list[EmbRow] = []
     linear: list[LinearRow] = []
     for lineno, raw in enumerate(text.splitlines(), start=1):
-        line = _strip(raw)
+        line = strip_tag(raw)
         if m := _MEASURING.search(line):
             kernel = _KERNELS.get(m.group("kernel"))
             device = m.group("device")
@@ -540,7 +512,6 @@ def compute_to_probe_results(
     and ``step_seconds``; EmbeddingBag rows: ``bandwidth_bytes_per_second`` and
     ``step_seconds``. Labels: ``dtype`` where printed and ``scope`` naming the shape
     (``gemm:MxNxK``, ``linear:LxIxHxOxB``, ``emb:FxDxNNZxB``)."""
-    stamp = _time.time() if at is None else at
     measurements: list[Measurement] = []
     base = {"dtype": parsed.dtype} if parsed.dtype else {}
 
@@ -570,14 +541,4 @@ def compute_to_probe_results(
         "warmups": parsed.warmups,
         "dataset": parsed.dataset,
     }
-    return [
-        ProbeResult(
-            probe="param_compute",
-            outcome=Outcome.PASS,
-            started_at=stamp,
-            finished_at=stamp,
-            nodes=[node] if node else [],
-            params=params,
-            measurements=measurements,
-        )
-    ]
+    return [tool_result("param_compute", Outcome.PASS, "", params, at=at, node=node, measurements=measurements)]

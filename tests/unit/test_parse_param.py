@@ -42,6 +42,15 @@ def _numbers(name: str, marker: str) -> list[list[float]]:
     return rows
 
 
+ROW_FIELDS = ("size_bytes", "elements", "p50_us", "p75_us", "p95_us", "min_us", "max_us", "algbw_gbps", "busbw_gbps",
+              "total_p50_us")
+"""The ``CommsRow`` fields of a 2026 header's columns, in print order."""
+
+
+def _fields(row: CommsRow, names: tuple[str, ...]) -> list[object]:
+    return [getattr(row, name) for name in names]
+
+
 # --------------------------------------------------------------------------- comms
 
 
@@ -75,34 +84,12 @@ def test_comms_2026_labels_with_srun_prefix() -> None:
     out = parse_param_comms(_text(name))
     assert out.world_size == 16 and out.backend == "nccl"
     assert dict(out.settings)["args.b"] == "1048576" and dict(out.settings)["args.z"] == "0"
-    assert out.columns == (
-        "size_bytes",
-        "elements",
-        "p50_us",
-        "p75_us",
-        "p95_us",
-        "min_us",
-        "max_us",
-        "algbw_gbps",
-        "busbw_gbps",
-        "total_p50_us",
-    )
+    assert out.columns == ROW_FIELDS
     oracle = _numbers(name, "COMMS-RES-")
     assert len(out.rows) == len(oracle) == 4
     for row, numbers in zip(out.rows, oracle, strict=True):
         assert (row.collective, row.dtype, row.tag, row.quantized) == ("all_reduce", "float32", "", False)
-        assert [
-            row.size_bytes,
-            row.elements,
-            row.p50_us,
-            row.p75_us,
-            row.p95_us,
-            row.min_us,
-            row.max_us,
-            row.algbw_gbps,
-            row.busbw_gbps,
-            row.total_p50_us,
-        ] == numbers
+        assert _fields(row, ROW_FIELDS) == numbers
     assert out.rows[0] == CommsRow(
         5, "all_reduce", "float32", "", False, 1048576, 262144, 61.3, 62.5, 65.6, 59.5, 68.0, 17.106, 32.073, 0.0
     )
@@ -116,17 +103,7 @@ def test_comms_2022_labels_all_to_all() -> None:
     assert len(out.rows) == 5
     for row, numbers in zip(out.rows, oracle, strict=True):
         assert (row.collective, row.dtype, row.total_p50_us) == ("all_to_all", "bfloat16", None)
-        assert [
-            row.size_bytes,
-            row.elements,
-            row.p50_us,
-            row.p75_us,
-            row.p95_us,
-            row.min_us,
-            row.max_us,
-            row.algbw_gbps,
-            row.busbw_gbps,
-        ] == numbers
+        assert _fields(row, ROW_FIELDS[:-1]) == numbers
     assert out.rows[-1].size_bytes == 16777216 and out.rows[-1].busbw_gbps == 19.238
     _check_comms_definitions(out.rows, 16)
 
