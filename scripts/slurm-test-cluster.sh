@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A real four-node Slurm cluster on this one machine, for healthd's integration tests and CI.
+# A real five-node Slurm cluster on this one machine, for healthd's integration tests and CI.
 #
 #   scripts/slurm-test-cluster.sh start    install (root, when missing), configure, start, wait until all nodes answer
 #   scripts/slurm-test-cluster.sh stop     stop every daemon this script started (pid files); idempotent
@@ -25,7 +25,7 @@
 #
 # Environment: HEALTHD_SLURM_RELEASE (default: the host's suite), HEALTHD_SLURM_DIR (default
 # /tmp/healthd-slurm, or /tmp/healthd-slurm-<suite> for a chroot release), HEALTHD_SLURM_NODES
-# (default 4), HEALTHD_SLURM_START_TIMEOUT (s, default 60), HEALTHD_SLURM_CTLD_PORT and
+# (default 5: one busy, one drained by someone else, one reserved and two idle, as the live-cluster tests place them), HEALTHD_SLURM_START_TIMEOUT (s, default 60), HEALTHD_SLURM_CTLD_PORT and
 # HEALTHD_SLURM_NODE_PORT (controller port and first slurmd port; defaults 16817/17001 for the host's
 # suite, 16827/17011 for trixie, 16837/17021 for sid), HEALTHD_SLURM_CHROOT_DIR (default
 # /var/cache/healthd-slurm), HEALTHD_SLURM_MIRROR (default http://deb.debian.org/debian),
@@ -46,7 +46,7 @@ else
     case $RELEASE in trixie) PORT_OFFSET=10 ;; sid) PORT_OFFSET=20 ;; *) PORT_OFFSET=30 ;; esac
 fi
 DIR=${HEALTHD_SLURM_DIR:-$DEFAULT_DIR}
-NNODES=${HEALTHD_SLURM_NODES:-4}
+NNODES=${HEALTHD_SLURM_NODES:-5}
 START_TIMEOUT=${HEALTHD_SLURM_START_TIMEOUT:-60}
 CTLD_PORT=${HEALTHD_SLURM_CTLD_PORT:-$((16817 + PORT_OFFSET))}
 NODE_PORT0=${HEALTHD_SLURM_NODE_PORT:-$((17001 + PORT_OFFSET))}

@@ -40,6 +40,8 @@ class SlurmTestCluster:
     """The cluster's directory when the script started it (its daemons can be stopped), else None."""
     version: tuple[int, int, int]
     """The release of its ``sinfo --version``, e.g. ``(24, 11, 5)``."""
+    nodes: tuple[str, ...] = ()
+    """Its node names, in the controller's order (five in the script's cluster)."""
 
     @property
     def release(self) -> Release:
@@ -104,4 +106,5 @@ def slurm_cluster() -> SlurmTestCluster:
         _no_cluster(f"{NO_CLUSTER} (sinfo: {done.stderr.strip() or 'no nodes'})")
     directory = Path(conf).resolve().parent.parent
     ours = (directory / "run" / "slurmctld.pid").is_file() and (directory / "munge").is_dir()
-    return SlurmTestCluster(Path(conf), env, directory if ours else None, parse_version(version.stdout))
+    names = tuple(dict.fromkeys(done.stdout.split()))
+    return SlurmTestCluster(Path(conf), env, directory if ours else None, parse_version(version.stdout), names)

@@ -30,7 +30,6 @@ from healthd.store import Store
 from tests.integration.conftest import SlurmTestCluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-NODES = ("node1", "node2", "node3", "node4")
 PROBES = {"gemm": ProbeSettings(interval_s=3600.0, timeout_s=120.0)}
 
 
@@ -49,7 +48,7 @@ def cluster(slurm_cluster: SlurmTestCluster) -> Iterator[SlurmTestCluster]:
     """All nodes idle and undrained before and after the test."""
     def reset() -> None:
         slurm_cluster.command("scancel", "--user=root")
-        for node in NODES:
+        for node in slurm_cluster.nodes:
             slurm_cluster.command("scontrol", "update", f"nodename={node}", "state=resume")
         wait_for(lambda: set(slurm_cluster.command("sinfo", "-h", "-N", "-p", "batch", "-o", "%t").stdout.split())
                  == {"idle"}, 60, "all nodes idle")

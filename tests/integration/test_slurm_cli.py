@@ -29,7 +29,6 @@ from healthd.model import JobState, JobStatus
 if TYPE_CHECKING:
     from tests.integration.conftest import SlurmTestCluster
 
-NODES = ("node1", "node2", "node3", "node4")
 
 
 class Calls:
@@ -120,7 +119,7 @@ def test_version(slurm_cluster: SlurmTestCluster) -> None:
 def test_nodes_with_gres_partitions_and_features(slurm_cluster: SlurmTestCluster) -> None:
     calls = Calls()
     nodes = slurm_cluster.cli(observer=calls).nodes()
-    assert [n.name for n in nodes] == list(NODES)
+    assert [n.name for n in nodes] == list(slurm_cluster.nodes)
     for n in nodes:
         assert (n.gpus, n.gpu_type, n.partitions, n.features, n.cpus) == (
             2,
@@ -151,7 +150,7 @@ def test_job_seen_pending_or_running_then_completed(
     assert seen[0] in {JobState.PENDING, JobState.RUNNING}
     assert seen[-1] is JobState.COMPLETED
     assert (job.exit_code, job.reason, job.name) == (0, "", p + "ok")
-    assert len(job.nodes) == 1 and job.nodes[0] in NODES
+    assert len(job.nodes) == 1 and job.nodes[0] in slurm_cluster.nodes
     assert job.started_at is not None and job.finished_at is not None
     assert 1 <= job.finished_at - job.started_at <= 30
     assert abs(time.time() - job.finished_at) < 60
@@ -270,11 +269,11 @@ def test_unreadable_json_falls_back_to_text_for_good(
     calls = Calls()
     cli = slurm_cluster.cli(commands, observer=calls)
     first = cli.nodes()
-    assert [n.name for n in first] == list(NODES)
+    assert [n.name for n in first] == list(slurm_cluster.nodes)
     assert calls.names == ["sinfo", command, "sinfo"]  # --version, --json (unreadable), text
     assert calls.ok == [True, False, True]
     calls.names.clear()
-    assert [n.name for n in cli.nodes()] == list(NODES)
+    assert [n.name for n in cli.nodes()] == list(slurm_cluster.nodes)
     assert calls.names == ["sinfo"]
     assert cli.node("node1").name == "node1"  # scontrol -o show node: text as well
     out = capsys.readouterr()
@@ -383,4 +382,4 @@ def test_controller_down_is_a_slurm_error(slurm_cluster: SlurmTestCluster) -> No
         assert elapsed < 30
     finally:
         slurm_cluster.start()
-    assert [n.name for n in slurm_cluster.cli().nodes()] == list(NODES)
+    assert [n.name for n in slurm_cluster.cli().nodes()] == list(slurm_cluster.nodes)
