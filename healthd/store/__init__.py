@@ -6,7 +6,7 @@ One module per aggregate, each a part of the ``Store`` facade over one connectio
 - ``runs``: runs, measurements, checks and the counters a run's end bumps;
 - ``nodes``: node states from discovery;
 - ``judgement``: verdicts and the judge's saved state;
-- ``remediation``: recommendations, audit, drains, breaker state;
+- ``remediation``: recommendations, audit, drains, breaker state (it reads the judgement's marks);
 - ``sweeps``: scaling-sweep runs and the scaling table;
 - ``rows``: the row types (pure; import these, not the store, for a dataclass).
 
@@ -49,7 +49,7 @@ __all__ = [
 ]
 
 
-class Store(SweepsStore, NodesStore, JudgementStore, RemediationStore):
+class Store(SweepsStore, NodesStore, RemediationStore, JudgementStore):
     """The whole store: every aggregate over one connection."""
 
     def snapshot(self, *, node_seen_since: float = 0.0) -> Snapshot:

@@ -1,13 +1,37 @@
-"""Remediation's records: recommendations, the audit trail, healthd's drains and the breaker state."""
+"""Remediation's records: recommendations, the audit trail, healthd's drains and the breaker state.
+
+Remediation reads what it decides from in one call (``remediation_snapshot``) and writes what it
+decided in one transaction (``apply_remediation``); the row-level writers are that same write path.
+"""
 
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
-from healthd.store.db import Database
-from healthd.store.rows import AuditRow, DrainRow, RecommendationRow
+from healthd.store.judgement import JudgementStore
+from healthd.store.rows import (
+    AuditAction,
+    AuditEntry,
+    AuditResult,
+    AuditRow,
+    BreakerState,
+    CloseDrain,
+    CloseRecommendations,
+    DrainRow,
+    NoteRecommendation,
+    OpenDrain,
+    RecommendationRow,
+    RemediationChanges,
+    RemediationSnapshot,
+    RemediationWrite,
+    SetBreaker,
+    UpsertRecommendation,
+)
+
+BREAKER_KEY = "breaker"
 
 REMEDIATION_PRUNE = (
     "DELETE FROM remediation_audit WHERE at < ?",
@@ -17,46 +41,127 @@ REMEDIATION_PRUNE = (
 """Retention (housekeeping): audit rows, closed recommendations and closed drains past the cut-off."""
 
 
-class RemediationStore(Database):
+class RemediationStore(JudgementStore):
+    """Builds on the judgement aggregate: undrains read the judged results since a drain."""
+
+    # -- remediation's one read and one write ------------------------------------------------------
+    def remediation_snapshot(self, *, drains_since: float, marks: bool) -> RemediationSnapshot:
+        """Active recommendations, open drains, drains since ``drains_since``, the breaker; with ``marks``,
+        per open automatic drain the judged results since it and the node's newest audit row."""
+        with self._lock:
+            open_drains = tuple(self.drains(open_only=True))
+            own = [d for d in open_drains if d.automatic and d.probes] if marks else []
+            last_audit = {d.node: rows[0] for d in own if (rows := self.audit(limit=1, node=d.node))}
+            return RemediationSnapshot(
+                recommendations=tuple(self.recommendations()),
+                open_drains=open_drains,
+                recent_drains=tuple(self.drains(since=drains_since)),
+                breaker=self.breaker_state(),
+                marks={(d.node, d.drained_at): tuple(sorted(self.marks_since(d.node, d.drained_at)
+                                                            + self.group_marks_since(d.node, d.drained_at)))
+                       for d in own},
+                last_audit=last_audit,
+            )
+
+    def apply_remediation(self, changes: RemediationChanges) -> None:
+        """Every write of ``changes``, in order, in one transaction."""
+        with self._tx() as db:
+            for write in changes.writes:
+                self._write(db, write, changes.at)
+
+    def _write(self, db: sqlite3.Connection, w: RemediationWrite, at: float) -> bool:
+        match w:
+            case UpsertRecommendation():
+                return self._upsert_recommendation(db, w, at)
+            case CloseRecommendations():
+                sql = ("UPDATE recommendations SET state = ?, closed_at = ?, close_reason = ?"
+                       " WHERE node = ? AND state = 'active'")
+                params: list[Any] = [w.state, at, w.reason, w.node]
+                if w.probe is not None:
+                    sql += " AND probe = ?"
+                    params.append(w.probe)
+                return bool(db.execute(sql, params).rowcount)
+            case NoteRecommendation():
+                return bool(db.execute(
+                    "UPDATE recommendations SET last_refusal = ?, escalated = ? WHERE node = ? AND probe = ?"
+                    " AND state = 'active'", (w.refusal, int(w.escalated), w.node, w.probe)).rowcount)
+            case AuditEntry():
+                db.execute("INSERT INTO remediation_audit (at, actor, action, node, result, reason, detail)"
+                           " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                           (at, w.actor, w.action, w.node, w.result, w.reason, json.dumps(w.detail)))
+                self._bump(db, "remediation_actions_total", {"action": w.action, "result": w.result}, 1.0)
+                return True
+            case OpenDrain():
+                self._insert_drain(db, w, at, None)
+                return True
+            case CloseDrain():
+                closed = bool(db.execute("UPDATE drains SET undrained_at = ?, undrained_by = ? WHERE node = ?"
+                                         " AND undrained_at IS NULL", (at, w.by, w.node)).rowcount)
+                if not closed and w.unrecorded is not None:
+                    self._insert_drain(db, w.unrecorded, at, (at, w.by))
+                return closed
+            case SetBreaker():
+                s = w.state
+                self._set_state(db, BREAKER_KEY, {"open": s.open, "opened_at": s.opened_at, "reason": s.reason,
+                                                  "closed_at": s.closed_at})
+                return True
+
+    @staticmethod
+    def _upsert_recommendation(db: sqlite3.Connection, w: UpsertRecommendation, at: float) -> bool:
+        row = db.execute("SELECT id FROM recommendations WHERE node = ? AND probe = ? AND state = 'active'",
+                         (w.node, w.probe)).fetchone()
+        if row is None:
+            db.execute(
+                "INSERT INTO recommendations (node, probe, outcome, reason_code, text, evidence, since,"
+                " updated_at, state) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'active')",
+                (w.node, w.probe, w.outcome, w.reason_code, w.text, json.dumps(w.evidence), at, at),
+            )
+            return True
+        db.execute(
+            "UPDATE recommendations SET outcome = ?, reason_code = ?, text = ?, evidence = ?, updated_at = ?"
+            " WHERE id = ?", (w.outcome, w.reason_code, w.text, json.dumps(w.evidence), at, row[0]),
+        )
+        return False
+
+    @staticmethod
+    def _insert_drain(db: sqlite3.Connection, d: OpenDrain, at: float, undone: tuple[float, str] | None) -> None:
+        db.execute("INSERT INTO drains (node, node_class, reason, actor, automatic, probes, drained_at, undrained_at,"
+                   " undrained_by) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                   (d.node, d.node_class, d.reason, d.actor, int(d.automatic), json.dumps(sorted(d.probes)), at,
+                    *(undone or (None, None))))
+
+    @staticmethod
+    def _set_state(db: sqlite3.Connection, key: str, value: Any) -> None:
+        db.execute("INSERT OR REPLACE INTO remediation_state (key, value) VALUES (?, ?)", (key, json.dumps(value)))
+
+    def _write_one(self, write: RemediationWrite, at: float) -> bool:
+        with self._tx() as db:
+            return self._write(db, write, at)
+
+    # -- row-level writers (tests and fixtures; remediation itself uses ``apply_remediation``) --------
     def upsert_recommendation(
         self, *, node: str, probe: str, outcome: str, reason_code: str, text: str, evidence: dict[str, Any],
         at: float,
     ) -> bool:
-        """Open or refresh the active recommendation for (node, probe); ``True`` when it is new.
-        A refresh keeps ``since`` (when it was first recommended)."""
-        with self._tx() as db:
-            row = db.execute("SELECT id FROM recommendations WHERE node = ? AND probe = ? AND state = 'active'",
-                             (node, probe)).fetchone()
-            if row is None:
-                db.execute(
-                    "INSERT INTO recommendations (node, probe, outcome, reason_code, text, evidence, since,"
-                    " updated_at, state) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'active')",
-                    (node, probe, outcome, reason_code, text, json.dumps(evidence), at, at),
-                )
-                return True
-            db.execute(
-                "UPDATE recommendations SET outcome = ?, reason_code = ?, text = ?, evidence = ?, updated_at = ?"
-                " WHERE id = ?", (outcome, reason_code, text, json.dumps(evidence), at, row[0]),
-            )
-            return False
+        """``True`` when the recommendation is new."""
+        return self._write_one(UpsertRecommendation(node, probe, outcome, reason_code, text, evidence), at)
 
-    def close_recommendations(self, *, node: str, probe: str | None, state: str, reason: str, at: float) -> int:
-        """Close the node's active recommendations (one probe, or all) as ``cleared``, ``withdrawn``
-        (a fleet event explains them) or ``dismissed`` (an operator undrained the node)."""
-        sql = ("UPDATE recommendations SET state = ?, closed_at = ?, close_reason = ?"
-               " WHERE node = ? AND state = 'active'")
-        params: list[Any] = [state, at, reason, node]
-        if probe is not None:
-            sql += " AND probe = ?"
-            params.append(probe)
-        with self._tx() as db:
-            return int(db.execute(sql, params).rowcount)
+    def add_audit(self, *, at: float, actor: str, action: AuditAction, node: str | None, result: AuditResult,
+                  reason: str, detail: dict[str, Any] | None = None) -> None:
+        self._write_one(AuditEntry(action, node, result, reason, actor, detail or {}), at)
 
-    def note_recommendation(self, rec_id: int, *, refusal: str, escalated: bool) -> None:
-        with self._tx() as db:
-            db.execute("UPDATE recommendations SET last_refusal = ?, escalated = ? WHERE id = ?",
-                       (refusal, int(escalated), rec_id))
+    def add_drain(self, *, node: str, node_class: str, reason: str, actor: str, automatic: bool, at: float,
+                  probes: Sequence[str] = ()) -> None:
+        self._write_one(OpenDrain(node, node_class, reason, actor, automatic, tuple(probes)), at)
 
+    def close_drain(self, node: str, *, at: float, by: str) -> bool:
+        return self._write_one(CloseDrain(node, by), at)
+
+    def set_remediation_state(self, key: str, value: Any) -> None:
+        with self._tx() as db:
+            self._set_state(db, key, value)
+
+    # -- reads -----------------------------------------------------------------------------------
     def recommendations(self, *, states: Sequence[str] = ("active",), node: str | None = None,
                         limit: int = 1000) -> list[RecommendationRow]:
         marks = ",".join("?" for _ in states)
@@ -72,16 +177,6 @@ class RemediationStore(Database):
             state=r["state"], closed_at=r["closed_at"], close_reason=r["close_reason"],
             escalated=bool(r["escalated"]), last_refusal=r["last_refusal"]) for r in rows]
 
-    def add_audit(self, *, at: float, actor: str, action: str, node: str | None, result: str, reason: str,
-                  detail: dict[str, Any] | None = None) -> None:
-        """One remediation action or refusal; also counts it in ``remediation_actions_total``."""
-        with self._tx() as db:
-            db.execute(
-                "INSERT INTO remediation_audit (at, actor, action, node, result, reason, detail)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)", (at, actor, action, node, result, reason, json.dumps(detail or {})),
-            )
-            self._bump(db, "remediation_actions_total", {"action": action, "result": result}, 1.0)
-
     def audit(self, *, limit: int = 100, node: str | None = None) -> list[AuditRow]:
         sql, params = "SELECT * FROM remediation_audit", []
         if node is not None:
@@ -89,19 +184,6 @@ class RemediationStore(Database):
         rows = self._query(sql + " ORDER BY at DESC, id DESC LIMIT ?", [*params, limit])
         return [AuditRow(at=r["at"], actor=r["actor"], action=r["action"], node=r["node"], result=r["result"],
                          reason=r["reason"], detail=json.loads(r["detail"])) for r in rows]
-
-    def add_drain(self, *, node: str, node_class: str, reason: str, actor: str, automatic: bool, at: float,
-                  probes: Sequence[str] = ()) -> None:
-        """A drain healthd made; ``probes``: those whose findings caused it (what must pass again)."""
-        with self._tx() as db:
-            db.execute("INSERT INTO drains (node, node_class, reason, actor, automatic, probes, drained_at)"
-                       " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                       (node, node_class, reason, actor, int(automatic), json.dumps(sorted(probes)), at))
-
-    def close_drain(self, node: str, *, at: float, by: str) -> bool:
-        with self._tx() as db:
-            return bool(db.execute("UPDATE drains SET undrained_at = ?, undrained_by = ? WHERE node = ?"
-                                   " AND undrained_at IS NULL", (at, by, node)).rowcount)
 
     def drains(self, *, node: str | None = None, since: float = 0.0, open_only: bool = False) -> list[DrainRow]:
         clauses, params = ["drained_at >= ?"], [since]
@@ -119,7 +201,9 @@ class RemediationStore(Database):
         rows = self._query("SELECT value FROM remediation_state WHERE key = ?", (key,))
         return json.loads(rows[0][0]) if rows else None
 
-    def set_remediation_state(self, key: str, value: Any) -> None:
-        with self._tx() as db:
-            db.execute("INSERT OR REPLACE INTO remediation_state (key, value) VALUES (?, ?)", (key, json.dumps(value)))
-
+    def breaker_state(self) -> BreakerState:
+        raw = self.remediation_state(BREAKER_KEY)
+        if not isinstance(raw, dict):
+            return BreakerState(False)
+        return BreakerState(bool(raw.get("open")), raw.get("opened_at"), str(raw.get("reason", "")),
+                            raw.get("closed_at"))

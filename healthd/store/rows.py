@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeAlias
 
 from healthd.model import Node, Outcome, RunKind, Verdict
 
 RunState = Literal["submitted", "running", "finished"]
 RecommendationState = Literal["active", "cleared", "withdrawn", "dismissed"]
 AuditResult = Literal["done", "refused", "failed", "info"]
+AuditAction = Literal["recommend", "clear", "withdraw", "drain", "undrain", "breaker_open", "breaker_close"]
+JudgedMark: TypeAlias = tuple[float, str, int, str]
+"""(at, probe, severity, code) of one judged result a node took part in."""
 
 
 def canonical_labels(labels: dict[str, str]) -> str:
@@ -128,3 +132,109 @@ class DrainRow:
     undrained_by: str | None
     probes: tuple[str, ...] = ()
 
+
+
+@dataclass(frozen=True)
+class BreakerState:
+    open: bool
+    opened_at: float | None = None
+    reason: str = ""
+    closed_at: float | None = None
+
+
+@dataclass(frozen=True)
+class RemediationSnapshot:
+    """What remediation decides from, read at once (``RemediationStore.remediation_snapshot``)."""
+
+    recommendations: tuple[RecommendationRow, ...]
+    """The active recommendations."""
+    open_drains: tuple[DrainRow, ...]
+    """healthd's drains not undone yet (automatic and by hand)."""
+    recent_drains: tuple[DrainRow, ...]
+    """healthd's drains made since the snapshot's ``drains_since`` (open or not), oldest first."""
+    breaker: BreakerState
+    marks: Mapping[tuple[str, float], tuple[JudgedMark, ...]]
+    """Per open automatic drain (node, drained_at): the node's judged results since, oldest first."""
+    last_audit: Mapping[str, AuditRow]
+    """Per node of an open automatic drain: its newest audit row."""
+
+
+# -- remediation's writes: applied in order, in one transaction (``RemediationStore.apply_remediation``) --
+@dataclass(frozen=True)
+class UpsertRecommendation:
+    """Open, or refresh, the active recommendation for (node, probe); a refresh keeps its ``since``."""
+
+    node: str
+    probe: str
+    outcome: str
+    reason_code: str
+    text: str
+    evidence: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CloseRecommendations:
+    """Close the node's active recommendations (of one probe, or all)."""
+
+    node: str
+    probe: str | None
+    state: RecommendationState
+    reason: str
+
+
+@dataclass(frozen=True)
+class NoteRecommendation:
+    """Why the active recommendation for (node, probe) was not acted on, and whether it is left to humans."""
+
+    node: str
+    probe: str
+    refusal: str
+    escalated: bool
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One action or refusal; also counted in ``remediation_actions_total``."""
+
+    action: AuditAction
+    node: str | None
+    result: AuditResult
+    reason: str
+    actor: str
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class OpenDrain:
+    """A drain healthd made; ``probes``: those whose findings caused it (what must pass again)."""
+
+    node: str
+    node_class: str
+    reason: str
+    actor: str
+    automatic: bool
+    probes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CloseDrain:
+    """The node's open drains are undone; with none on record, ``unrecorded`` is recorded as undone."""
+
+    node: str
+    by: str
+    unrecorded: OpenDrain | None = None
+
+
+@dataclass(frozen=True)
+class SetBreaker:
+    state: BreakerState
+
+
+RemediationWrite: TypeAlias = (UpsertRecommendation | CloseRecommendations | NoteRecommendation | AuditEntry
+                               | OpenDrain | CloseDrain | SetBreaker)
+
+
+@dataclass(frozen=True)
+class RemediationChanges:
+    at: float
+    writes: tuple[RemediationWrite, ...]

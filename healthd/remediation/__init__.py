@@ -1,0 +1,194 @@
+"""Remediation: recommendations, drains with safety limits, undrains, and their audit.
+
+Modes (``[remediation] mode``):
+
+- ``observe``: judge and export only; no recommendation is kept.
+- ``recommend`` (default): confirmed findings become recommendations (node, reason code, text,
+  evidence, since), exported as metrics, by ``/api/v1/recommendations`` and ``healthd recommend``.
+- ``enforce``: recommendations are also acted on with ``scontrol`` drains, within these rules:
+
+  * ownership: a drain reason is ``healthd: <code> <short evidence>``; a node drained (or with
+    a reason) set by anyone else is never touched; only healthd's own drains are undrained;
+  * circuit breaker: a drain that would make healthd's automatic drains in ``breaker_window_s``
+    more than ``breaker_class_share`` of the class (at least ``breaker_class_min_nodes``) or more
+    than ``breaker_max_nodes`` overall opens the breaker: no automatic action until it closes
+    (after ``breaker_cooldown_s``, or ``healthd breaker --reset``), and an alert metric;
+  * a cap of ``max_actions_per_hour`` automatic drains (the rest wait, still recommended);
+  * only fresh evidence is acted on (``max_evidence_age_s``), so closing the breaker does not
+    replay stale findings;
+  * a node healthd drained ``repeat_max_drains`` times within ``repeat_window_s`` is left to
+    humans: no automatic drain or undrain, the recommendation is marked escalated;
+  * optional undrain of its own drains after ``undrain_after_passes`` consecutive passes.
+
+Every action and refusal goes to the ``remediation_audit`` table and to the log.
+
+Layout: ``decide`` is the functional core (pure: a snapshot in, a ``Plan`` of backend calls and store
+writes out); ``apply`` makes the backend calls and writes the plan in one transaction; ``Remediator``
+here reads the snapshot (one store call), decides, and applies (one store call).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+from healthd.config import RemediationSettings
+from healthd.errors import BackendError, InvalidNodeName
+from healthd.judge.model import JudgeOutput
+from healthd.model import Node, validate_node_name
+from healthd.remediation.apply import DrainCapability, RemediationRecords, carry_out, log
+from healthd.remediation.decide import (
+    ACTOR,
+    MAX_REASON,
+    Action,
+    CallResults,
+    Plan,
+    decide,
+    drain_by_hand,
+    drain_reason,
+    drains_since,
+    needs_nodes,
+    pass_streak,
+    refuse_by_hand,
+    reset_breaker,
+    undrain_by_hand,
+)
+from healthd.store import Store
+from healthd.store.remediation import BREAKER_KEY
+from healthd.store.rows import BreakerState
+
+__all__ = [
+    "ACTOR",
+    "BREAKER_KEY",
+    "MAX_REASON",
+    "Action",
+    "BreakerState",
+    "DrainCapability",
+    "Remediator",
+    "action_counts",
+    "drain_reason",
+    "pass_streak",
+    "recommendations_document",
+]
+
+NODE_CACHE_S = 30.0
+"""The cluster's node list is read at most this often by ``apply`` (the backend re-checks a node's
+drain state itself when asked to drain it)."""
+
+
+class Remediator:
+    """Turns judge output into recommendations and, in ``enforce`` mode, drains and undrains.
+    Each call reads the store once and writes it once."""
+
+    def __init__(
+        self, store: RemediationRecords, cluster: DrainCapability, settings: RemediationSettings, *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.cluster = cluster
+        self.settings = settings
+        self.clock = clock
+        self._nodes: tuple[float, dict[str, Node]] | None = None
+
+    def _cluster_nodes(self, now: float) -> dict[str, Node]:
+        if self._nodes is None or now - self._nodes[0] >= NODE_CACHE_S or now < self._nodes[0]:
+            self._nodes = (now, {n.name: n for n in self.cluster.list_nodes()})
+        return self._nodes[1]
+
+    # -- the daemon's path ----------------------------------------------------------------------
+    def apply(self, output: JudgeOutput) -> list[Action]:
+        """Keep recommendations in step with ``output`` and, in ``enforce`` mode, act on them."""
+        return self._tick(output, self.clock(), self.settings)
+
+    def enforce(self, now: float, actions: list[Action]) -> None:
+        """Drain nodes with fresh active recommendations, undrain own drains that pass again."""
+        actions += self._tick(JudgeOutput(at=now), now, self.settings.model_copy(update={"mode": "enforce"}))
+
+    def _tick(self, output: JudgeOutput, now: float, settings: RemediationSettings) -> list[Action]:
+        snap = self.store.remediation_snapshot(
+            drains_since=drains_since(settings, now),
+            marks=settings.mode == "enforce" and settings.undrain_after_passes > 0)
+        nodes = None
+        if needs_nodes(snap, output, settings, now):
+            try:
+                nodes = self._cluster_nodes(now)
+            except BackendError as exc:
+                log.warning("remediation_cannot_list_nodes", error=str(exc))
+        plan = self._carry_out(
+            lambda results: decide(snap, output, settings, now=now, nodes=nodes, results=results), now)
+        return plan.actions
+
+    def _carry_out(self, decide_: Callable[[CallResults], Plan], at: float) -> Plan:
+        plan, results = carry_out(self.store, self.cluster, decide_, at=at)
+        if any(r.result == "done" for r in results.values()):
+            self._nodes = None
+        return plan
+
+    # -- the breaker ----------------------------------------------------------------------------
+    def breaker(self) -> BreakerState:
+        return self.store.breaker_state()
+
+    def reset_breaker(self, *, actor: str) -> Action:
+        now = self.clock()
+        state = self.store.breaker_state()
+        return self._carry_out(lambda _: reset_breaker(state, actor=actor, now=now), now).actions[-1]
+
+    # -- rechecks of own drains ------------------------------------------------------------------
+    def recheck_nodes(self) -> dict[str, tuple[str, ...]]:
+        """healthd's own automatic drains (node → the probes it was drained for), to re-probe when
+        ``recheck_drained`` is set (``Judge.recheck_requests`` turns them into planner requests)."""
+        if not self.settings.recheck_drained or self.settings.mode != "enforce":
+            return {}
+        return {d.node: d.probes for d in self.store.drains(open_only=True) if d.automatic and d.probes}
+
+    # -- operators ------------------------------------------------------------------------------
+    def drain(self, node: str, text: str, *, actor: str) -> Action:
+        """``healthd drain NODE``: same ownership rules, no breaker or cap (a human decided)."""
+        return self._by_hand("drain", node, actor, lambda nodes, results: drain_by_hand(
+            node, text, actor=actor, nodes=nodes, settings=self.settings, results=results))
+
+    def undrain(self, node: str, *, actor: str) -> Action:
+        """``healthd undrain NODE``: only a node healthd drained (its reason starts with the prefix)."""
+        return self._by_hand("undrain", node, actor, lambda nodes, results: undrain_by_hand(
+            node, actor=actor, nodes=nodes, settings=self.settings, results=results))
+
+    def _by_hand(self, action: Literal["drain", "undrain"], node: str, actor: str,
+                 decide_: Callable[[dict[str, Node], CallResults], Plan]) -> Action:
+        try:
+            validate_node_name(node)
+        except InvalidNodeName as exc:
+            why = str(exc)
+            return self._carry_out(lambda _: refuse_by_hand(action, None, why, actor=actor), self.clock()).actions[-1]
+        known = {n.name: n for n in self.cluster.list_nodes()}
+        return self._carry_out(lambda results: decide_(known, results), self.clock()).actions[-1]
+
+
+# -- read side: API, CLI, metrics ------------------------------------------------------------------
+def recommendations_document(store: Store, settings: RemediationSettings) -> dict[str, Any]:
+    """The ``/api/v1/recommendations`` document: active recommendations, fleet events, breaker."""
+    raw = store.remediation_state(BREAKER_KEY)
+    breaker = raw if isinstance(raw, dict) else {"open": False}
+    return {
+        "mode": settings.mode,
+        "recommendations": [
+            {"node": r.node, "probe": r.probe, "outcome": r.outcome, "reason_code": r.reason_code, "text": r.text,
+             "evidence": r.evidence, "since": r.since, "updated_at": r.updated_at, "escalated": r.escalated,
+             "refused": r.last_refusal or None}
+            for r in store.recommendations()
+        ],
+        "fleet_events": [
+            {"node_class": e["node_class"], "probe": e["probe"], "started_at": e["started_at"], "text": e["text"]}
+            for e in store.fleet_events(active_only=True)
+        ],
+        "breaker": breaker,
+        "drained_by_healthd": [
+            {"node": d.node, "reason": d.reason, "since": d.drained_at, "automatic": d.automatic}
+            for d in store.drains(open_only=True)
+        ],
+    }
+
+
+def action_counts(actions: Sequence[Action]) -> Counter[tuple[str, str]]:
+    return Counter((a.action, a.result) for a in actions)

@@ -1,0 +1,414 @@
+"""Remediation's decisions: pure functions from what is known (a ``RemediationSnapshot``, the judge's
+output, the cluster's nodes, the settings, ``now``) to a ``Plan``: the backend calls to make and the
+store writes (recommendations, refusal notes, drains, breaker state, audit entries with their reasons).
+
+A backend call may fail or be refused; the decisions after it depend on that (a drain that did not
+happen counts towards neither the hourly cap nor the breaker). So a decision takes the results of the
+calls made so far: a call without a result is assumed done, and ``apply.carry_out`` decides again
+whenever a call did not succeed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from healthd.config import RemediationSettings
+from healthd.judge.model import JudgeOutput, ReasonCode
+from healthd.model import Node, Outcome
+from healthd.node_class import class_of
+from healthd.store.rows import (
+    AuditAction,
+    AuditEntry,
+    AuditResult,
+    BreakerState,
+    CloseDrain,
+    CloseRecommendations,
+    DrainRow,
+    JudgedMark,
+    NoteRecommendation,
+    OpenDrain,
+    RecommendationRow,
+    RemediationSnapshot,
+    RemediationWrite,
+    SetBreaker,
+    UpsertRecommendation,
+)
+from healthd.units import human
+
+ACTOR = "healthd"
+MAX_REASON = 160
+HOUR_S = 3600.0
+
+RecKey = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class Action:
+    action: AuditAction
+    node: str | None
+    result: AuditResult
+    reason: str
+
+
+@dataclass(frozen=True)
+class BackendCall:
+    verb: Literal["drain", "undrain"]
+    node: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class CallResult:
+    result: Literal["done", "refused", "failed"]
+    message: str = ""
+
+
+DONE = CallResult("done")
+CallResults = Mapping[BackendCall, CallResult]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Backend calls in order, then the store's writes in order (applied in one transaction)."""
+
+    calls: tuple[BackendCall, ...] = ()
+    writes: tuple[RemediationWrite, ...] = ()
+
+    @property
+    def actions(self) -> list[Action]:
+        """The audited actions and refusals, in order."""
+        return [Action(w.action, w.node, w.result, w.reason) for w in self.writes if isinstance(w, AuditEntry)]
+
+
+class _Builder:
+    def __init__(self, results: CallResults) -> None:
+        self.results = results
+        self.calls: list[BackendCall] = []
+        self.writes: list[RemediationWrite] = []
+
+    def write(self, w: RemediationWrite) -> None:
+        self.writes.append(w)
+
+    def audit(self, action: AuditAction, node: str | None, result: AuditResult, reason: str, *, actor: str = ACTOR,
+              detail: dict[str, Any] | None = None) -> None:
+        self.writes.append(AuditEntry(action, node, result, reason, actor, detail or {}))
+
+    def call(self, call: BackendCall) -> CallResult:
+        self.calls.append(call)
+        return self.results.get(call, DONE)
+
+    def last_audit(self, node: str) -> AuditEntry | None:
+        return next((w for w in reversed(self.writes) if isinstance(w, AuditEntry) and w.node == node), None)
+
+    def plan(self) -> Plan:
+        return Plan(tuple(self.calls), tuple(self.writes))
+
+
+def drain_reason(prefix: str, rec: RecommendationRow) -> str:
+    """``healthd: below_floor gemm gpu 3 flop_per_second{dtype=bf16} 343.8 TFLOP/s<525 TFLOP/s run 0042..``"""
+    parts = [prefix, rec.reason_code, rec.probe]
+    findings = rec.evidence.get("findings")
+    top = findings[0] if isinstance(findings, list) and findings and isinstance(findings[0], dict) else None
+    if top is not None:
+        series = str(top.get("series", ""))
+        name = series.split("{")[0].split(" ")[-1]
+        value, threshold = top.get("value"), top.get("threshold")
+        if isinstance(value, int | float) and isinstance(threshold, int | float):
+            parts.append(f"{series} {human(name, float(value))}<{human(name, float(threshold))}"
+                         if rec.reason_code != ReasonCode.CHECK_FAILED.value else series)
+    elif rec.reason_code == ReasonCode.LOCALISED.value:
+        parts.append("multi-node results bad with this node")
+    run_ids = rec.evidence.get("run_ids")
+    if isinstance(run_ids, list) and run_ids:
+        parts.append(f"run {run_ids[-1]}")
+    return " ".join(parts)[:MAX_REASON]
+
+
+def pass_streak(marks: Sequence[JudgedMark], probe: str) -> int:
+    """Consecutive passing results of ``probe`` at the end of ``marks`` ((at, probe, severity, code))."""
+    streak = 0
+    for _, mark_probe, severity, code in reversed(marks):
+        if mark_probe != probe:
+            continue
+        if severity != 0 or code == ReasonCode.FLEET_EVENT.value:
+            break
+        streak += 1
+    return streak
+
+
+def drains_since(settings: RemediationSettings, now: float) -> float:
+    """How far back a tick's snapshot reads healthd's drains (the breaker's and the repeat window)."""
+    return now - max(settings.breaker_window_s, settings.repeat_window_s)
+
+
+# -- the daemon's tick ---------------------------------------------------------------------------------
+def decide(snap: RemediationSnapshot, output: JudgeOutput, settings: RemediationSettings, *, now: float,
+           nodes: Mapping[str, Node] | None, results: CallResults | None = None) -> Plan:
+    """Keep recommendations in step with ``output`` and, in ``enforce`` mode, drain and undrain.
+    ``nodes``: the cluster's nodes (``None``: not known, so no drain or undrain is decided)."""
+    b = _Builder(results or {})
+    if settings.mode == "observe":
+        for rec in snap.recommendations:
+            b.write(CloseRecommendations(rec.node, rec.probe, "withdrawn", "remediation mode is observe"))
+        return b.plan()
+    active = _sync(b, snap, output, settings, now)
+    if settings.mode == "enforce" and nodes is not None and _enforcing(snap, active, settings, now):
+        _Enforcement(b, snap, settings, nodes, now).run(_fresh(active, settings, now))
+    return b.plan()
+
+
+def needs_nodes(snap: RemediationSnapshot, output: JudgeOutput, settings: RemediationSettings, now: float) -> bool:
+    """Whether ``decide`` would look at the cluster's nodes (there is something to drain or undrain)."""
+    if settings.mode != "enforce":
+        return False
+    return _enforcing(snap, _sync(_Builder({}), snap, output, settings, now), settings, now)
+
+
+def _sync(b: _Builder, snap: RemediationSnapshot, output: JudgeOutput, settings: RemediationSettings,
+          now: float) -> dict[RecKey, RecommendationRow]:
+    """Recommend the candidates of ``output``, clear or withdraw what it no longer confirms; the active
+    recommendations as they are afterwards."""
+    active = {(r.node, r.probe): r for r in snap.recommendations}
+    next_id = max((r.id for r in snap.recommendations), default=0) + 1
+    act_on = set(settings.act_on)
+    wanted = {(c.node, c.probe): c for c in output.recommendations if c.outcome.value in act_on}
+    for (node, probe), cand in sorted(wanted.items()):
+        b.write(UpsertRecommendation(node, probe, cand.outcome.value, cand.reason_code.value, cand.text,
+                                     dict(cand.evidence)))
+        old = active.get((node, probe))
+        base = old or RecommendationRow(next_id, node, probe, "", "", "", {}, since=now, updated_at=now,
+                                        state="active", closed_at=None, close_reason="", escalated=False,
+                                        last_refusal="")
+        active[(node, probe)] = replace(base, outcome=cand.outcome.value, reason_code=cand.reason_code.value,
+                                        text=cand.text, evidence=dict(cand.evidence), updated_at=now)
+        if old is not None:
+            continue
+        next_id += 1
+        b.audit("recommend", node, "info", f"{cand.reason_code.value}: {cand.text}",
+                detail={"probe": probe, "outcome": cand.outcome.value})
+    verdicts = {(v.node, v.probe): v for v in output.verdicts}
+    for key in sorted(output.evaluated):
+        if key in wanted or key not in active:
+            continue
+        node, probe = key
+        verdict = verdicts.get(key)
+        if verdict is not None and verdict.reason_code == ReasonCode.FLEET_EVENT.value:
+            b.write(CloseRecommendations(node, probe, "withdrawn", verdict.reason))
+            b.audit("withdraw", node, "info", f"{probe}: explained by a fleet event")
+        elif verdict is None or verdict.outcome is not Outcome.ERROR:
+            why = f"{probe}: no longer confirmed" + (f" ({verdict.outcome.value})" if verdict else "")
+            b.write(CloseRecommendations(node, probe, "cleared", why))
+            b.audit("clear", node, "info", why)
+        else:
+            continue
+        del active[key]
+    return active
+
+
+def _fresh(active: Mapping[RecKey, RecommendationRow], settings: RemediationSettings,
+           now: float) -> list[RecommendationRow]:
+    """Active recommendations with evidence fresh enough to act on."""
+    return [r for r in active.values()
+            if r.updated_at >= now - settings.max_evidence_age_s and r.outcome in settings.act_on]
+
+
+def _own_open(snap: RemediationSnapshot) -> list[DrainRow]:
+    return [d for d in snap.open_drains if d.automatic]
+
+
+def _enforcing(snap: RemediationSnapshot, active: Mapping[RecKey, RecommendationRow],
+               settings: RemediationSettings, now: float) -> bool:
+    undrain_due = settings.undrain_after_passes > 0 and bool(_own_open(snap))
+    return undrain_due or bool(_fresh(active, settings, now))
+
+
+class _Enforcement:
+    """One tick's drains and undrains; tracks what this tick changed (breaker, drains, notes)."""
+
+    def __init__(self, b: _Builder, snap: RemediationSnapshot, settings: RemediationSettings,
+                 nodes: Mapping[str, Node], now: float) -> None:
+        self.b, self.snap, self.s, self.nodes, self.now = b, snap, settings, nodes, now
+        self.breaker = snap.breaker
+        self.drains = list(snap.recent_drains)
+
+    def run(self, fresh: Sequence[RecommendationRow]) -> None:
+        s, now = self.s, self.now
+        breaker = self.breaker
+        if breaker.open and s.breaker_cooldown_s > 0 and breaker.opened_at is not None \
+                and now - breaker.opened_at >= s.breaker_cooldown_s:
+            self._set_breaker(BreakerState(False, breaker.opened_at, breaker.reason, now))
+            self.b.audit("breaker_close", None, "done", f"cool-down of {s.breaker_cooldown_s:g} s over")
+        drained_by_us = {d.node for d in self.snap.open_drains}
+        per_node: dict[str, RecommendationRow] = {}
+        probes: dict[str, set[str]] = {}
+        for rec in sorted(fresh, key=lambda r: (r.since, r.id)):
+            if rec.node in drained_by_us:
+                continue
+            probes.setdefault(rec.node, set()).add(rec.probe)
+            best = per_node.get(rec.node)
+            if best is None or (rec.outcome == Outcome.FAIL.value and best.outcome != Outcome.FAIL.value):
+                per_node[rec.node] = rec
+        for rec in per_node.values():
+            self._drain(rec, sorted(probes[rec.node]))
+        if s.undrain_after_passes > 0:
+            for drain in _own_open(self.snap):
+                self._undrain(drain)
+
+    def _set_breaker(self, state: BreakerState) -> None:
+        self.breaker = state
+        self.b.write(SetBreaker(state))
+
+    def _automatic_since(self, since: float, node: str | None = None) -> list[DrainRow]:
+        return [d for d in self.drains if d.automatic and d.drained_at >= since and node in (None, d.node)]
+
+    def _refuse(self, rec: RecommendationRow, why: str, *, escalated: bool = False) -> None:
+        """A refused drain, noted on its recommendation; said once, not at every tick."""
+        if rec.last_refusal == why and rec.escalated == escalated:
+            return
+        self.b.write(NoteRecommendation(rec.node, rec.probe, why, escalated))
+        self.b.audit("drain", rec.node, "refused", why, detail={"probe": rec.probe, "reason_code": rec.reason_code})
+
+    def _drain(self, rec: RecommendationRow, probes: Sequence[str]) -> None:
+        s, now = self.s, self.now
+        node = self.nodes.get(rec.node)
+        if node is None:
+            self._refuse(rec, "the cluster does not know this node")
+            return
+        if node.drained or node.reason:
+            if not node.owned_by(s.reason_prefix):
+                self._refuse(rec, f"drained or marked by someone else (reason: {node.reason!r}); not touching it")
+            return
+        if len(self._automatic_since(now - s.repeat_window_s, rec.node)) >= s.repeat_max_drains:
+            self._refuse(rec, f"drained {s.repeat_max_drains} times within {s.repeat_window_s:g} s: left to humans",
+                         escalated=True)
+            return
+        if self.breaker.open:
+            self._refuse(rec, "circuit breaker open: no automatic drains")
+            return
+        recent = self._automatic_since(now - s.breaker_window_s)
+        if sum(1 for d in recent if d.drained_at >= now - HOUR_S) >= s.max_actions_per_hour:
+            self._refuse(rec, f"hourly cap of {s.max_actions_per_hour} automatic drains reached; waiting")
+            return
+        cls = class_of(node)
+        class_size = sum(1 for n in self.nodes.values() if class_of(n) == cls)
+        allowance = max(s.breaker_class_min_nodes, math.floor(s.breaker_class_share * class_size))
+        in_class = sum(1 for d in recent if d.node_class == cls)
+        if in_class + 1 > allowance or len(recent) + 1 > s.breaker_max_nodes:
+            why = (f"draining {rec.node} would make {in_class + 1} automatic drains in class {cls} "
+                   f"(allowed {allowance} of {class_size}) or {len(recent) + 1} overall (allowed "
+                   f"{s.breaker_max_nodes}) within {s.breaker_window_s:g} s")
+            self._set_breaker(BreakerState(True, now, why))
+            self.b.audit("breaker_open", rec.node, "done", why)
+            self._refuse(rec, "circuit breaker open: no automatic drains")
+            return
+        reason = drain_reason(s.reason_prefix, rec)
+        result = self.b.call(BackendCall("drain", rec.node, reason))
+        if result.result == "refused":
+            self._refuse(rec, f"backend refused: {result.message}")
+            return
+        if result.result == "failed":
+            self.b.audit("drain", rec.node, "failed", result.message, detail={"reason": reason})
+            return
+        drain = OpenDrain(rec.node, cls, reason, ACTOR, automatic=True, probes=tuple(probes))
+        self.b.write(drain)
+        self.drains.append(DrainRow(drain.node, cls, reason, ACTOR, True, now, None, None, drain.probes))
+        self.b.write(NoteRecommendation(rec.node, rec.probe, "", escalated=False))
+        self.b.audit("drain", rec.node, "done", reason,
+                     detail={"probe": rec.probe, "since": rec.since, "evidence": rec.evidence})
+
+    def _undrain(self, drain: DrainRow) -> None:
+        """Undrain when every probe the node was drained for passed ``undrain_after_passes`` times in a row."""
+        s, now, name = self.s, self.now, drain.node
+        if not drain.probes:
+            return
+        marks = self.snap.marks.get((name, drain.drained_at), ())
+        streak = min(pass_streak(marks, probe) for probe in drain.probes)
+        if streak < s.undrain_after_passes:
+            return
+        history = [d for d in self.drains if d.node == name and d.drained_at >= now - s.repeat_window_s]
+        if sum(1 for d in history if d.automatic) >= s.repeat_max_drains:
+            self._note_once(name, f"passes again, but drained {len(history)} times within "
+                                  f"{s.repeat_window_s:g} s: left to humans")
+            return
+        node = self.nodes.get(name)
+        if node is None or not node.drained or not node.owned_by(s.reason_prefix):
+            self._note_once(name, "passes again, but is no longer drained by healthd; not touching it")
+            return
+        result = self.b.call(BackendCall("undrain", name))
+        if result.result != "done":
+            self.b.audit("undrain", name, "failed", result.message)
+            return
+        self.b.write(CloseDrain(name, by=ACTOR))
+        self.b.write(CloseRecommendations(name, None, "cleared", f"{streak} consecutive passes"))
+        self.b.audit("undrain", name, "done", f"{streak} consecutive passes since the drain")
+
+    def _note_once(self, node: str, why: str) -> None:
+        """A refused undrain, unless it is the node's newest audit entry already."""
+        last = self.b.last_audit(node) or self.snap.last_audit.get(node)
+        if last is not None and last.action == "undrain" and last.reason == why:
+            return
+        self.b.audit("undrain", node, "refused", why)
+
+
+# -- operators -----------------------------------------------------------------------------------------
+def refuse_by_hand(action: Literal["drain", "undrain"], node: str | None, why: str, *, actor: str) -> Plan:
+    b = _Builder({})
+    b.audit(action, node, "refused", why, actor=actor)
+    return b.plan()
+
+
+def drain_by_hand(name: str, text: str, *, actor: str, nodes: Mapping[str, Node], settings: RemediationSettings,
+                  results: CallResults | None = None) -> Plan:
+    """``healthd drain NODE``: the ownership rules, no breaker or cap (a human decided)."""
+    current = nodes.get(name)
+    if current is None:
+        return refuse_by_hand("drain", name, "the cluster does not know this node", actor=actor)
+    if current.drained or current.reason:
+        why = ("already drained by healthd" if current.owned_by(settings.reason_prefix)
+               else f"drained or marked by someone else (reason: {current.reason!r}); not touching it")
+        return refuse_by_hand("drain", name, why, actor=actor)
+    reason = f"{settings.reason_prefix} {ReasonCode.MANUAL.value} {text}".strip()[:MAX_REASON]
+    b = _Builder(results or {})
+    result = b.call(BackendCall("drain", name, reason))
+    if result.result != "done":
+        b.audit("drain", name, result.result, result.message, actor=actor)
+        return b.plan()
+    b.write(OpenDrain(name, class_of(current), reason, actor, automatic=False))
+    b.audit("drain", name, "done", reason, actor=actor)
+    return b.plan()
+
+
+def undrain_by_hand(name: str, *, actor: str, nodes: Mapping[str, Node], settings: RemediationSettings,
+                    results: CallResults | None = None) -> Plan:
+    """``healthd undrain NODE``: only a node healthd drained (its reason starts with the prefix)."""
+    current = nodes.get(name)
+    if current is None:
+        return refuse_by_hand("undrain", name, "the cluster does not know this node", actor=actor)
+    if not current.drained:
+        return refuse_by_hand("undrain", name, "the node is not drained", actor=actor)
+    if not current.owned_by(settings.reason_prefix):
+        return refuse_by_hand("undrain", name, f"drained by someone else (reason: {current.reason!r}); not undraining",
+                              actor=actor)
+    b = _Builder(results or {})
+    result = b.call(BackendCall("undrain", name))
+    if result.result != "done":
+        b.audit("undrain", name, result.result, result.message, actor=actor)
+        return b.plan()
+    unrecorded = OpenDrain(name, class_of(current), current.reason or "", "unknown", automatic=False)
+    b.write(CloseDrain(name, by=actor, unrecorded=unrecorded))
+    b.write(CloseRecommendations(name, None, "dismissed", f"undrained by {actor}"))
+    b.audit("undrain", name, "done", f"was: {current.reason}", actor=actor)
+    return b.plan()
+
+
+def reset_breaker(state: BreakerState, *, actor: str, now: float) -> Plan:
+    b = _Builder({})
+    if not state.open:
+        b.audit("breaker_close", None, "refused", "the breaker is not open", actor=actor)
+    else:
+        b.write(SetBreaker(BreakerState(False, state.opened_at, state.reason, now)))
+        b.audit("breaker_close", None, "done", "closed by hand", actor=actor)
+    return b.plan()
