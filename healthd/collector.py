@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import structlog
 
@@ -22,7 +23,7 @@ from healthd.logging import get_logger
 from healthd.model import JobState, JobStatus, Outcome, ProbeJob, ProbeResult, RunKind
 from healthd.parsers.expand import expand_result
 from healthd.parsers.healthd_json import parse_result
-from healthd.store import RunRow, Store
+from healthd.store.rows import RunRow
 
 log = get_logger(__name__)
 
@@ -36,6 +37,22 @@ _WRAPPER_LINE = re.compile(
     r"|Failed to invoke spank plugin stack))$"
 )
 """Slurm's own lines around a failed step: never the cause (a launcher's message is above them)."""
+
+
+class RunLedger(Protocol):
+    """The part of the store the collector uses: the life of a run (``healthd.store.runs``)."""
+
+    def add_run(self, *, run_id: str, probe: str, nodes: Sequence[str], backend: str, job_id: str | None,
+                submitted_at: float, result_path: str | None, source: str = ..., kind: RunKind = ...) -> None: ...
+
+    def set_job_id(self, run_id: str, job_id: str) -> None: ...
+
+    def mark_running(self, run_id: str, started_at: float) -> None: ...
+
+    def finish_run(self, run_id: str, *, outcome: Outcome, reason: str, finished_at: float,
+                   result: ProbeResult | None = None, started_at: float | None = None) -> bool: ...
+
+    def unfinished_runs(self) -> list[RunRow]: ...
 
 
 @dataclass(frozen=True)
@@ -97,7 +114,7 @@ def outcome_of(job: JobStatus | None, result: ProbeResult | None, parse_error: s
 class Collector:
     def __init__(
         self,
-        store: Store,
+        store: RunLedger,
         backend: ClusterBackend,
         results_dir: Path,
         *,
