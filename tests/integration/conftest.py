@@ -106,5 +106,7 @@ def slurm_cluster() -> SlurmTestCluster:
         _no_cluster(f"{NO_CLUSTER} (sinfo: {done.stderr.strip() or 'no nodes'})")
     directory = Path(conf).resolve().parent.parent
     ours = (directory / "run" / "slurmctld.pid").is_file() and (directory / "munge").is_dir()
-    names = tuple(dict.fromkeys(done.stdout.split()))
+    listed = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], env=env, capture_output=True, text=True, timeout=15,
+                            check=False)
+    names = tuple(dict.fromkeys(listed.stdout.split()))
     return SlurmTestCluster(Path(conf), env, directory if ours else None, parse_version(version.stdout), names)
