@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    from healthd.cluster.local import probe_argv
+    from healthd.cluster.local import probe_argv, require_probe_python
     from healthd.model import ProbeJob
     from healthd.parsers.expand import expand_result
     from healthd.parsers.healthd_json import parse_result
@@ -30,6 +30,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     from healthd.process import run
 
     settings, _ = settings_from(args)
+    require_probe_python(settings.local.python, f"healthd probe runs {args.name} on this machine")
     probe_settings = settings.probes.get(args.name)
     timeout = args.timeout or (probe_settings.timeout_s if probe_settings else 300.0)
     extra = [a for a in args.probe_args if a != "--"]
