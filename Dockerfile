@@ -25,7 +25,8 @@
 FROM python:3.11-slim-bookworm AS build
 RUN python -m venv /opt/healthd
 ENV PATH=/opt/healthd/bin:$PATH PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
-# torch (a runtime dependency) from PyTorch's CPU-only index: a 192 MB wheel (754 MB installed).
+# torch (the `probes` extra: the local backend runs the probes in this container) from PyTorch's
+# CPU-only index: a 192 MB wheel (754 MB installed).
 # The default PyPI build for Linux brings the CUDA libraries (nvidia-*/cuda-* wheels) and triton:
 # about 3 GB of wheels in all for torch 2.14.1, none of which a container probing its own CPU
 # loads. GPU probes run on the compute nodes, in the site's own Python environment.
@@ -38,9 +39,11 @@ COPY healthd ./healthd
 COPY probes ./probes
 COPY grafana ./grafana
 COPY systemd ./systemd
-# Build the wheel, then install it (its other dependencies from PyPI; torch is already satisfied).
+# Build the wheel, then install it with the probes extra (its other dependencies from PyPI; torch is
+# already satisfied). `set --` puts the wheel's versioned file name in $1.
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
- && pip install --no-cache-dir /wheels/healthd-*.whl
+ && set -- /wheels/healthd-*.whl \
+ && pip install --no-cache-dir "healthd[probes] @ file://$1"
 
 FROM python:3.11-slim-bookworm
 # STATE_DIRECTORY is what systemd's StateDirectory= would set: healthd keeps its SQLite store

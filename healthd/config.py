@@ -130,7 +130,7 @@ def _default_probes() -> dict[str, ProbeSettings]:
 class LocalSettings(_Section):
     node_name: str = Field(default_factory=lambda: socket.gethostname().split(".")[0])
     python: Path = Field(default_factory=lambda: Path(sys.executable))
-    """The Python that runs ``-m probes`` (needs torch)."""
+    """The Python that runs ``-m probes`` (needs torch: ``healthd[probes]``; checked at start)."""
     ranks: int = Field(default=2, ge=1)
     """Local ranks for distributed probes (``--nproc``)."""
     max_concurrent: int = Field(default=1, ge=1)

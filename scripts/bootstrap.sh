@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Create (or update) the project virtualenv at $HEALTHD_VENV (default: .venv) with healthd and
-# its dependencies. torch is pinned to a CPU build so an unpinned resolve cannot pull a
-# multi-GB CUDA build; set HEALTHD_TORCH to choose another spec (e.g. "torch==2.13.0").
+# Create (or update) the project virtualenv at $HEALTHD_VENV (default: .venv) with healthd, its
+# `probes` extra (torch: the local backend runs the probes on this machine) and their dependencies.
+# torch is pinned to a CPU build and installed first, so that the extra's `torch>=2.1` cannot pull
+# a multi-GB CUDA build; set HEALTHD_TORCH to choose another spec (e.g. "torch==2.13.0").
 # Usage: scripts/bootstrap.sh [dev]   ("dev" adds the test and lint tools)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +25,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   if [ "${1:-}" = dev ]; then
     "${pip[@]}" -e ".[dev]"
   else
-    "${pip[@]}" -e .
+    "${pip[@]}" -e ".[probes]"
   fi
   printf '%s' "$want" > "$stamp"
 fi

@@ -30,14 +30,22 @@ def slurm_answers(settings: Settings, timeout_s: float = 10.0) -> bool:
     return done.returncode == 0 and bool(done.stdout.strip())
 
 
-def make_backend(settings: Settings) -> ClusterBackend:
+def make_backend(settings: Settings, *, runs_probes: bool = True) -> ClusterBackend:
+    """The configured backend; ``runs_probes``: refuse a local backend whose ``local.python`` lacks torch.
+
+    :raises ConfigError: the backend cannot work as configured.
+    """
     kind = settings.backend
     if kind == "auto":
         kind = "slurm" if slurm_answers(settings) else "local"
         log.info("backend_chosen", backend=kind, why="sinfo answered" if kind == "slurm" else "no Slurm answered")
     if kind == "local":
-        from healthd.cluster.local import LocalBackend
+        from healthd.cluster.local import LocalBackend, require_probe_python
 
+        if runs_probes:
+            chosen = ("backend = 'auto' found no Slurm answering (sinfo), so the local backend"
+                      if settings.backend == "auto" else "backend = 'local'")
+            require_probe_python(settings.local.python, f"{chosen} runs the probes on this machine")
         return LocalBackend(
             node_name=settings.local.node_name, python=settings.local.python, ranks=settings.local.ranks
         )

@@ -8,9 +8,11 @@ recognised (its command line carries the run id) and killed.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -19,16 +21,19 @@ from pathlib import Path
 
 from healthd.cluster.base import BackendTraits
 from healthd.config import Settings
-from healthd.errors import BackendError
+from healthd.errors import BackendError, CommandTimeout, ConfigError, HealthdError
 from healthd.logging import get_logger
 from healthd.model import JobState, JobStatus, Node, ProbeJob
 from healthd.node_class import LOCAL_CLASS
-from healthd.process import kill_group
+from healthd.process import kill_group, run
 from probes.catalogue import probe_spec
 
 log = get_logger(__name__)
 
 KILL_GRACE_S = 10.0
+TORCH_CHECK_TIMEOUT_S = 5.0
+_NO_TORCH = 3
+_FIND_TORCH = f"import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('torch') else {_NO_TORCH})"
 
 
 def probe_argv(python: Path | str, job: ProbeJob, result_path: Path | None, *, ranks: int) -> list[str]:
@@ -39,6 +44,42 @@ def probe_argv(python: Path | str, job: ProbeJob, result_path: Path | None, *, r
     if (spec := probe_spec(job.probe)) is not None and spec.local_ranks:
         argv += ["--nproc", str(job.ranks_per_node or ranks)]
     return argv + list(job.args)
+
+
+def torch_problem(python: Path, *, timeout_s: float = TORCH_CHECK_TIMEOUT_S) -> str | None:
+    """What keeps ``python`` from running the probes ("cannot import torch", "cannot be run (...)"), or None.
+
+    This interpreter is asked in-process; another one with a short subprocess. None also when that
+    does not answer within ``timeout_s`` or fails otherwise (logged): the probes then report why.
+    """
+    if os.path.abspath(python) == os.path.abspath(sys.executable):
+        return None if importlib.util.find_spec("torch") is not None else "cannot import torch"
+    try:
+        done = run([str(python), "-c", _FIND_TORCH], timeout=timeout_s)
+    except CommandTimeout:
+        log.warning("probe_python_unchecked", python=str(python), why=f"no answer within {timeout_s:g} s")
+        return None
+    except HealthdError as exc:
+        return f"cannot be run ({exc.__cause__ or exc})"
+    if done.returncode == _NO_TORCH:
+        return "cannot import torch"
+    if done.returncode != 0:
+        log.warning("probe_python_unchecked", python=str(python), why=f"exit code {done.returncode}",
+                    stderr=done.stderr[-500:])
+    return None
+
+
+def require_probe_python(python: Path, use: str) -> None:
+    """Refuse to start when ``python`` cannot run the probes; ``use`` says why this machine runs them.
+
+    :raises ConfigError: naming ``local.python`` and the ``healthd[probes]`` extra.
+    """
+    problem = torch_problem(python)
+    if problem is not None:
+        raise ConfigError(
+            f"{use} with local.python = {python}, which {problem}. Install healthd's probes extra there "
+            "(pip install 'healthd[probes]') or point local.python at a Python that has it"
+        )
 
 
 def count_local_gpus() -> int:

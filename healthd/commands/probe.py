@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    from healthd.cluster.local import probe_argv
+    from healthd.cluster.local import probe_argv, require_probe_python
     from healthd.model import ProbeJob
     from healthd.parsers.expand import expand_result
     from healthd.parsers.healthd_json import parse_result
@@ -32,6 +32,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     from healthd.process import run
 
     settings, _ = settings_from(args)
+    require_probe_python(settings.local.python, f"healthd probe runs {args.name} on this machine")
     timeout = args.timeout or settings.probes.get(args.name, ProbeSettings()).timeout_s
     extra = [a for a in args.probe_args if a != "--"]
     job = ProbeJob(run_id=new_run_id(), probe=args.name, nodes=(settings.local.node_name,),

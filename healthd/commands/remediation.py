@@ -110,7 +110,7 @@ def _remediator(settings: Settings) -> tuple[Any, Any]:
     from healthd.remediation import Remediator
 
     store = _store(settings)
-    return Remediator(store, make_backend(settings), settings.remediation), store
+    return Remediator(store, make_backend(settings, runs_probes=False), settings.remediation), store
 
 
 def cmd_drain(args: argparse.Namespace) -> int:

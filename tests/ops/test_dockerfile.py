@@ -175,7 +175,7 @@ def test_hadolint_finds_nothing() -> None:
     ("original", "mutation", "code"),
     [
         ('"torch==${TORCH_VERSION}"', "torch", "DL3013"),  # unpinned pip install
-        ("pip install --no-cache-dir /wheels", "pip install /wheels", "DL3042"),  # pip cache in a layer
+        ('pip install --no-cache-dir "healthd[probes]', 'pip install "healthd[probes]', "DL3042"),  # pip cache
         ("USER 10001:10001", "USER healthd", "DL3066"),  # non-numeric user
     ],
 )

@@ -1,4 +1,5 @@
-"""The wheel carries what an admin needs: daemon, probes, systemd files, dashboards, rules, example config."""
+"""The wheel carries what an admin needs: daemon, probes, systemd files, dashboards, rules, example config;
+its metadata asks for torch only with the ``probes`` extra (compute nodes, the local backend)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,12 @@ import os
 import subprocess
 import sys
 import zipfile
+from email.parser import HeaderParser
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -38,6 +42,28 @@ def test_wheel_contents(wheel: Path) -> None:
     assert not any("__pycache__" in n or n.startswith("tests/") for n in names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "healthd = healthd.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+
+
+def requires_dist(wheel: Path) -> list[Requirement]:
+    with zipfile.ZipFile(wheel) as zf:
+        metadata = zf.read(next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+    return [Requirement(line) for line in HeaderParser().parsestr(metadata).get_all("Requires-Dist") or []]
+
+
+def names_with(requires: list[Requirement], extra: str | None) -> set[str]:
+    """The projects an install asks for: ``pip install healthd`` (None) or ``healthd[extra]``."""
+    env = {"extra": extra or ""}
+    return {canonicalize_name(r.name) for r in requires if r.marker is None or r.marker.evaluate(env)}
+
+
+def test_torch_only_with_the_probes_extra(wheel: Path) -> None:
+    requires = requires_dist(wheel)
+    daemon = names_with(requires, None)
+    assert {"apscheduler", "prometheus-client", "pydantic", "numpy"} <= daemon
+    assert "torch" not in daemon
+    assert "torch" in names_with(requires, "probes")
+    assert names_with(requires, "probes") <= names_with(requires, "dev")  # the tests need the probes' torch
+    assert "torch" not in names_with(requires, "pyslurm")
 
 
 def test_install_files_from_the_unpacked_wheel(wheel: Path, tmp_path: Path) -> None:
