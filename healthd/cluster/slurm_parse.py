@@ -534,20 +534,24 @@ def _jobs_v22_05(doc: JsonDoc, name_prefix: str) -> list[JobStatus]:
         started, finished = _job_times(
             state, nodes, float(start) if start > 0 else None, float(end) if end > 0 else None
         )
-        reason = f.get("state_reason", str)
-        jobs.append(
-            JobStatus(
-                job_id=str(f.get("job_id", int)),
-                state=state,
-                exit_code=exit_status(f.get("exit_code", int)) if state.finished and nodes else None,
-                reason="" if reason == "None" else reason,
-                started_at=started,
-                finished_at=finished,
-                nodes=nodes,
-                name=name,
-            )
-        )
+        jobs.append(_job_status(f, state, nodes, name, exit_status(f.get("exit_code", int)), started, finished))
     return jobs
+
+
+def _job_status(f: _Fields, state: JobState, nodes: tuple[str, ...], name: str, exit_code: int | None,
+                started: float | None, finished: float | None) -> JobStatus:
+    """One job of any JSON layout, once its release-specific fields are read."""
+    reason = f.get("state_reason", str)
+    return JobStatus(
+        job_id=str(f.get("job_id", int)),
+        state=state,
+        exit_code=exit_code if state.finished and nodes else None,
+        reason="" if reason == "None" else reason,
+        started_at=started,
+        finished_at=finished,
+        nodes=nodes,
+        name=name,
+    )
 
 
 def _exit_v0_0_42(f: _Fields) -> int | None:
@@ -571,20 +575,8 @@ def _jobs_v0_0_42(doc: JsonDoc, name_prefix: str) -> list[JobStatus]:
         nodes = expand_nodes(f.get("nodes", str))
         start, end = f.number("start_time"), f.number("end_time")
         started, finished = _job_times(state, nodes, float(start) if start else None, float(end) if end else None)
-        reason = f.get("state_reason", str)
         exit_code = _exit_v0_0_42(_Fields(f.get("exit_code", dict), f"jobs[{i}].exit_code"))
-        jobs.append(
-            JobStatus(
-                job_id=str(f.get("job_id", int)),
-                state=state,
-                exit_code=exit_code if state.finished and nodes else None,
-                reason="" if reason == "None" else reason,
-                started_at=started,
-                finished_at=finished,
-                nodes=nodes,
-                name=name,
-            )
-        )
+        jobs.append(_job_status(f, state, nodes, name, exit_code, started, finished))
     return jobs
 
 

@@ -10,12 +10,16 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from healthd.commands.common import EXIT_OK, EXIT_TROUBLE, add_config_option, settings_from
 from healthd.config import Settings
 from healthd.errors import HealthdError
+
+if TYPE_CHECKING:
+    from healthd.remediation import Action, Remediator
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -114,21 +118,19 @@ def _remediator(settings: Settings) -> tuple[Any, Any]:
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
-    settings, _ = settings_from(args)
-    remediator, store = _remediator(settings)
-    try:
-        action = remediator.drain(args.node, args.reason, actor=_actor())
-    finally:
-        store.close()
-    print(f"{action.action} {args.node}: {action.result}: {action.reason}")
-    return EXIT_OK if action.result == "done" else EXIT_TROUBLE
+    return _by_hand(args, lambda remediator: remediator.drain(args.node, args.reason, actor=_actor()))
 
 
 def cmd_undrain(args: argparse.Namespace) -> int:
+    return _by_hand(args, lambda remediator: remediator.undrain(args.node, actor=_actor()))
+
+
+def _by_hand(args: argparse.Namespace, act: Callable[[Remediator], Action]) -> int:
+    """An operator's drain or undrain: the same ownership rules, one audit line, printed."""
     settings, _ = settings_from(args)
     remediator, store = _remediator(settings)
     try:
-        action = remediator.undrain(args.node, actor=_actor())
+        action = act(remediator)
     finally:
         store.close()
     print(f"{action.action} {args.node}: {action.result}: {action.reason}")

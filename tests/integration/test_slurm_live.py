@@ -63,7 +63,8 @@ def test_a_pending_probe_never_starts_before_a_later_user_job(tmp_path: Path, cl
 def test_a_user_job_started_after_discovery_gets_no_probe(tmp_path: Path, cluster: SlurmTestCluster) -> None:
     """Discovery only at start (interval 1 h): the plan tick reads the states itself."""
     port = free_port()
-    config = write_config(tmp_path, port, probes="[probes.gemm]\ninterval_s = 3600\n[probes.nccl]\nenabled = false\n",
+    probes = "[probes.env]\ninterval_s = 3600\n[probes.gemm]\nenabled = false\n[probes.nccl]\nenabled = false\n"
+    config = write_config(tmp_path, port, probes=probes,
                           scheduler="discover_interval_s = 3600\nplan_interval_s = 2\ncollect_interval_s = 1",
                           slurm_extra="max_concurrent_jobs = 1")
     daemon = start(tmp_path, config, port, cluster.env)
