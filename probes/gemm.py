@@ -3,7 +3,10 @@
 Every rank measures its own device (one rank per GPU; on CPU, each rank with its share of
 the cores), all at the same time, dtype by dtype:
 
-- ``M = N = K = --size`` (8192 on GPU, 1024 on CPU), random normal operands;
+- ``M = N = K = --size`` (8192 on GPU, 1024 on CPU), random normal operands; on a CPU without
+  native bf16 matmul (oneDNN's bf16 kernels need AVX-512 BF16 or AMX) bf16 is emulated about
+  100 times slower than fp32, so its default size there is :data:`CPU_EMULATED_BF16_SIZE` (the size
+  of each dtype is in the result's ``params``);
 - several operand sets, rotated between iterations so that what is measured is not a cache
   (at least 512 MiB of operands on GPU, 256 MiB on CPU, 2 to 16 sets);
 - ``--warmup`` untimed matmuls (and, on GPU, at least 0.2 s of them so clocks and cuBLAS
@@ -145,6 +148,26 @@ class GemmRecord:
     seconds: float
     error: float
     ok: bool
+    size: int
+
+
+CPU_EMULATED_BF16_SIZE = 256
+"""Default bf16 size on a CPU without native bf16 matmul: ~0.1 s a matmul where 1024 takes ~6 s."""
+
+
+def default_size(dtype: str, device_type: str) -> int:
+    if device_type == "cuda":
+        return 8192
+    if dtype == "bf16" and not _native_cpu_bf16():
+        return CPU_EMULATED_BF16_SIZE
+    return 1024
+
+
+def _native_cpu_bf16() -> bool:
+    import torch
+
+    supported = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return bool(supported()) if supported is not None else True
 
 
 def _time_each(ctx: ProbeContext, fn: Any, count: int) -> list[float]:
@@ -209,7 +232,7 @@ def _gemm(ctx: ProbeContext, dtype: str, n: int, warmup: int, iters: int) -> Gem
     finite = bool(torch.isfinite(got).all().item())
     err = float((got - ref).abs().max().item()) / math.sqrt(n) if finite else math.inf
     del ops
-    return GemmRecord(dtype=dtype, seconds=median(times), error=err, ok=finite and err <= TOLERANCE[dtype])
+    return GemmRecord(dtype=dtype, seconds=median(times), error=err, ok=finite and err <= TOLERANCE[dtype], size=n)
 
 
 def _copy_bandwidth(ctx: ProbeContext, nbytes: int, iters: int) -> float:
@@ -232,7 +255,7 @@ def run(ctx: ProbeContext) -> ProbeOutput:
 
     args = ctx.args
     cuda = ctx.device_type == "cuda"
-    n: int = args.size or (8192 if cuda else 1024)
+    n: int = args.size or default_size("fp32", ctx.device_type)
     iters: int = args.iters or (20 if cuda else 10)
     copy_bytes: int = args.copy_bytes or ((1 << 30) if cuda else (64 << 20))
     if n < 1 or iters < 1 or args.warmup < 0:
@@ -246,14 +269,16 @@ def run(ctx: ProbeContext) -> ProbeOutput:
             skipped.setdefault(d, f"{why} (on another rank's device)")
     dtypes = [d for d in wanted if d not in skipped]
     records: list[GemmRecord] = []
+    sizes = {d: args.size or default_size(d, ctx.device_type) for d in dtypes}
     for dtype in dtypes:
-        records.append(_gemm(ctx, dtype, n, args.warmup, iters))
+        records.append(_gemm(ctx, dtype, sizes[dtype], args.warmup, iters))
     bandwidth = _copy_bandwidth(ctx, copy_bytes, iters)
-    mine = (ctx.gpu, [(r.dtype, r.seconds, r.error, r.ok) for r in records], bandwidth)
+    mine = (ctx.gpu, [(r.dtype, r.seconds, r.error, r.ok, r.size) for r in records], bandwidth)
     gathered = ctx.gather(mine)
     out = ProbeOutput(
         params={
             "size": n,
+            **({"sizes": sizes} if set(sizes.values()) != {n} else {}),
             "dtypes": dtypes,
             "warmup": args.warmup,
             "iters": iters,
@@ -264,14 +289,13 @@ def run(ctx: ProbeContext) -> ProbeOutput:
     )
     if ctx.rank != 0:
         return out
-    flop = 2.0 * n * n * n
     for rank, (gpu, recs, bw) in enumerate(gathered):
         node = ctx.node_of(rank)
-        for dtype, seconds, error, ok in recs:
+        for dtype, seconds, error, ok, size in recs:
             out.measurements.append(
                 Measurement(
                     name="flop_per_second",
-                    value=flop / seconds,
+                    value=2.0 * size**3 / seconds,
                     labels={"gpu": str(gpu), "dtype": dtype},
                     node=node,
                 )

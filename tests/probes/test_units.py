@@ -467,3 +467,14 @@ def test_cli_and_launcher_import_neither_torch_nor_healthd() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_gemm_default_sizes_follow_the_device_and_native_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    from probes import gemm
+
+    assert gemm.default_size("bf16", "cuda") == gemm.default_size("fp32", "cuda") == 8192
+    assert gemm.default_size("fp32", "cpu") == 1024
+    monkeypatch.setattr(gemm, "_native_cpu_bf16", lambda: False)
+    assert gemm.default_size("bf16", "cpu") == gemm.CPU_EMULATED_BF16_SIZE
+    monkeypatch.setattr(gemm, "_native_cpu_bf16", lambda: True)
+    assert gemm.default_size("bf16", "cpu") == 1024
