@@ -119,12 +119,16 @@ class ProbeSettings(_Section):
     """nccl: the NCCL networks allowed (e.g. ``["IB", "OFI"]``); another one makes the run ``degraded``."""
 
 
-def _default_probes() -> dict[str, ProbeSettings]:
-    return {
-        "gemm": ProbeSettings(interval_s=900.0, jitter_s=60.0, timeout_s=180.0),
-        "nccl": ProbeSettings(interval_s=900.0, jitter_s=60.0, timeout_s=180.0),
-    }
+PROBE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemm": {"interval_s": 900.0, "jitter_s": 60.0, "timeout_s": 180.0},
+    "nccl": {"interval_s": 900.0, "jitter_s": 60.0, "timeout_s": 180.0},
+}
+"""The one source of per-probe defaults (over ``ProbeSettings``'s own): the probes that run when no
+``[probes]`` table is given, and what a partial ``[probes.<name>]`` table keeps for the keys it leaves out."""
 
+
+def _default_probes() -> dict[str, ProbeSettings]:
+    return {name: ProbeSettings(**values) for name, values in PROBE_DEFAULTS.items()}
 
 
 class LocalSettings(_Section):
@@ -367,6 +371,14 @@ class Settings(BaseSettings):
     remediation: RemediationSettings = RemediationSettings()
     judge: JudgeSettings = JudgeSettings()
     logging: LoggingSettings = LoggingSettings()
+
+    @field_validator("probes", mode="before")
+    @classmethod
+    def _probe_defaults(cls, probes: Any) -> Any:
+        if not isinstance(probes, dict):
+            return probes
+        return {name: {**PROBE_DEFAULTS.get(name, {}), **table} if isinstance(table, dict) else table
+                for name, table in probes.items()}
 
     @field_validator("probes")
     @classmethod

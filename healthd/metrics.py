@@ -88,7 +88,8 @@ class StoreCollector(Collector):
         last_ok = GaugeMetricFamily("healthd_node_probe_last_success_timestamp_seconds",
                                     "When the last passing probe run on the node finished", labels=["node", "probe"])
         last_outcome = GaugeMetricFamily("healthd_node_probe_last_outcome",
-                                         "1 for the outcome of the last probe run on the node, 0 for the others",
+                                         "1 for the outcome of the last probe run on the node as the probe reported"
+                                         " it (before judgement: see healthd_node_verdict), 0 for the others",
                                          labels=["node", "probe", "outcome"])
         for lr in snap.last_runs:
             last_run.add_metric([lr.node, lr.probe], lr.last_run_at)
@@ -104,7 +105,8 @@ class StoreCollector(Collector):
 
         yield from self._measurements(snap)
 
-        runs = CounterMetricFamily("healthd_probe_runs", "Probe runs finished, by probe and outcome",
+        runs = CounterMetricFamily("healthd_probe_runs", "Probe runs finished, by probe and the outcome the probe"
+                                   " reported (before judgement: see healthd_node_verdict)",
                                    labels=["probe", "outcome"])
         seconds = CounterMetricFamily("healthd_probe_seconds", "Wall-clock seconds of finished probe runs",
                                       labels=["probe"])

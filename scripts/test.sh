@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run the whole test suite: lint (ruff), types (mypy --strict), unit and integration tests.
 # Integration tests use real parts: a real multi-node Slurm cluster on this machine
-# (scripts/slurm-test-cluster.sh), real torch.distributed (gloo), real promtool/Prometheus.
+# (scripts/slurm-test-cluster.sh), real torch.distributed (gloo), real promtool/Prometheus/Alertmanager
+# (tests/integration/test_alerts_e2e.py: a network namespace, tc and a cgroup for real slow-downs).
 # As root with apt-get (CI), the Debian packages they need are installed and the Slurm test
 # cluster is started and stopped here. Otherwise the tests that need them skip, saying why.
 # Extra arguments go to pytest (e.g. scripts/test.sh -k store -x).
@@ -17,6 +18,9 @@ export PATH="$PWD/$venv/bin:$PATH"
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   missing=()
   command -v promtool >/dev/null || missing+=(prometheus)
+  command -v prometheus-alertmanager >/dev/null || missing+=(prometheus-alertmanager)
+  command -v ip >/dev/null && command -v tc >/dev/null || missing+=(iproute2)
+  command -v nsenter >/dev/null || missing+=(util-linux)
   command -v systemd-analyze >/dev/null || missing+=(systemd)
   /usr/bin/python3 -c 'import seccomp' 2>/dev/null || missing+=(python3-seccomp)
   if [ ${#missing[@]} -gt 0 ]; then

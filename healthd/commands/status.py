@@ -43,7 +43,9 @@ def cmd_status(args: argparse.Namespace) -> int:
             outcome = verdict.get("outcome", info["last_outcome"])
             bad += outcome in (Outcome.FAIL.value, Outcome.DEGRADED.value)
             reason = verdict.get("reason") or info["last_reason"]
-            print(f"  {probe:<8} {outcome:<9} last run {when} UTC" + (f"  {reason}" if reason else ""))
+            run_outcome = info["last_outcome"]
+            judged = f" (the run: {run_outcome}; the verdict: {outcome})" if run_outcome != outcome else ""
+            print(f"  {probe:<8} {outcome:<9} last run {when} UTC{judged}" + (f"  {reason}" if reason else ""))
             for m in info["measurements"][:12]:
                 labels = ",".join(f"{k}={v}" for k, v in sorted(m["labels"].items()))
                 print(f"           {m['name']:<36} {human(m['name'], m['value'], column=True):>14}  {labels}")

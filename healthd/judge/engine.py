@@ -38,6 +38,7 @@ from healthd.judge.confirm import (
 from healthd.judge.fleet import FleetStats, check_event, fleet_stats, outlier
 from healthd.judge.floors import FloorTable, below_floor, floor_rules
 from healthd.judge.model import (
+    CONFIRMED,
     CheckInput,
     Direction,
     Finding,
@@ -542,6 +543,7 @@ class Judge:
                 findings = [f for r in blamed for f in r.findings]
                 evidence["partners"] = partners
             evidence.update(self._evidence(node, findings, run_ids, f"{max(len(run_ids), blame_n)}/{c.m}"))
+            evidence["stage"] = CONFIRMED
             verdict = Verdict(node, probe, outcome, text, code.value, run_ids, _flat(evidence, top), at)
             recommend = True
         elif status is not None and status.kind != "judged" and (latest is None or status.at >= latest.at):
@@ -756,7 +758,7 @@ def _flat(evidence: Mapping[str, object], top: Finding | None) -> dict[str, floa
     out: dict[str, float | str] = {}
     if top is not None:
         out.update(top.evidence())
-    for key in ("confirmed", "floor", "baseline"):
+    for key in ("confirmed", "floor", "baseline", "stage"):
         value = evidence.get(key)
         if isinstance(value, int | float | str):
             out[key] = value

@@ -8,14 +8,14 @@ Labels stay bounded (node, the measurement's own labels, reason codes, node clas
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from healthd.judge.model import ReasonCode
+from healthd.judge.model import CONFIRMED, EVIDENCE_LABELS, ReasonCode
 from healthd.metrics import verdict_family
 from healthd.model import Outcome, Verdict
 from healthd.store import Store
@@ -53,11 +53,73 @@ def _family(kind: str, probe: str, name: str) -> str:
     return f"healthd_{kind}_{probe}_{name}".replace("-", "_")
 
 
+FINDING_LABELS = ("node", "probe", "reason_code", "reference", *EVIDENCE_LABELS)
+REFERENCE_OF = {ReasonCode.BELOW_FLOOR.value: "floor", ReasonCode.BASELINE_DRIFT.value: "baseline",
+                ReasonCode.FLEET_OUTLIER.value: "peers"}
+"""The reference a finding's layer compares with: the class's floor, the node's own baseline, the median of its
+peers (its class, or its own GPUs for a per-GPU figure)."""
+
+
+@dataclass(frozen=True)
+class ConfirmedFinding:
+    """The confirmed finding of a verdict, as the ``healthd_node_finding*`` families export it."""
+
+    labels: tuple[str, ...]
+    """Values of ``FINDING_LABELS``."""
+    value: float | None
+    reference: float | None
+    drop: float | None
+    """How much worse than the reference, as a fraction of it (0.86: 86% below a bandwidth baseline)."""
+
+
+def confirmed_finding(v: Verdict) -> ConfirmedFinding | None:
+    """The finding a confirmed ``degraded`` or ``fail`` verdict stands on; None for any other verdict."""
+    if v.outcome not in (Outcome.DEGRADED, Outcome.FAIL) or v.evidence.get("stage") != CONFIRMED:
+        return None
+    e = v.evidence
+    reference_kind = REFERENCE_OF.get(str(e.get("layer", "")), "")
+    labels = (v.node, v.probe, v.reason_code, reference_kind, *(str(e.get(k, "")) for k in EVIDENCE_LABELS))
+    value, reference = e.get("value"), e.get("reference")
+    if not reference_kind or not isinstance(value, float | int) or not isinstance(reference, float | int):
+        return ConfirmedFinding(labels, None, None, None)
+    drop = abs(reference - value) / abs(reference) if reference else None
+    return ConfirmedFinding(labels, float(value), float(reference), drop)
+
+
+def finding_families(verdicts: Iterable[Verdict]) -> Iterator[Metric]:
+    """``healthd_node_finding`` (1 per confirmed finding) and, for a finding with a figure, its value,
+    reference and drop; a node and probe without a confirmed finding has no series (the alerts resolve)."""
+    found = GaugeMetricFamily("healthd_node_finding",
+                              "1 while the judge's confirmed finding on the node and probe stands (reason, the"
+                              " reference it broke: floor, baseline or peers; empty for a failed check)",
+                              labels=list(FINDING_LABELS))
+    value = GaugeMetricFamily("healthd_node_finding_value", "The figure of the confirmed finding (its unit is the"
+                              " measurement's)", labels=list(FINDING_LABELS))
+    reference = GaugeMetricFamily("healthd_node_finding_reference", "The reference the figure of the confirmed"
+                                  " finding was compared with: the floor, the node's baseline or the median of its"
+                                  " peers",
+                                  labels=list(FINDING_LABELS))
+    drop = GaugeMetricFamily("healthd_node_finding_drop_ratio", "How much worse than its reference the figure of"
+                             " the confirmed finding is, as a fraction of the reference", labels=list(FINDING_LABELS))
+    for v in sorted(verdicts, key=lambda v: (v.node, v.probe)):
+        f = confirmed_finding(v)
+        if f is None:
+            continue
+        found.add_metric(list(f.labels), 1.0)
+        if f.value is not None and f.reference is not None:
+            value.add_metric(list(f.labels), f.value)
+            reference.add_metric(list(f.labels), f.reference)
+        if f.drop is not None:
+            drop.add_metric(list(f.labels), f.drop)
+    yield from (found, value, reference, drop)
+
+
 def judge_metric_families(snap: JudgeSnapshot, *, verdicts: bool = False) -> Iterator[Metric]:
     """The judgement families. ``verdicts=True`` also yields ``healthd_node_verdict`` (the daemon's
     ``StoreCollector`` yields it today; exactly one of the two must)."""
     if verdicts:
         yield verdict_family(snap.verdicts)
+    yield from finding_families(snap.verdicts)
 
     for kind, column, help_text in (
         ("baseline", "baseline", "The node's own baseline (median of its recent passing results) of"),
@@ -134,4 +196,5 @@ class JudgeCollector(Collector):
         yield from judge_metric_families(judge_snapshot(self._store), verdicts=self._verdicts)
 
 
-__all__ = ["JudgeCollector", "JudgeSnapshot", "ReasonCode", "judge_metric_families", "judge_snapshot"]
+__all__ = ["ConfirmedFinding", "JudgeCollector", "JudgeSnapshot", "ReasonCode", "confirmed_finding", "finding_families",
+           "judge_metric_families", "judge_snapshot"]

@@ -119,10 +119,18 @@ class Finding:
                                        "reference": self.reference, "threshold": self.threshold}
         if self.score is not None:
             out["z"] = round(self.score, 2)
-        gpu = self.key.label_dict.get("gpu")
-        if gpu is not None:
-            out["gpu"] = gpu
+        labels = self.key.label_dict
+        for name in EVIDENCE_LABELS:
+            if name in labels:
+                out[name] = labels[name]
         return out
+
+
+CONFIRMED = "confirmed"
+"""``stage`` in a verdict's evidence: its finding is confirmed (seen in n of the last m runs), the state a
+recommendation and the ``healthd_node_finding`` metrics stand on; absent while a re-probe is awaited."""
+EVIDENCE_LABELS = ("gpu", "dtype", "collective")
+"""Labels of a finding's series that its evidence names (which GPU, dtype or collective is bad)."""
 
 
 class MeasurementInput(NamedTuple):

@@ -114,10 +114,11 @@ def test_promtool_rule_unit_tests_pass() -> None:
 
 @pytest.mark.promtool
 def test_promtool_unit_tests_can_fail(tmp_path: Path) -> None:
-    """A broken rule (the noisy-sample guard removed) makes the promtool tests fail: they are not vacuous."""
+    """A broken rule (the NCCL alert without its `for:`) makes the promtool tests fail: they are not vacuous."""
     (tmp_path / "grafana" / "alerts").mkdir(parents=True)
-    broken = RULES.read_text().replace("changes(healthd_nccl_busbw_bytes_per_second[1h]) > 0",
-                                       "healthd_nccl_busbw_bytes_per_second > 0", 1)
+    broken = RULES.read_text().replace('healthd_node_finding_drop_ratio{probe="nccl", reference!="floor"}\n'
+                                       "        for: 2m", 'healthd_node_finding_drop_ratio{probe="nccl", '
+                                       'reference!="floor"}\n        for: 0m', 1)
     assert broken != RULES.read_text()
     (tmp_path / "grafana" / "alerts" / "healthd.rules.yml").write_text(broken)
     test_dir = tmp_path / "tests" / "fixtures" / "promtool"
@@ -126,4 +127,4 @@ def test_promtool_unit_tests_can_fail(tmp_path: Path) -> None:
     done = subprocess.run([promtool(), "test", "rules", str(test_dir / RULE_TESTS.name)],
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 1, done.stdout + done.stderr
-    assert 'node="n3"' in done.stdout + done.stderr, "the single low run of n3 fires without the guard"
+    assert "HealthdNcclBandwidthDegraded, time: 11m" in done.stdout + done.stderr, "fires a minute too early"

@@ -1,6 +1,11 @@
 from __future__ import annotations
 
+import json
+import re
+import tomllib
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -106,3 +111,68 @@ def test_check_config_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert main(["check-config", "--config", str(bad)]) == 2
     err = capsys.readouterr().err
     assert str(bad) in err and "store.retention_dayz" in err
+
+
+def _documented_tables(data: dict[str, Any],
+                       path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], dict[str, Any]]]:
+    """Every table of the example with its plain (non-table) keys: the documented defaults."""
+    plain = {k: v for k, v in data.items() if not isinstance(v, dict)}
+    if path:
+        yield path, plain
+    for key, value in data.items():
+        if isinstance(value, dict):
+            yield from _documented_tables(value, (*path, key))
+
+
+def _commented_probe_tables(text: str) -> dict[str, dict[str, Any]]:
+    """``# [probes.ddp]`` blocks of commented-out keys: documented defaults of probes that do not run by default."""
+    tables: dict[str, dict[str, Any]] = {}
+    for name, body in re.findall(r"^# \[probes\.(\w+)\]\n((?:# \w+ = .*\n)+)", text, re.MULTILINE):
+        tables[name] = tomllib.loads("\n".join(line[2:] for line in body.splitlines()))
+    return tables
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return json.dumps(value)
+
+
+def _effective(settings: object, path: tuple[str, ...]) -> dict[str, Any]:
+    value: Any = settings
+    for key in path:
+        value = value[key] if isinstance(value, dict) else getattr(value, key)
+    dumped: dict[str, Any] = value.model_dump(mode="json")
+    return dumped
+
+
+def test_a_partial_table_keeps_the_documented_values_of_the_keys_it_leaves_out(tmp_path: Path) -> None:
+    """check-config's effective values equal healthd.example.toml's for every key a config does not set:
+    for each documented table, a config with that table present but setting only one other key."""
+    text = (REPO / "healthd.example.toml").read_text()
+    example = tomllib.loads(text)
+    tables = list(_documented_tables(example))
+    tables += [(("probes", name), values) for name, values in _commented_probe_tables(text).items()]
+    assert ("probes", "nccl") in dict(tables) and ("probes", "ddp") in dict(tables)
+    for path, documented in tables:
+        for set_key in documented:
+            header = ".".join(path)
+            others = {k: v for k, v in documented.items() if k != set_key}
+            value = documented[set_key]
+            settings, _ = load_settings(write(tmp_path, f"[{header}]\n{set_key} = {_toml(value)}\n"))
+            effective = _effective(settings, path)
+            assert {k: effective[k] for k in others} == others, (header, set_key)
+
+
+def test_check_config_prints_the_documented_probe_defaults_for_a_partial_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, "[probes.nccl]\ninterval_s = 60\n[probes.gemm]\nenabled = true\n")
+    assert main(["check-config", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "probe nccl: enabled, every 60 s, timeout 180 s" in out
+    assert "probe gemm: enabled, every 900 s, timeout 180 s" in out

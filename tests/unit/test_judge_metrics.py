@@ -8,10 +8,21 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from healthd.judge.metrics import JudgeCollector, judge_metric_families, judge_snapshot
+from healthd.config import JudgeSettings
+from healthd.judge.metrics import (
+    FINDING_LABELS,
+    JudgeCollector,
+    confirmed_finding,
+    judge_metric_families,
+    judge_snapshot,
+)
 from healthd.judge.model import FleetEvent, JudgeOutput, SeriesKey, SeriesState
 from healthd.model import Outcome, Verdict
 from healthd.store import Store
+from tests.unit.test_judge_engine import Fleet
+
+FINDING_FAMILIES = ("healthd_node_finding", "healthd_node_finding_value", "healthd_node_finding_reference",
+                    "healthd_node_finding_drop_ratio")
 
 
 def filled_store(tmp_path: Path) -> Store:
@@ -47,7 +58,8 @@ def test_families_and_values(tmp_path: Path) -> None:
     assert sorted(families) == [
         "healthd_baseline_gemm_flop_per_second", "healthd_baseline_nccl_busbw_bytes_per_second",
         "healthd_drain_recommended", "healthd_fleet_event_active", "healthd_floor_gemm_flop_per_second",
-        "healthd_floor_nccl_busbw_bytes_per_second", "healthd_remediation_actions",
+        "healthd_floor_nccl_busbw_bytes_per_second", "healthd_node_finding", "healthd_node_finding_drop_ratio",
+        "healthd_node_finding_reference", "healthd_node_finding_value", "healthd_remediation_actions",
         "healthd_remediation_breaker_open"]
 
     def samples(name: str) -> dict[tuple[tuple[str, str], ...], float]:
@@ -82,3 +94,48 @@ def test_exposition_is_valid(tmp_path: Path) -> None:
                               check=False)
         assert lint.returncode == 0, lint.stdout.decode() + lint.stderr.decode()
     store.close()
+
+
+def finding_samples(store: Store) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    families = [f for f in judge_metric_families(judge_snapshot(store)) if f.name.startswith("healthd_node_finding")]
+    return {f.name: {tuple(sorted(s.labels.items())): s.value for s in f.samples} for f in families}
+
+
+def test_a_confirmed_finding_is_exported_from_confirmation_until_it_clears(tmp_path: Path) -> None:
+    """The judge's own judgement, per node and probe: nothing while one run is suspect, the finding with its
+    figure, reference and drop once a re-probe confirms it, nothing again when passes clear it."""
+    fleet = Fleet([f"n{i}" for i in range(4)], JudgeSettings(floors=[], default_floors=False))  # no class, no floor
+    fleet.store = Store(tmp_path / "s.sqlite")
+    fleet.healthy_gemm_rounds()
+    assert finding_samples(fleet.store) == {n: {} for n in FINDING_FAMILIES}
+
+    fleet.feed([fleet.gemm(n, {5: 350e12} if n == "n3" else None) for n in fleet.names], advance=60)
+    assert fleet.judge.verdicts[("n3", "gemm")].outcome is Outcome.DEGRADED
+    assert finding_samples(fleet.store) == {n: {} for n in FINDING_FAMILIES}, "suspected, not confirmed yet"
+
+    fleet.feed([fleet.gemm("n3", {5: 350e12}, priority=True)])
+    found = finding_samples(fleet.store)
+    labels = (("collective", ""), ("dtype", "bf16"), ("gpu", "5"), ("node", "n3"), ("probe", "gemm"),
+              ("reason_code", "fleet_outlier"), ("reference", "peers"))  # the node's other GPUs
+    assert found["healthd_node_finding"] == {labels: 1.0}
+    value, reference = found["healthd_node_finding_value"][labels], found["healthd_node_finding_reference"][labels]
+    assert value < 351e12 and abs(reference - 700e12) < 10e12
+    assert abs(found["healthd_node_finding_drop_ratio"][labels] - (1 - value / reference)) < 1e-9
+    assert 0.49 < found["healthd_node_finding_drop_ratio"][labels] < 0.51
+
+    fleet.feed([fleet.gemm("n3")])
+    assert finding_samples(fleet.store)["healthd_node_finding"] == {labels: 1.0}, "2 of the last 3 still bad"
+    fleet.feed([fleet.gemm("n3")])
+    assert finding_samples(fleet.store) == {n: {} for n in FINDING_FAMILIES}
+
+
+def test_a_failed_check_is_a_finding_without_a_figure() -> None:
+    v = Verdict("n1", "env", Outcome.FAIL, "7 of 8 GPUs", "check_failed", ("a", "b"),
+                {"confirmed": "2/3", "stage": "confirmed"})
+    f = confirmed_finding(v)
+    assert f is not None and (f.value, f.reference, f.drop) == (None, None, None)
+    assert dict(zip(FINDING_LABELS, f.labels, strict=True)) == {
+        "node": "n1", "probe": "env", "reason_code": "check_failed", "reference": "", "gpu": "", "dtype": "",
+        "collective": ""}
+    assert confirmed_finding(Verdict("n1", "env", Outcome.FAIL, "x", "check_failed", ("a",), {})) is None
+    assert confirmed_finding(Verdict("n1", "env", Outcome.PASS, "ok", "ok", ("a",), {"stage": "confirmed"})) is None
