@@ -12,16 +12,17 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Protocol
 
 import structlog
 
 from healthd.cluster.base import ClusterBackend
-from healthd.errors import BackendError, HealthdError, ParseError
+from healthd.errors import BackendError, HealthdError, ParseError, StoreError, StoreUnavailable
 from healthd.logging import get_logger
 from healthd.model import JobState, JobStatus, Outcome, ProbeJob, ProbeResult, RunKind
-from healthd.parsers.expand import expand_result
+from healthd.parsers.expand import MAX_REASON_CHARS, expand_result
 from healthd.parsers.healthd_json import parse_result
 from healthd.store.rows import RunRow
 
@@ -50,7 +51,7 @@ class RunLedger(Protocol):
     def mark_running(self, run_id: str, started_at: float) -> None: ...
 
     def finish_run(self, run_id: str, *, outcome: Outcome, reason: str, finished_at: float,
-                   result: ProbeResult | None = None, started_at: float | None = None) -> bool: ...
+                   result: ProbeResult | None = None, started_at: float | None = None, judge: bool = ...) -> bool: ...
 
     def unfinished_runs(self) -> list[RunRow]: ...
 
@@ -154,23 +155,49 @@ class Collector:
             return job_id
 
     def collect(self) -> list[Collected]:
-        """Poll every unfinished run with one backend query and close those that ended."""
+        """Poll every unfinished run with one backend query and close those that ended.
+
+        Each run is collected on its own (``_isolated``): one that cannot be collected is closed as
+        ``error`` and the others go on. When the store cannot be written, the runs it refused stay
+        open for the next tick and the first such error is raised once the others are done.
+        """
         runs = self.store.unfinished_runs()
         if not runs:
             return []
         job_ids = [r.job_id for r in runs if r.job_id]
         statuses = self.backend.poll(job_ids) if job_ids else {}
         done: list[Collected] = []
+        store_down: StoreError | None = None
         now = self.clock()
         for run in runs:
             status = statuses.get(run.job_id) if run.job_id else None
-            with structlog.contextvars.bound_contextvars(run_id=run.run_id, probe=run.probe, node=",".join(run.nodes)):
-                collected = self._advance(run, status, now)
+            try:
+                collected = self._isolated(run, partial(self._advance, run, status, now))
+            except StoreError as exc:
+                store_down = store_down or exc
+                continue
             if collected is not None:
                 done.append(collected)
         closed = {c.run_id for c in done}
         self.backend.forget([r.job_id for r in runs if r.job_id and r.run_id in closed])
+        if store_down is not None:
+            raise store_down
         return done
+
+    def _isolated(self, run: RunRow, step: Callable[[], Collected | None]) -> Collected | None:
+        """``step`` for one run; any exception but the store's closes the run as ``error`` with its reason."""
+        with structlog.contextvars.bound_contextvars(run_id=run.run_id, probe=run.probe, node=",".join(run.nodes)):
+            try:
+                return step()
+            except StoreUnavailable as exc:
+                self.on_error("store")
+                log.error("run_not_stored", error=str(exc))
+                raise
+            except Exception as exc:
+                self.on_error("collect")
+                log.exception("run_collect_failed")
+                reason = f"healthd could not collect this run: {type(exc).__name__}: {exc}"
+                return self._close(run, Outcome.ERROR, reason[:MAX_REASON_CHARS], None)
 
     def _advance(self, run: RunRow, status: JobStatus | None, now: float) -> Collected | None:
         if status is None:
@@ -218,7 +245,7 @@ class Collector:
         finished_at = result.finished_at if result is not None else self.clock()
         stored = self.store.finish_run(
             run.run_id, outcome=outcome, reason=reason, finished_at=finished_at, result=result,
-            started_at=result.started_at if result is not None else started_at,
+            started_at=result.started_at if result is not None else started_at, judge=run.kind is not RunKind.SWEEP,
         )
         if stored:
             logger = log.warning if outcome is Outcome.ERROR else log.info
@@ -243,22 +270,28 @@ class Collector:
         closed: list[Collected] = []
         for run in runs:
             status = known.get(run.job_id) if run.job_id else None
-            if status is None:
-                status = next((s for name, s in by_name.items() if name.endswith(run.run_id)), None)
-                if status is not None:
-                    self.store.set_job_id(run.run_id, status.job_id)
-            with structlog.contextvars.bound_contextvars(run_id=run.run_id, probe=run.probe, node=",".join(run.nodes)):
-                if status is not None:
-                    log.info("probe_adopted", job_id=status.job_id, state=status.state.value)
-                    continue
-                if run.job_id:
-                    self.backend.cancel([run.job_id])
-                path = Path(run.result_path) if run.result_path else self.result_path(run.run_id)
-                try:
-                    result = read_result(path)
-                except ParseError:
-                    closed.append(self._close(run, Outcome.ERROR, "daemon restart: the probe was interrupted", None))
-                    continue
-                outcome, reason = outcome_of(None, result, None)
-                closed.append(self._close(run, outcome, reason, result))
+            try:
+                collected = self._isolated(run, partial(self._recover, run, status, by_name))
+            except StoreError:
+                continue
+            if collected is not None:
+                closed.append(collected)
         return closed
+
+    def _recover(self, run: RunRow, status: JobStatus | None, by_name: dict[str, JobStatus]) -> Collected | None:
+        if status is None:
+            status = next((s for name, s in by_name.items() if name.endswith(run.run_id)), None)
+            if status is not None:
+                self.store.set_job_id(run.run_id, status.job_id)
+        if status is not None:
+            log.info("probe_adopted", job_id=status.job_id, state=status.state.value)
+            return None
+        if run.job_id:
+            self.backend.cancel([run.job_id])
+        path = Path(run.result_path) if run.result_path else self.result_path(run.run_id)
+        try:
+            result = read_result(path)
+        except ParseError:
+            return self._close(run, Outcome.ERROR, "daemon restart: the probe was interrupted", None)
+        outcome, reason = outcome_of(None, result, None)
+        return self._close(run, outcome, reason, result)
