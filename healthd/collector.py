@@ -8,7 +8,10 @@ never started because a user got the node first" (``skipped``).
 
 from __future__ import annotations
 
+import errno
+import os
 import re
+import stat
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,6 +26,7 @@ from healthd.errors import BackendError, HealthdError, ParseError, StoreError, S
 from healthd.logging import get_logger
 from healthd.model import JobState, JobStatus, Outcome, ProbeJob, ProbeResult, RunKind
 from healthd.parsers.expand import MAX_REASON_CHARS, expand_result
+from healthd.parsers.healthd_json import MAX_BYTES as MAX_RESULT_BYTES
 from healthd.parsers.healthd_json import parse_result
 from healthd.store.rows import RunRow
 
@@ -67,25 +71,56 @@ class Collected:
     kind: RunKind = RunKind.PROBE
 
 
-def read_result(path: Path) -> ProbeResult:
+def read_own(path: Path, *, limit: int, owner: int | None = None, from_end: bool = False) -> bytes:
+    """The bytes of ``path``, or its last ``limit`` bytes ``from_end``: a regular file (of ``owner``
+    when given) opened without following a link and without blocking on a FIFO, its size checked
+    before anything is read.
+
+    :raises ParseError: naming what is wrong (missing, a link, not a regular file, another owner, too big).
+    """
     try:
-        text = path.read_text(errors="replace")
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise ParseError(f"no result file {path}") from None
     except OSError as exc:
-        raise ParseError(f"cannot read the result file {path}: {exc}") from None
-    return expand_result(parse_result(text))
-
-
-def log_tail(result_path: Path) -> str:
-    log_path = result_path.with_suffix(".log")
+        if exc.errno == errno.ELOOP:
+            raise ParseError(f"{path} is a symbolic link: refused") from None
+        raise ParseError(f"cannot read {path}: {exc.strerror}") from None
     try:
-        with log_path.open("rb") as fh:
-            fh.seek(0, 2)
-            fh.seek(max(0, fh.tell() - LOG_TAIL_BYTES))
-            tail = fh.read().decode(errors="replace").strip()
-    except OSError:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ParseError(f"{path} is not a regular file: refused")
+        if owner is not None and st.st_uid != owner:
+            raise ParseError(f"{path} belongs to uid {st.st_uid}, not to healthd (uid {owner}): refused")
+        if from_end:
+            return os.pread(fd, limit, max(0, st.st_size - limit))
+        if st.st_size > limit:
+            raise ParseError(f"{path} is {st.st_size} bytes, more than the {limit} allowed")
+        chunks: list[bytes] = []
+        size = 0
+        while size <= limit and (chunk := os.read(fd, min(1 << 20, limit + 1 - size))):
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:
+            raise ParseError(f"{path} grew past the {limit} bytes allowed while it was read")
+        return b"".join(chunks)
+    except OSError as exc:
+        raise ParseError(f"cannot read {path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def read_result(path: Path, *, owner: int | None = None) -> ProbeResult:
+    data = read_own(path, limit=MAX_RESULT_BYTES, owner=owner)
+    return expand_result(parse_result(data.decode(errors="replace")))
+
+
+def log_tail(result_path: Path, *, owner: int | None = None) -> str:
+    try:
+        data = read_own(result_path.with_suffix(".log"), limit=LOG_TAIL_BYTES, owner=owner, from_end=True)
+    except ParseError:
         return ""
+    tail = data.decode(errors="replace").strip()
     lines = [line.strip() for line in tail.splitlines() if line.strip()]
     causes = [line for line in dict.fromkeys(lines) if not _WRAPPER_LINE.match(line)]
     return " | ".join((causes or lines)[-LOG_TAIL_LINES:])
@@ -122,13 +157,17 @@ class Collector:
         pending_timeout_s: float = 60.0,
         clock: Callable[[], float] = time.time,
         on_error: Callable[[str], None] = lambda kind: None,
+        owner: int | None = os.geteuid(),
     ) -> None:
+        """``owner``: the uid result and log files must belong to (the probes run as healthd's user;
+        ``None`` skips the check)."""
         self.store = store
         self.backend = backend
         self.results_dir = results_dir
         self.pending_timeout_s = pending_timeout_s
         self.clock = clock
         self.on_error = on_error
+        self.owner = owner
 
     def result_path(self, run_id: str) -> Path:
         return self.results_dir / f"{run_id}.json"
@@ -225,12 +264,12 @@ class Collector:
         result: ProbeResult | None = None
         parse_error: str | None = None
         try:
-            result = read_result(path)
+            result = read_result(path, owner=self.owner)
             if result.run_id not in (None, run.run_id):
                 raise ParseError(f"result file {path} belongs to run {result.run_id!r}")
         except ParseError as exc:
             result, parse_error = None, str(exc)
-            tail = log_tail(path)
+            tail = log_tail(path, owner=self.owner)
             if tail:
                 parse_error += f"; output: {tail}"
             self.on_error("parse")
@@ -290,7 +329,7 @@ class Collector:
             self.backend.cancel([run.job_id])
         path = Path(run.result_path) if run.result_path else self.result_path(run.run_id)
         try:
-            result = read_result(path)
+            result = read_result(path, owner=self.owner)
         except ParseError:
             return self._close(run, Outcome.ERROR, "daemon restart: the probe was interrupted", None)
         outcome, reason = outcome_of(None, result, None)

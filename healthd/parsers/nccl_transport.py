@@ -55,8 +55,10 @@ EXPECT_KEY = "expect_transport"
 REASON_PREFIX = "nccl_transport"
 MAX_WARNINGS = 10
 
+MAX_LINE_CHARS = 4096
+"""Longer lines are not NCCL debug lines (NCCL's own are a few hundred characters at most)."""
 _LINE = re.compile(
-    r"(?P<host>[^\s:]*)\s?:(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] (?:\S+ )?"
+    r"(?<![^\s:])(?P<host>[^\s:]*)\s?:(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] (?:\S+ )?"
     r"NCCL (?P<level>INFO|WARN|TRACE|ABORT)\b ?(?P<msg>.*)$"
 )
 _VERSION = re.compile(r"\bNCCL version (?P<version>\S+)")
@@ -302,6 +304,8 @@ def parse_nccl_debug(lines: str | Iterable[str]) -> list[ProcessDebug]:
     previous: _Process | None = None
     for raw in rows:
         line = raw.rstrip("\r\n")
+        if len(line) > MAX_LINE_CHARS:
+            continue
         m = _LINE.search(line)
         if m is None:
             if v := _VERSION.search(line):

@@ -77,10 +77,10 @@ def test_a_run_that_crashes_the_collector_is_closed_as_error_and_the_others_go_o
     bad, good = launch_two(daemon, fake)
     real = collector_module.read_result
 
-    def read(path: Path) -> ProbeResult:
+    def read(path: Path, **kw: int | None) -> ProbeResult:
         if path.stem == bad:
             raise RecursionError("maximum recursion depth exceeded")
-        return real(path)
+        return real(path, **kw)
 
     monkeypatch.setattr(collector_module, "read_result", read)
     daemon._tick("collect", daemon.collect)()
@@ -120,10 +120,10 @@ def test_recover_never_dies_of_one_run(fake: FakeSlurmClient, tmp_path: Path, mo
     fake.purge()
     real = collector_module.read_result
 
-    def read(path: Path) -> ProbeResult:
+    def read(path: Path, **kw: int | None) -> ProbeResult:
         if path.stem == bad:
             raise OverflowError("int too large to convert to float")
-        return real(path)
+        return real(path, **kw)
 
     monkeypatch.setattr(collector_module, "read_result", read)
     store = Store(tmp_path / "state" / "healthd.sqlite")
