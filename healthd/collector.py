@@ -110,6 +110,30 @@ def read_own(path: Path, *, limit: int, owner: int | None = None, from_end: bool
         os.close(fd)
 
 
+def results_dir_problem(path: Path, *, owner: int | None = None) -> str | None:
+    """Why ``path`` is unfit to hold probe results, or ``None``: a directory others can write lets them
+    plant or swap a result (run ids are visible in ``squeue``). One that does not exist yet is fine
+    (the daemon creates it 0750)."""
+    owner = os.geteuid() if owner is None else owner
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot inspect the results directory {path}: {exc.strerror}"
+    fix = f"use mode 0750 owned by the healthd user (chown healthd:healthd {path}; chmod 0750 {path})"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"the results directory {path} is not a directory"
+    if st.st_mode & 0o022:
+        who = "group and others" if st.st_mode & 0o022 == 0o022 else "others" if st.st_mode & 0o002 else "its group"
+        return (f"the results directory {path} is writable by {who} (mode {stat.S_IMODE(st.st_mode):04o}): another "
+                f"user could plant or swap probe results; {fix}")
+    if st.st_uid != owner:
+        return (f"the results directory {path} belongs to uid {st.st_uid}, not to healthd (uid {owner}): "
+                f"its owner could plant or swap probe results; {fix}")
+    return None
+
+
 def read_result(path: Path, *, owner: int | None = None) -> ProbeResult:
     data = read_own(path, limit=MAX_RESULT_BYTES, owner=owner)
     return expand_result(parse_result(data.decode(errors="replace")))
@@ -126,6 +150,32 @@ def log_tail(result_path: Path, *, owner: int | None = None) -> str:
     return " | ".join((causes or lines)[-LOG_TAIL_LINES:])
 
 
+def trusted(result: ProbeResult, run: RunRow, job: JobStatus | None, now: float) -> ProbeResult:
+    """``result`` as far as it may speak for ``run`` (pure): it names the run, only the run's nodes (in
+    ``nodes``, measurements and checks), and its times are clamped into the job's life, from its
+    submission to its end (or ``now``), so a clock far off never makes a run the node's last for ever.
+
+    :raises ParseError: a result without the run's ``run_id``, or naming a node outside the run.
+    """
+    if result.run_id != run.run_id:
+        raise ParseError(f"the result belongs to run {result.run_id!r}, not to {run.run_id!r}" if result.run_id
+                         else "the result carries no run_id: refused")
+    named = {*result.nodes, *(m.node for m in result.measurements if m.node),
+             *(c.node for c in result.checks if c.node)}
+    outside = sorted(named - set(run.nodes))
+    if outside:
+        raise ParseError(f"the result names nodes outside the run ({', '.join(outside[:5])}): refused")
+    low = run.submitted_at
+    high = max(low, job.finished_at if job is not None and job.finished_at else now)
+    started = min(max(result.started_at, low), high)
+    finished = min(max(result.finished_at, started), high)
+    if (started, finished) == (result.started_at, result.finished_at):
+        return result
+    log.warning("result_times_clamped", started_at=result.started_at, finished_at=result.finished_at,
+                to=(started, finished))
+    return result.model_copy(update={"started_at": started, "finished_at": finished})
+
+
 def outcome_of(job: JobStatus | None, result: ProbeResult | None, parse_error: str | None) -> tuple[Outcome, str]:
     """Sort one finished run (pure). A probe that could not run is ``error``, never ``fail``; one that
     Slurm pre-empted for a user's job is ``skipped`` (the node was taken, nothing is known of it)."""
@@ -136,6 +186,8 @@ def outcome_of(job: JobStatus | None, result: ProbeResult | None, parse_error: s
             return Outcome.ERROR, "probe reported pass without any measurement"
         if job is not None and job.state is JobState.TIMEOUT and result.outcome is Outcome.PASS:
             return Outcome.ERROR, "job timed out after writing its result"
+        if job is not None and result.outcome is Outcome.PASS and (job.state is JobState.FAILED or job.exit_code):
+            return Outcome.ERROR, f"the job failed ({job.reason or f'exit code {job.exit_code}'}) after writing a pass"
         return result.outcome, result.reason
     if job is not None and job.state is JobState.TIMEOUT:
         return Outcome.ERROR, f"timeout: {job.reason or 'the job ran past its time limit'}"
@@ -264,9 +316,7 @@ class Collector:
         result: ProbeResult | None = None
         parse_error: str | None = None
         try:
-            result = read_result(path, owner=self.owner)
-            if result.run_id not in (None, run.run_id):
-                raise ParseError(f"result file {path} belongs to run {result.run_id!r}")
+            result = trusted(read_result(path, owner=self.owner), run, status, self.clock())
         except ParseError as exc:
             result, parse_error = None, str(exc)
             tail = log_tail(path, owner=self.owner)
@@ -329,7 +379,7 @@ class Collector:
             self.backend.cancel([run.job_id])
         path = Path(run.result_path) if run.result_path else self.result_path(run.run_id)
         try:
-            result = read_result(path, owner=self.owner)
+            result = trusted(read_result(path, owner=self.owner), run, None, self.clock())
         except ParseError:
             return self._close(run, Outcome.ERROR, "daemon restart: the probe was interrupted", None)
         outcome, reason = outcome_of(None, result, None)

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from healthd.cluster import ClusterBackend, make_backend
 from healthd.cluster.base import BackendTraits, ObservedBackend
-from healthd.collector import Collected, Collector
+from healthd.collector import Collected, Collector, results_dir_problem
 from healthd.config import Settings, load_settings
 from healthd.errors import BackendError, ConfigError, HealthdError, SlurmError, StoreError
 from healthd.http import HttpApp, HttpServer
@@ -55,8 +55,10 @@ class Daemon:
         self._stop = threading.Event()
         self._reload = threading.Event()
         self.notifier = Notifier()
+        if problem := results_dir_problem(settings.results_dir):
+            raise ConfigError(problem)
         try:
-            settings.results_dir.mkdir(parents=True, exist_ok=True)
+            settings.results_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"cannot create the results directory {settings.results_dir}: {exc}") from None
         self.store = Store(settings.store_path)

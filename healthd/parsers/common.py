@@ -11,7 +11,11 @@ from typing import Any, Literal
 from healthd.errors import ParseError
 from probes.result import Check, Measurement, Outcome, ProbeResult
 
-__all__ = ["BusClass", "bus_factor_of", "check_json_values", "strip_tag", "timestamp", "tool_result"]
+__all__ = ["MAX_LINE_CHARS", "BusClass", "bus_factor_of", "check_json_values", "strip_tag", "timestamp", "tool_result"]
+
+MAX_LINE_CHARS = 4096
+"""A longer line is no tool's result line (rows and headers are a few hundred characters): the text
+parsers skip it, which keeps every line regex linear in the input."""
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 

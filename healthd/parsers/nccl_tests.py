@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, NamedTuple
 
 from healthd.errors import ParseError
-from healthd.parsers.common import BusClass, bus_factor_of, check_json_values, timestamp, tool_result
+from healthd.parsers.common import MAX_LINE_CHARS, BusClass, bus_factor_of, check_json_values, timestamp, tool_result
 from probes.result import Check, Measurement, Outcome, ProbeResult
 
 __all__ = [
@@ -289,8 +289,6 @@ def derived_busbw_gbps(collective: str, size_bytes: int, time_us: float, nranks:
 
 # --------------------------------------------------------------------------- line helpers
 
-MAX_LINE_CHARS = 4096
-"""A longer line is no nccl-tests line (rows and headers are a few hundred characters): it is ignored."""
 _PREFIX_SRUN = re.compile(r"^\s{0,8}\d{1,7}: ?")
 _PREFIX_SRUN_EMPTY = re.compile(r"^\s{0,8}\d{1,7}:$")
 _PREFIX_OMPI = re.compile(r"^\[\d{1,7},\d{1,7}\]<(?:stdout|stderr|stddiag)>: ?")

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from healthd.errors import ParseError
+from healthd.parsers.common import MAX_LINE_CHARS
 from probes.result import Outcome, ProbeResult
 
 __all__ = [
@@ -55,8 +56,6 @@ EXPECT_KEY = "expect_transport"
 REASON_PREFIX = "nccl_transport"
 MAX_WARNINGS = 10
 
-MAX_LINE_CHARS = 4096
-"""Longer lines are not NCCL debug lines (NCCL's own are a few hundred characters at most)."""
 _LINE = re.compile(
     r"(?<![^\s:])(?P<host>[^\s:]*)\s?:(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] (?:\S+ )?"
     r"NCCL (?P<level>INFO|WARN|TRACE|ABORT)\b ?(?P<msg>.*)$"
