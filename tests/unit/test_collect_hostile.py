@@ -73,13 +73,18 @@ def run_one(collector: Collector, run_id: str = "r1", timeout: float = 30.0) -> 
     raise AssertionError("the run did not finish")
 
 
-@pytest.mark.parametrize("fault", sorted(FAULTS))
-def test_a_hostile_result_closes_the_run_as_error_and_collection_goes_on(tmp_path: Path, fault: str) -> None:
-    action, expected = FAULTS[fault]
+def closed_as_error(tmp_path: Path, action: str, expected: str) -> tuple[Collector, Store]:
+    """The stand-in probe does ``action``: its run must be closed as ``error`` with ``expected`` in the reason."""
     collector, store = make(tmp_path, HEAD + action + "\n")
     collected = run_one(collector)
     assert collected.outcome is Outcome.ERROR
     assert expected in collected.reason
+    return collector, store
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_a_hostile_result_closes_the_run_as_error_and_collection_goes_on(tmp_path: Path, fault: str) -> None:
+    collector, store = closed_as_error(tmp_path, *FAULTS[fault])
     run = store.run("r1")
     assert run is not None and run.state == "finished" and run.outcome is Outcome.ERROR
     assert store.measurements(run_id="r1") == []
@@ -141,11 +146,7 @@ TRUST = {
 
 @pytest.mark.parametrize("attack", sorted(TRUST))
 def test_a_result_that_speaks_for_another_run_or_node_is_refused(tmp_path: Path, attack: str) -> None:
-    action, expected = TRUST[attack]
-    collector, store = make(tmp_path, HEAD + action + "\n")
-    collected = run_one(collector)
-    assert collected.outcome is Outcome.ERROR
-    assert expected in collected.reason
+    _, store = closed_as_error(tmp_path, *TRUST[attack])
     if attack != "a pass and a non-zero exit":  # read, but not taken as a pass (as after a timeout)
         assert store.measurements(run_id="r1") == [] and store.checks("r1") == []
 

@@ -71,18 +71,23 @@ def launch_two(daemon: Daemon, fake: FakeSlurmClient) -> list[str]:
     return [write_result(fake, job_id) for job_id in submitted]
 
 
+def break_reading(monkeypatch: pytest.MonkeyPatch, run_id: str, exc: Exception) -> None:
+    """Reading the result of ``run_id`` raises ``exc`` (a bug of healthd's, not a bad file)."""
+    real = collector_module.read_result
+
+    def read(path: Path, **kw: int | None) -> ProbeResult:
+        if path.stem == run_id:
+            raise exc
+        return real(path, **kw)
+
+    monkeypatch.setattr(collector_module, "read_result", read)
+
+
 def test_a_run_that_crashes_the_collector_is_closed_as_error_and_the_others_go_on(
     daemon: Daemon, fake: FakeSlurmClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     bad, good = launch_two(daemon, fake)
-    real = collector_module.read_result
-
-    def read(path: Path, **kw: int | None) -> ProbeResult:
-        if path.stem == bad:
-            raise RecursionError("maximum recursion depth exceeded")
-        return real(path, **kw)
-
-    monkeypatch.setattr(collector_module, "read_result", read)
+    break_reading(monkeypatch, bad, RecursionError("maximum recursion depth exceeded"))
     daemon._tick("collect", daemon.collect)()
     assert daemon.store.unfinished_runs() == []
     bad_run, good_run = daemon.store.run(bad), daemon.store.run(good)
@@ -118,14 +123,7 @@ def test_recover_never_dies_of_one_run(fake: FakeSlurmClient, tmp_path: Path, mo
     first.http._server.server_close()
     first.store.close()
     fake.purge()
-    real = collector_module.read_result
-
-    def read(path: Path, **kw: int | None) -> ProbeResult:
-        if path.stem == bad:
-            raise OverflowError("int too large to convert to float")
-        return real(path, **kw)
-
-    monkeypatch.setattr(collector_module, "read_result", read)
+    break_reading(monkeypatch, bad, OverflowError("int too large to convert to float"))
     store = Store(tmp_path / "state" / "healthd.sqlite")
     closed = Collector(store, fake_backend(fake, tmp_path / "state" / "results"), tmp_path).recover()
     assert {(c.run_id, c.outcome) for c in closed} == {(bad, Outcome.ERROR), (good, Outcome.PASS)}
@@ -246,3 +244,22 @@ def test_an_ingested_run_never_waits_for_a_judgement(tmp_path: Path) -> None:
                         result_path=None)
     assert store.unjudged_runs() == []
     store.close()
+
+
+def test_a_store_locked_by_another_process_keeps_the_runs_for_the_next_tick(
+    daemon: Daemon, fake: FakeSlurmClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(db_module, "BUSY_TIMEOUT_S", 0.5)
+    run_ids = launch_two(daemon, fake)
+    other = sqlite3.connect(daemon.store.path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    daemon._tick("collect", daemon.collect)()
+    assert daemon.registry.get_sample_value("healthd_scheduler_tick_errors_total", {"task": "collect"}) == 1.0
+    assert {r.run_id for r in daemon.store.unfinished_runs()} == set(run_ids)
+    started = time.monotonic()
+    assert list(daemon.registry.collect())  # /metrics reads the store while it is locked
+    assert time.monotonic() - started < 0.5
+    other.execute("ROLLBACK")
+    other.close()
+    daemon._tick("collect", daemon.collect)()
+    assert daemon.store.unfinished_runs() == [] and daemon.store.unjudged_runs() == []
