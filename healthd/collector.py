@@ -8,20 +8,25 @@ never started because a user got the node first" (``skipped``).
 
 from __future__ import annotations
 
+import errno
+import os
 import re
+import stat
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Protocol
 
 import structlog
 
 from healthd.cluster.base import ClusterBackend
-from healthd.errors import BackendError, HealthdError, ParseError
+from healthd.errors import BackendError, HealthdError, ParseError, StoreError, StoreUnavailable
 from healthd.logging import get_logger
 from healthd.model import JobState, JobStatus, Outcome, ProbeJob, ProbeResult, RunKind
-from healthd.parsers.expand import expand_result
+from healthd.parsers.expand import MAX_REASON_CHARS, expand_result
+from healthd.parsers.healthd_json import MAX_BYTES as MAX_RESULT_BYTES
 from healthd.parsers.healthd_json import parse_result
 from healthd.store.rows import RunRow
 
@@ -50,7 +55,7 @@ class RunLedger(Protocol):
     def mark_running(self, run_id: str, started_at: float) -> None: ...
 
     def finish_run(self, run_id: str, *, outcome: Outcome, reason: str, finished_at: float,
-                   result: ProbeResult | None = None, started_at: float | None = None) -> bool: ...
+                   result: ProbeResult | None = None, started_at: float | None = None, judge: bool = ...) -> bool: ...
 
     def unfinished_runs(self) -> list[RunRow]: ...
 
@@ -66,28 +71,109 @@ class Collected:
     kind: RunKind = RunKind.PROBE
 
 
-def read_result(path: Path) -> ProbeResult:
+def read_own(path: Path, *, limit: int, owner: int | None = None, from_end: bool = False) -> bytes:
+    """The bytes of ``path``, or its last ``limit`` bytes ``from_end``: a regular file (of ``owner``
+    when given) opened without following a link and without blocking on a FIFO, its size checked
+    before anything is read.
+
+    :raises ParseError: naming what is wrong (missing, a link, not a regular file, another owner, too big).
+    """
     try:
-        text = path.read_text(errors="replace")
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise ParseError(f"no result file {path}") from None
     except OSError as exc:
-        raise ParseError(f"cannot read the result file {path}: {exc}") from None
-    return expand_result(parse_result(text))
-
-
-def log_tail(result_path: Path) -> str:
-    log_path = result_path.with_suffix(".log")
+        if exc.errno == errno.ELOOP:
+            raise ParseError(f"{path} is a symbolic link: refused") from None
+        raise ParseError(f"cannot read {path}: {exc.strerror}") from None
     try:
-        with log_path.open("rb") as fh:
-            fh.seek(0, 2)
-            fh.seek(max(0, fh.tell() - LOG_TAIL_BYTES))
-            tail = fh.read().decode(errors="replace").strip()
-    except OSError:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ParseError(f"{path} is not a regular file: refused")
+        if owner is not None and st.st_uid != owner:
+            raise ParseError(f"{path} belongs to uid {st.st_uid}, not to healthd (uid {owner}): refused")
+        if from_end:
+            return os.pread(fd, limit, max(0, st.st_size - limit))
+        if st.st_size > limit:
+            raise ParseError(f"{path} is {st.st_size} bytes, more than the {limit} allowed")
+        chunks: list[bytes] = []
+        size = 0
+        while size <= limit and (chunk := os.read(fd, min(1 << 20, limit + 1 - size))):
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:
+            raise ParseError(f"{path} grew past the {limit} bytes allowed while it was read")
+        return b"".join(chunks)
+    except OSError as exc:
+        raise ParseError(f"cannot read {path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def results_dir_problem(path: Path, *, owner: int | None = None) -> str | None:
+    """Why ``path`` is unfit to hold probe results, or ``None``: a directory others can write lets them
+    plant or swap a result (run ids are visible in ``squeue``). One that does not exist yet is fine
+    (the daemon creates it 0750)."""
+    owner = os.geteuid() if owner is None else owner
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot inspect the results directory {path}: {exc.strerror}"
+    fix = f"use mode 0750 owned by the healthd user (chown healthd:healthd {path}; chmod 0750 {path})"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"the results directory {path} is not a directory"
+    if st.st_mode & 0o022:
+        who = "group and others" if st.st_mode & 0o022 == 0o022 else "others" if st.st_mode & 0o002 else "its group"
+        return (f"the results directory {path} is writable by {who} (mode {stat.S_IMODE(st.st_mode):04o}): another "
+                f"user could plant or swap probe results; {fix}")
+    if st.st_uid != owner:
+        return (f"the results directory {path} belongs to uid {st.st_uid}, not to healthd (uid {owner}): "
+                f"its owner could plant or swap probe results; {fix}")
+    return None
+
+
+def read_result(path: Path, *, owner: int | None = None) -> ProbeResult:
+    data = read_own(path, limit=MAX_RESULT_BYTES, owner=owner)
+    return expand_result(parse_result(data.decode(errors="replace")))
+
+
+def log_tail(result_path: Path, *, owner: int | None = None) -> str:
+    try:
+        data = read_own(result_path.with_suffix(".log"), limit=LOG_TAIL_BYTES, owner=owner, from_end=True)
+    except ParseError:
         return ""
+    tail = data.decode(errors="replace").strip()
     lines = [line.strip() for line in tail.splitlines() if line.strip()]
     causes = [line for line in dict.fromkeys(lines) if not _WRAPPER_LINE.match(line)]
     return " | ".join((causes or lines)[-LOG_TAIL_LINES:])
+
+
+def trusted(result: ProbeResult, run: RunRow, job: JobStatus | None, now: float) -> ProbeResult:
+    """``result`` as far as it may speak for ``run`` (pure): it names the run, only the run's nodes (in
+    ``nodes``, measurements and checks), and its times are clamped into the job's life, from its
+    submission to its end (or ``now``), so a clock far off never makes a run the node's last for ever.
+
+    :raises ParseError: a result without the run's ``run_id``, or naming a node outside the run.
+    """
+    if result.run_id != run.run_id:
+        raise ParseError(f"the result belongs to run {result.run_id!r}, not to {run.run_id!r}" if result.run_id
+                         else "the result carries no run_id: refused")
+    named = {*result.nodes, *(m.node for m in result.measurements if m.node),
+             *(c.node for c in result.checks if c.node)}
+    outside = sorted(named - set(run.nodes))
+    if outside:
+        raise ParseError(f"the result names nodes outside the run ({', '.join(outside[:5])}): refused")
+    low = run.submitted_at
+    high = max(low, job.finished_at if job is not None and job.finished_at else now)
+    started = min(max(result.started_at, low), high)
+    finished = min(max(result.finished_at, started), high)
+    if (started, finished) == (result.started_at, result.finished_at):
+        return result
+    log.warning("result_times_clamped", started_at=result.started_at, finished_at=result.finished_at,
+                to=(started, finished))
+    return result.model_copy(update={"started_at": started, "finished_at": finished})
 
 
 def outcome_of(job: JobStatus | None, result: ProbeResult | None, parse_error: str | None) -> tuple[Outcome, str]:
@@ -100,6 +186,8 @@ def outcome_of(job: JobStatus | None, result: ProbeResult | None, parse_error: s
             return Outcome.ERROR, "probe reported pass without any measurement"
         if job is not None and job.state is JobState.TIMEOUT and result.outcome is Outcome.PASS:
             return Outcome.ERROR, "job timed out after writing its result"
+        if job is not None and result.outcome is Outcome.PASS and (job.state is JobState.FAILED or job.exit_code):
+            return Outcome.ERROR, f"the job failed ({job.reason or f'exit code {job.exit_code}'}) after writing a pass"
         return result.outcome, result.reason
     if job is not None and job.state is JobState.TIMEOUT:
         return Outcome.ERROR, f"timeout: {job.reason or 'the job ran past its time limit'}"
@@ -121,13 +209,17 @@ class Collector:
         pending_timeout_s: float = 60.0,
         clock: Callable[[], float] = time.time,
         on_error: Callable[[str], None] = lambda kind: None,
+        owner: int | None = os.geteuid(),
     ) -> None:
+        """``owner``: the uid result and log files must belong to (the probes run as healthd's user;
+        ``None`` skips the check)."""
         self.store = store
         self.backend = backend
         self.results_dir = results_dir
         self.pending_timeout_s = pending_timeout_s
         self.clock = clock
         self.on_error = on_error
+        self.owner = owner
 
     def result_path(self, run_id: str) -> Path:
         return self.results_dir / f"{run_id}.json"
@@ -154,23 +246,49 @@ class Collector:
             return job_id
 
     def collect(self) -> list[Collected]:
-        """Poll every unfinished run with one backend query and close those that ended."""
+        """Poll every unfinished run with one backend query and close those that ended.
+
+        Each run is collected on its own (``_isolated``): one that cannot be collected is closed as
+        ``error`` and the others go on. When the store cannot be written, the runs it refused stay
+        open for the next tick and the first such error is raised once the others are done.
+        """
         runs = self.store.unfinished_runs()
         if not runs:
             return []
         job_ids = [r.job_id for r in runs if r.job_id]
         statuses = self.backend.poll(job_ids) if job_ids else {}
         done: list[Collected] = []
+        store_down: StoreError | None = None
         now = self.clock()
         for run in runs:
             status = statuses.get(run.job_id) if run.job_id else None
-            with structlog.contextvars.bound_contextvars(run_id=run.run_id, probe=run.probe, node=",".join(run.nodes)):
-                collected = self._advance(run, status, now)
+            try:
+                collected = self._isolated(run, partial(self._advance, run, status, now))
+            except StoreError as exc:
+                store_down = store_down or exc
+                continue
             if collected is not None:
                 done.append(collected)
         closed = {c.run_id for c in done}
         self.backend.forget([r.job_id for r in runs if r.job_id and r.run_id in closed])
+        if store_down is not None:
+            raise store_down
         return done
+
+    def _isolated(self, run: RunRow, step: Callable[[], Collected | None]) -> Collected | None:
+        """``step`` for one run; any exception but the store's closes the run as ``error`` with its reason."""
+        with structlog.contextvars.bound_contextvars(run_id=run.run_id, probe=run.probe, node=",".join(run.nodes)):
+            try:
+                return step()
+            except StoreUnavailable as exc:
+                self.on_error("store")
+                log.error("run_not_stored", error=str(exc))
+                raise
+            except Exception as exc:
+                self.on_error("collect")
+                log.exception("run_collect_failed")
+                reason = f"healthd could not collect this run: {type(exc).__name__}: {exc}"
+                return self._close(run, Outcome.ERROR, reason[:MAX_REASON_CHARS], None)
 
     def _advance(self, run: RunRow, status: JobStatus | None, now: float) -> Collected | None:
         if status is None:
@@ -198,12 +316,10 @@ class Collector:
         result: ProbeResult | None = None
         parse_error: str | None = None
         try:
-            result = read_result(path)
-            if result.run_id not in (None, run.run_id):
-                raise ParseError(f"result file {path} belongs to run {result.run_id!r}")
+            result = trusted(read_result(path, owner=self.owner), run, status, self.clock())
         except ParseError as exc:
             result, parse_error = None, str(exc)
-            tail = log_tail(path)
+            tail = log_tail(path, owner=self.owner)
             if tail:
                 parse_error += f"; output: {tail}"
             self.on_error("parse")
@@ -218,7 +334,7 @@ class Collector:
         finished_at = result.finished_at if result is not None else self.clock()
         stored = self.store.finish_run(
             run.run_id, outcome=outcome, reason=reason, finished_at=finished_at, result=result,
-            started_at=result.started_at if result is not None else started_at,
+            started_at=result.started_at if result is not None else started_at, judge=run.kind is not RunKind.SWEEP,
         )
         if stored:
             logger = log.warning if outcome is Outcome.ERROR else log.info
@@ -243,22 +359,28 @@ class Collector:
         closed: list[Collected] = []
         for run in runs:
             status = known.get(run.job_id) if run.job_id else None
-            if status is None:
-                status = next((s for name, s in by_name.items() if name.endswith(run.run_id)), None)
-                if status is not None:
-                    self.store.set_job_id(run.run_id, status.job_id)
-            with structlog.contextvars.bound_contextvars(run_id=run.run_id, probe=run.probe, node=",".join(run.nodes)):
-                if status is not None:
-                    log.info("probe_adopted", job_id=status.job_id, state=status.state.value)
-                    continue
-                if run.job_id:
-                    self.backend.cancel([run.job_id])
-                path = Path(run.result_path) if run.result_path else self.result_path(run.run_id)
-                try:
-                    result = read_result(path)
-                except ParseError:
-                    closed.append(self._close(run, Outcome.ERROR, "daemon restart: the probe was interrupted", None))
-                    continue
-                outcome, reason = outcome_of(None, result, None)
-                closed.append(self._close(run, outcome, reason, result))
+            try:
+                collected = self._isolated(run, partial(self._recover, run, status, by_name))
+            except StoreError:
+                continue
+            if collected is not None:
+                closed.append(collected)
         return closed
+
+    def _recover(self, run: RunRow, status: JobStatus | None, by_name: dict[str, JobStatus]) -> Collected | None:
+        if status is None:
+            status = next((s for name, s in by_name.items() if name.endswith(run.run_id)), None)
+            if status is not None:
+                self.store.set_job_id(run.run_id, status.job_id)
+        if status is not None:
+            log.info("probe_adopted", job_id=status.job_id, state=status.state.value)
+            return None
+        if run.job_id:
+            self.backend.cancel([run.job_id])
+        path = Path(run.result_path) if run.result_path else self.result_path(run.run_id)
+        try:
+            result = trusted(read_result(path, owner=self.owner), run, None, self.clock())
+        except ParseError:
+            return self._close(run, Outcome.ERROR, "daemon restart: the probe was interrupted", None)
+        outcome, reason = outcome_of(None, result, None)
+        return self._close(run, outcome, reason, result)

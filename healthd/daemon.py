@@ -23,12 +23,12 @@ from prometheus_client import CollectorRegistry
 
 from healthd.cluster import ClusterBackend, make_backend
 from healthd.cluster.base import BackendTraits, ObservedBackend
-from healthd.collector import Collected, Collector
+from healthd.collector import Collected, Collector, results_dir_problem
 from healthd.config import Settings, load_settings
 from healthd.errors import BackendError, ConfigError, HealthdError, SlurmError, StoreError
 from healthd.http import HttpApp, HttpServer
 from healthd.judge.metrics import JudgeCollector
-from healthd.judge.persist import judge_collected, load_judge
+from healthd.judge.persist import judge_runs, load_judge, run_from_collected
 from healthd.logging import get_logger, setup_logging
 from healthd.metrics import DaemonMetrics, StoreCollector
 from healthd.model import RunKind
@@ -41,6 +41,8 @@ from healthd.store.rows import RunRow
 log = get_logger(__name__)
 
 STOP_DEADLINE_S = 8.0
+FAILING_TICKS = 3
+"""Consecutive failures of one tick after which ``/healthz`` answers 503."""
 
 
 class Daemon:
@@ -49,11 +51,14 @@ class Daemon:
         self.config_path = config_path
         self.started_monotonic = time.monotonic()
         self._heartbeat = 0.0
+        self._failing: dict[str, tuple[int, str]] = {}
         self._stop = threading.Event()
         self._reload = threading.Event()
         self.notifier = Notifier()
+        if problem := results_dir_problem(settings.results_dir):
+            raise ConfigError(problem)
         try:
-            settings.results_dir.mkdir(parents=True, exist_ok=True)
+            settings.results_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"cannot create the results directory {settings.results_dir}: {exc}") from None
         self.store = Store(settings.store_path)
@@ -89,13 +94,24 @@ class Daemon:
     def _snapshot(self) -> Any:
         return self.store.snapshot()
 
-    def healthy(self) -> tuple[bool, str]:
+    def alive(self) -> tuple[bool, str]:
+        """Whether the scheduler ticks (systemd's watchdog): a restart would help only when it does not."""
         if not self.scheduler.running:
             return False, "scheduler not running"
         age = time.monotonic() - self._heartbeat
         if age > self.settings.scheduler.heartbeat_stale_s:
             return False, f"scheduler has not ticked for {age:.0f} s"
-        text = f"ok: last tick {age:.1f} s ago"
+        return True, f"ok: last tick {age:.1f} s ago"
+
+    def healthy(self) -> tuple[bool, str]:
+        """``/healthz``: alive, and no tick failing ``FAILING_TICKS`` times in a row for a cause of healthd's
+        own (a backend that does not answer is reported, not counted: it is not healthd's fault)."""
+        ok, text = self.alive()
+        if not ok:
+            return ok, text
+        failing = [(name, n, error) for name, (n, error) in sorted(self._failing.items()) if n >= FAILING_TICKS]
+        if failing:
+            return False, "; ".join(f"tick {name} failed {n} times in a row: {error}" for name, n, error in failing)
         if self._backend_down_since is not None:
             what = "slurm controller" if self.traits.controller else f"backend {self.backend.name}"
             text += (f"; {what} not answering for {time.time() - self._backend_down_since:.0f} s: nothing is"
@@ -112,7 +128,11 @@ class Daemon:
             self.metrics.ticks.labels(name).inc()
             try:
                 fn()
+                self._failing.pop(name, None)
             except Exception as exc:
+                if not isinstance(exc, BackendError):
+                    count = self._failing.get(name, (0, ""))[0] + 1
+                    self._failing[name] = (count, f"{type(exc).__name__}: {exc}"[:500])
                 self.metrics.tick_errors.labels(name).inc()
                 kind = "tick"
                 if isinstance(exc, BackendError | StoreError):
@@ -201,13 +221,18 @@ class Daemon:
     def _judge(self, done: list[Collected]) -> None:
         """Judge the runs just collected, persist verdicts, then let remediation act on them.
 
-        Scaling-sweep runs only feed the scaling table: a group of N nodes has no peers to be
-        judged against among the pairs and single nodes the judge compares.
+        Runs finished earlier whose judgement was never saved (a stop or a store fault in between)
+        are judged first. Scaling-sweep runs only feed the scaling table: a group of N nodes has no
+        peers to be judged against among the pairs and single nodes the judge compares.
         """
-        done = [c for c in done if c.kind is not RunKind.SWEEP]
-        if not done:
-            return
-        self.remediator.apply(judge_collected(self.judge, self.store, done, now=time.time()))
+        now = time.time()
+        fresh = [run_from_collected(c, now) for c in done if c.kind is not RunKind.SWEEP]
+        ids = {r.run_id for r in fresh}
+        left = [r for r in self.store.unjudged_runs() if r.run_id not in ids]
+        if left:
+            log.warning("runs_judged_late", runs=len(left), run_ids=[r.run_id for r in left[:10]])
+        if left or fresh:
+            self.remediator.apply(judge_runs(self.judge, self.store, left + fresh, now=now))
 
     def housekeeping(self) -> None:
         cutoff = time.time() - self.settings.store.retention_days * 86400
@@ -224,8 +249,11 @@ class Daemon:
         try:
             self._judge(self.collector.recover())
         except HealthdError as exc:
-            self.metrics.errors.labels("backend").inc()
+            self.metrics.errors.labels("backend" if isinstance(exc, BackendError) else "store").inc()
             log.error("recover_failed", error=str(exc))
+        except Exception:
+            self.metrics.errors.labels("tick").inc()
+            log.exception("recover_crashed")
         self._tick("discover", self.discover)()
         jobs = (
             ("discover", self.discover, s.discover_interval_s),
@@ -264,7 +292,7 @@ class Daemon:
                 continue
             if self._stop.is_set():
                 break
-            if interval and self.healthy()[0]:
+            if interval and self.alive()[0]:
                 self.notifier.watchdog()
         self.stop()
 
@@ -307,8 +335,8 @@ class Daemon:
         if self.traits.probes_in_daemon:
             try:
                 self._judge(self.collector.collect())
-            except HealthdError as exc:
-                log.warning("final_collect_failed", error=str(exc))
+            except Exception as exc:
+                log.warning("final_collect_failed", error=f"{type(exc).__name__}: {exc}")
         self.http.stop()
         waiter = threading.Thread(target=self.scheduler.shutdown, kwargs={"wait": True}, daemon=True)
         waiter.start()

@@ -20,6 +20,11 @@ class StoreError(HealthdError):
     """The SQLite store cannot be opened, migrated or written."""
 
 
+class StoreUnavailable(StoreError):
+    """The store cannot be written now (disk full, locked by another process, I/O error); the change
+    was rolled back and the same write may succeed later."""
+
+
 class BackendError(HealthdError):
     """A cluster backend could not do what was asked (infrastructure, never the node's fault)."""
 

@@ -221,7 +221,7 @@ class DaemonMetrics:
                                 ["backend"], registry=registry)
         self.slurm_up = Gauge("healthd_slurm_up", "1 if the last Slurm command worked (0 on the local backend)",
                               registry=registry)
-        for kind in ("tick", "submit", "parse", "backend", "store", "config_reload"):
+        for kind in ("tick", "submit", "parse", "collect", "backend", "store", "config_reload"):
             self.errors.labels(kind)
         for task in SCHEDULER_TASKS:
             self.ticks.labels(task)

@@ -23,7 +23,7 @@ Contract
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -43,16 +43,20 @@ class Outcome(StrEnum):
     SKIPPED = "skipped"
 
 
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+"""A number SQLite and the judge can hold: NaN and the infinities are refused."""
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class Measurement(_Frozen):
     name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
-    value: float
+    value: Finite
     labels: dict[str, str] = Field(default_factory=dict)
     node: str | None = None
-    per_rank: list[float] | None = None
+    per_rank: list[Finite] | None = None
 
     @field_validator("labels")
     @classmethod
@@ -115,10 +119,10 @@ class ProbeResult(_Frozen):
     run_id: str | None = None
     outcome: Outcome
     reason: str = ""
-    started_at: float
-    finished_at: float
-    startup_seconds: float | None = None
-    measure_seconds: float | None = None
+    started_at: Finite
+    finished_at: Finite
+    startup_seconds: Finite | None = None
+    measure_seconds: Finite | None = None
     nodes: list[str] = Field(default_factory=list)
     environment: Environment | None = None
     params: dict[str, Any] = Field(default_factory=dict)

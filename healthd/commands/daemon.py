@@ -23,7 +23,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
+    from healthd.collector import results_dir_problem
+    from healthd.errors import ConfigError
+
     settings, path = settings_from(args)
+    if problem := results_dir_problem(settings.results_dir):
+        raise ConfigError(problem)
     print(f"config OK: {path or 'built-in defaults'}")
     print(f"  backend: {settings.backend}; store: {settings.store_path}; "
           f"http: {settings.http.host}:{settings.http.port}; remediation: {settings.remediation.mode}")

@@ -43,9 +43,14 @@ def judge_collected(judge: Judge, store: Store, done: Sequence[Collected], *, no
     ``nodes`` (classes, drain state; default: the store's) and the undrain times that reset a
     node's evidence come from the store; the caller hands the output to ``Remediator.apply``.
     """
-    runs = [run_from_collected(c, now) for c in done]
+    return judge_runs(judge, store, [run_from_collected(c, now) for c in done], now=now, nodes=nodes)
+
+
+def judge_runs(judge: Judge, store: Store, runs: Sequence[RunInput], *, now: float,
+               nodes: Sequence[Node] | None = None) -> JudgeOutput:
+    """Judge ``runs`` and save the judgement, with the runs marked judged in the same transaction."""
     output = judge.evaluate(runs, store.nodes() if nodes is None else nodes, now=now, resets=store.judge_resets())
-    store.save_judgement(output, keep_s=keep_seconds(judge.settings))
+    store.save_judgement(output, keep_s=keep_seconds(judge.settings), judged=[r.run_id for r in runs])
     return output
 
 

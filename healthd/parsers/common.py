@@ -8,9 +8,16 @@ import time
 from collections.abc import Sequence
 from typing import Any, Literal
 
+from healthd.errors import ParseError
 from probes.result import Check, Measurement, Outcome, ProbeResult
 
-__all__ = ["BusClass", "bus_factor_of", "strip_tag", "timestamp", "tool_result"]
+__all__ = ["MAX_LINE_CHARS", "BusClass", "bus_factor_of", "check_json_values", "strip_tag", "timestamp", "tool_result"]
+
+MAX_LINE_CHARS = 4096
+"""A longer line is no tool's result line (rows and headers are a few hundred characters): the text
+parsers skip it, which keeps every line regex linear in the input."""
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 BusClass = Literal["all_reduce", "spread", "one"]
 """How a collective's bus bandwidth relates to its algorithm bandwidth: ``spread`` for those
@@ -23,6 +30,24 @@ _TAG = re.compile(r"^(?:\[\d{1,7},\d{1,7}\]<(?:stdout|stderr)>: ?|\s{0,8}\d{1,7}
 def strip_tag(raw: str) -> str:
     """Remove an Open MPI ``--tag-output`` (``[1,0]<stdout>:``) or ``srun -l`` (``0: ``) tag."""
     return _TAG.sub("", raw, count=1)
+
+
+def check_json_values(doc: object, what: str, *, max_depth: int = 64) -> None:
+    """Refuse (``ParseError``) a decoded JSON document nested deeper than ``max_depth`` or holding a
+    string with a lone surrogate (a ``\\ud800`` escape: not UTF-8, so no store could keep it)."""
+    stack: list[tuple[object, int]] = [(doc, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            if not value.isascii() and _SURROGATE.search(value):
+                raise ParseError(f"{what} holds a lone surrogate in {value[:40]!r}: not UTF-8 text")
+            continue
+        if not isinstance(value, dict | list):
+            continue
+        if depth >= max_depth:
+            raise ParseError(f"{what} is nested deeper than {max_depth} levels")
+        items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
+        stack.extend((item, depth + 1) for item in items)
 
 
 def bus_factor_of(bus_class: BusClass | None, nranks: int) -> float | None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from healthd.errors import ParseError
-from healthd.parsers.common import tool_result
+from healthd.parsers.common import check_json_values, tool_result
 from probes.result import Check, Outcome, ProbeResult
 
 __all__ = [
@@ -348,6 +348,7 @@ def _parse_json(text: str) -> DcgmiDiag:
         raise ParseError(f"dcgmi JSON: unreadable document ({exc.__class__.__name__})") from exc
     if not isinstance(doc, dict):
         raise ParseError("dcgmi JSON: expected an object at the top level")
+    check_json_values(doc, "dcgmi JSON")
     root_key = next((k for k in ("DCGM GPU Diagnostic", "DCGM Diagnostic") if k in doc), None)
     if root_key is None:
         raise ParseError("dcgmi JSON: expected a 'DCGM GPU Diagnostic' or 'DCGM Diagnostic' object")

@@ -3,13 +3,43 @@
 from __future__ import annotations
 
 import json
+import math
 
 from pydantic import ValidationError
 
 from healthd.errors import ParseError
+from healthd.parsers.common import check_json_values
 from probes.result import SCHEMA_VERSION, ProbeResult
 
 MAX_BYTES = 64 * 1024 * 1024
+MAX_DEPTH = 32
+"""Nesting of objects and arrays a result document may have (real ones: 6)."""
+MAX_INT_DIGITS = 19
+
+
+def _no_constant(name: str) -> object:
+    raise ParseError(f"probe result holds {name}: numbers must be finite")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ParseError(f"probe result holds the number {text[:40]}, out of range")
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ParseError(f"probe result holds an integer of {len(text)} digits")
+    return int(text)
+
+
+def _loads(text: str) -> object:
+    """``json.loads`` that refuses NaN, the infinities, numbers out of range and deep nesting."""
+    try:
+        return json.loads(text, parse_constant=_no_constant, parse_float=_finite, parse_int=_bounded_int)
+    except RecursionError:
+        raise ParseError(f"probe result is nested deeper than {MAX_DEPTH} levels") from None
 
 
 def parse_result(text: str) -> ProbeResult:
@@ -31,7 +61,7 @@ def parse_result(text: str) -> ProbeResult:
     error = ""
     for candidate in candidates:
         try:
-            doc = json.loads(candidate)
+            doc = _loads(candidate)
             break
         except ValueError as exc:
             error = str(exc)
@@ -39,6 +69,7 @@ def parse_result(text: str) -> ProbeResult:
         raise ParseError(f"probe output is not a JSON document ({error}); starts with {stripped[:80]!r}")
     if not isinstance(doc, dict):
         raise ParseError(f"probe output is JSON but not an object (got {type(doc).__name__})")
+    check_json_values(doc, "probe result", max_depth=MAX_DEPTH)
     version = doc.get("schema_version")
     if version != SCHEMA_VERSION:
         raise ParseError(

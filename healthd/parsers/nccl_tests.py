@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, NamedTuple
 
 from healthd.errors import ParseError
-from healthd.parsers.common import BusClass, bus_factor_of, timestamp, tool_result
+from healthd.parsers.common import MAX_LINE_CHARS, BusClass, bus_factor_of, check_json_values, timestamp, tool_result
 from probes.result import Check, Measurement, Outcome, ProbeResult
 
 __all__ = [
@@ -919,6 +919,9 @@ def _parse_text(text: str, hint: str | None) -> NcclTestsOutput:
     total = 0
     for number, raw in enumerate(text.splitlines(), start=1):
         total = number
+        if len(raw) > MAX_LINE_CHARS:
+            state.ignored += 1
+            continue
         unprefixed = strip_launcher_prefix(raw.replace("\x00", ""))
         stripped = unprefixed.strip()
         if not stripped:
@@ -996,6 +999,8 @@ def _device_from_match(m: re.Match[str]) -> NcclDevice | None:
 def _json_number(value: object) -> float | None:
     if isinstance(value, bool):
         return None
+    if isinstance(value, int) and abs(value) > 2**63:
+        return None
     if isinstance(value, (int, float)):
         return _finite(float(value))
     if isinstance(value, str):
@@ -1030,6 +1035,7 @@ def _parse_json(text: str, hint: str | None) -> NcclTestsOutput:
         raise ParseError(f"nccl-tests JSON: unreadable document ({exc.__class__.__name__})") from exc
     if not isinstance(doc, dict) or not isinstance(doc.get("results"), list):
         raise ParseError("nccl-tests JSON: expected an object with a 'results' list (the -J report)")
+    check_json_values(doc, "nccl-tests JSON")
     config = doc.get("config") if isinstance(doc.get("config"), dict) else {}
     assert isinstance(config, dict)
     header = _json_header(config)

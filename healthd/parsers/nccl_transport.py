@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from healthd.errors import ParseError
+from healthd.parsers.common import MAX_LINE_CHARS
 from probes.result import Outcome, ProbeResult
 
 __all__ = [
@@ -56,7 +57,7 @@ REASON_PREFIX = "nccl_transport"
 MAX_WARNINGS = 10
 
 _LINE = re.compile(
-    r"(?P<host>[^\s:]*)\s?:(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] (?:\S+ )?"
+    r"(?<![^\s:])(?P<host>[^\s:]*)\s?:(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] (?:\S+ )?"
     r"NCCL (?P<level>INFO|WARN|TRACE|ABORT)\b ?(?P<msg>.*)$"
 )
 _VERSION = re.compile(r"\bNCCL version (?P<version>\S+)")
@@ -302,6 +303,8 @@ def parse_nccl_debug(lines: str | Iterable[str]) -> list[ProcessDebug]:
     previous: _Process | None = None
     for raw in rows:
         line = raw.rstrip("\r\n")
+        if len(line) > MAX_LINE_CHARS:
+            continue
         m = _LINE.search(line)
         if m is None:
             if v := _VERSION.search(line):

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from healthd.errors import ParseError
-from healthd.parsers.common import BusClass, bus_factor_of, strip_tag, tool_result
+from healthd.parsers.common import MAX_LINE_CHARS, BusClass, bus_factor_of, strip_tag, tool_result
 from probes.result import Measurement, Outcome, ProbeResult
 
 __all__ = [
@@ -197,6 +197,8 @@ def parse_param_comms(text: str) -> CommsOutput:
     backend: str | None = None
     settings: list[tuple[str, str]] = []
     for lineno, raw in enumerate(text.splitlines(), start=1):
+        if len(raw) > MAX_LINE_CHARS:
+            continue
         line = strip_tag(raw)
         if "PARAM COMM" in line and "environment" in line:
             wm = _WORLD.search(line)
@@ -429,6 +431,8 @@ def parse_param_compute(text: str) -> ComputeOutput:
     emb: list[EmbRow] = []
     linear: list[LinearRow] = []
     for lineno, raw in enumerate(text.splitlines(), start=1):
+        if len(raw) > MAX_LINE_CHARS:
+            continue
         line = strip_tag(raw)
         if m := _MEASURING.search(line):
             kernel = _KERNELS.get(m.group("kernel"))

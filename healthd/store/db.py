@@ -9,14 +9,29 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from healthd.errors import StoreError
+from healthd.errors import StoreError, StoreUnavailable
 from healthd.store.rows import canonical_labels
 from healthd.store.schema import migrate
+
+BUSY_TIMEOUT_S = 30.0
+"""How long a write waits for another process's write lock before it fails."""
+BUSY_POLL_S = 0.05
+"""SQLite's own busy wait per statement, spent holding the store lock: short."""
+
+
+def _busy(exc: sqlite3.Error) -> bool:
+    return getattr(exc, "sqlite_errorcode", None) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
+def _store_error(path: Path, exc: sqlite3.Error) -> StoreError:
+    cls = StoreUnavailable if isinstance(exc, sqlite3.OperationalError) else StoreError
+    return cls(f"cannot write the state store {path}: {exc}")
 
 
 class Database:
@@ -25,13 +40,14 @@ class Database:
         self._lock = threading.RLock()
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
+            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=BUSY_TIMEOUT_S)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA foreign_keys=ON")
             self._db.execute("PRAGMA synchronous=NORMAL")
             migrate(self._db, path)
             self._db.execute("BEGIN IMMEDIATE")
             self._db.execute("ROLLBACK")
+            self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_POLL_S * 1000)}")
         except (sqlite3.Error, OSError) as exc:
             raise StoreError(f"cannot open the state store {path}: {exc}") from None
 
@@ -42,21 +58,44 @@ class Database:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            try:
-                self._db.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                raise StoreError(f"cannot write the state store {self.path}: {exc}") from None
+        """One write transaction. SQLite's errors leave as ``StoreError`` naming their real cause
+        (``StoreUnavailable`` for a full disk, a lock, an I/O error), never as the failed ROLLBACK of a
+        transaction SQLite already ended; ``sqlite3.IntegrityError`` (a constraint the caller may
+        expect) passes unchanged."""
+        self._begin()
+        try:
             try:
                 yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            try:
                 self._db.execute("COMMIT")
+            except BaseException as exc:
+                self._rollback()
+                if isinstance(exc, sqlite3.Error) and not isinstance(exc, sqlite3.IntegrityError):
+                    raise _store_error(self.path, exc) from exc
+                raise
+        finally:
+            self._lock.release()
+
+    def _begin(self) -> None:
+        """``BEGIN IMMEDIATE`` with the lock held on success. While another process holds the write
+        lock the wait happens outside ``self._lock``, so readers of this process are not held up."""
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        delay = 0.005
+        while True:
+            self._lock.acquire()
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                return
             except sqlite3.Error as exc:
+                self._lock.release()
+                if not _busy(exc) or time.monotonic() >= deadline:
+                    raise _store_error(self.path, exc) from exc
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
+
+    def _rollback(self) -> None:
+        if self._db.in_transaction:
+            with suppress(sqlite3.Error):
                 self._db.execute("ROLLBACK")
-                raise StoreError(f"cannot write the state store {self.path}: {exc}") from None
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
         with self._lock:

@@ -133,11 +133,13 @@ class JudgementStore(Database):
             for r in rows
         ]
 
-    def save_judgement(self, output: JudgeOutput, *, keep_s: float | None = None) -> None:
+    def save_judgement(self, output: JudgeOutput, *, keep_s: float | None = None, judged: Iterable[str] = ()) -> None:
         """One evaluation of the judge in one transaction: changed verdicts and series, marks, group
         records, fleet events that started or ended, re-probes asked for and answered; marks and group
-        records older than ``keep_s`` before the evaluation are dropped."""
+        records older than ``keep_s`` before the evaluation are dropped; the runs ``judged`` leave
+        ``unjudged_runs``."""
         with self._tx() as db:
+            db.executemany("UPDATE runs SET judged = 1 WHERE run_id = ?", [(r,) for r in judged])
             db.executemany(_INSERT_VERDICT, [_verdict_row(v) for v in output.verdicts])
             db.executemany(
                 "INSERT OR REPLACE INTO judge_series (node, probe, name, labels, accepted, last_value, last_at,"
@@ -215,24 +217,30 @@ class JudgementStore(Database):
     def judge_history(self, *, since: float = 0.0, until: float = float("inf")) -> list[RunInput]:
         """Finished runs in [since, until] by finish time, with nodes, measurements and failed checks, as
         the judge takes them (replay's input)."""
-        params = (since, until if until != float("inf") else 1e300)
+        return self._run_inputs("r.finished_at >= ? AND r.finished_at <= ?",
+                                (since, until if until != float("inf") else 1e300))
+
+    def unjudged_runs(self) -> list[RunInput]:
+        """Finished runs closed for judgement whose judgement was never saved (the daemon stopped or the
+        store failed in between), oldest first, as the judge takes them."""
+        return self._run_inputs("r.judged = 0", ())
+
+    def _run_inputs(self, where: str, params: tuple[object, ...]) -> list[RunInput]:
         measurements: dict[str, list[MeasurementInput]] = {}
         failed: dict[str, list[CheckInput]] = {}
         with self._lock:
             runs = self._query(
                 "SELECT r.run_id, r.probe, r.kind, r.outcome, r.reason, r.finished_at AS at,"
                 " (SELECT json_group_array(node) FROM run_nodes n WHERE n.run_id = r.run_id) AS nodes"
-                " FROM runs r WHERE r.state = 'finished' AND r.finished_at >= ? AND r.finished_at <= ?"
-                " ORDER BY r.finished_at, r.run_id", params)
+                f" FROM runs r WHERE r.state = 'finished' AND {where} ORDER BY r.finished_at, r.run_id", params)
             for m in self._query(
                 "SELECT m.run_id, m.node, m.name, m.labels, m.value FROM measurements m JOIN runs r"
-                " ON r.run_id = m.run_id WHERE r.state = 'finished' AND r.finished_at >= ? AND r.finished_at <= ?"
-                " ORDER BY m.id", params):
+                f" ON r.run_id = m.run_id WHERE r.state = 'finished' AND {where} ORDER BY m.id", params):
                 measurements.setdefault(m["run_id"], []).append(
                     MeasurementInput(m["name"], m["value"], json.loads(m["labels"]), m["node"]))
             for c in self._query(
                 "SELECT c.* FROM checks c JOIN runs r ON r.run_id = c.run_id WHERE c.ok = 0"
-                " AND r.state = 'finished' AND r.finished_at >= ? AND r.finished_at <= ?", params):
+                f" AND r.state = 'finished' AND {where}", params):
                 failed.setdefault(c["run_id"], []).append(CheckInput(c["name"], c["detail"], c["node"], c["gpu"]))
         return [
             RunInput(r["run_id"], r["probe"], tuple(sorted(json.loads(r["nodes"]))), Outcome(r["outcome"]),

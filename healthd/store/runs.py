@@ -59,11 +59,14 @@ class RunsStore(Database):
         finished_at: float,
         result: ProbeResult | None = None,
         started_at: float | None = None,
+        judge: bool = False,
     ) -> bool:
         """Close a run with its outcome and, when there is one, its parsed result.
 
         Idempotent: a run already finished is left alone and ``False`` is returned, so a
-        result collected twice (a restart between collect and commit) is stored once.
+        result collected twice (a restart between collect and commit) is stored once. A run
+        closed with ``judge`` waits for its judgement (``unjudged_runs``) until ``save_judgement``
+        names it.
         """
         with self._tx() as db:
             row = db.execute("SELECT state, probe, submitted_at, started_at FROM runs WHERE run_id = ?",
@@ -76,8 +79,8 @@ class RunsStore(Database):
             start = started_at or known_start or submitted_at
             db.execute(
                 "UPDATE runs SET state = 'finished', outcome = ?, reason = ?, finished_at = ?,"
-                " started_at = ?, duration_s = ? WHERE run_id = ?",
-                (outcome.value, reason, finished_at, start, max(0.0, finished_at - start), run_id),
+                " started_at = ?, duration_s = ?, judged = ? WHERE run_id = ?",
+                (outcome.value, reason, finished_at, start, max(0.0, finished_at - start), int(not judge), run_id),
             )
             if result is not None:
                 self._insert_result(db, run_id, probe, result, finished_at)

@@ -212,6 +212,11 @@ MIGRATIONS: tuple[str, ...] = (
     UPDATE runs SET kind = 'ingest' WHERE source != 'probe';
     CREATE INDEX runs_kind ON runs (kind, state)
     """,
+    # 4: whether a finished run's judgement is saved (set in the judgement's transaction)
+    """
+    ALTER TABLE runs ADD COLUMN judged INTEGER NOT NULL DEFAULT 1;
+    CREATE INDEX runs_unjudged ON runs (judged) WHERE judged = 0
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
