@@ -275,6 +275,10 @@ class ConfirmSettings(_Section):
     """A confirmation or localisation re-probe not run by then is given up (asked again if needed)."""
     partners: int = Field(default=8, ge=1)
     """Known-good partners offered to the planner per re-probe of a multi-node probe."""
+    recheck_interval_s: float = Field(default=120.0, ge=0)
+    """A node with a confirmed finding is re-probed (while idle) this often, instead of at its probe's
+    interval, so that a repair is seen within minutes and the finding, its alert and recommendation
+    clear; 0: only at the probe's interval."""
 
     @model_validator(mode="after")
     def _n_le_m(self) -> ConfirmSettings:

@@ -189,9 +189,7 @@ class Daemon:
         in_flight = sum(1 for r in runs if not waiting_for_nodes(r, now, s.scheduler.plan_interval_s))
         limits = plan_limits(self.traits, s)
         last_attempts = self.store.last_attempts()
-        priority = self.judge.requests(now, s.probes) + self.judge.recheck_requests(
-            self.remediator.recheck_nodes(), s.probes, last_attempts, now
-        )
+        priority = self.judge.priority_requests(self.remediator.recheck_nodes(), s.probes, last_attempts, now)
         jobs = plan(
             known,
             probes=s.probes,

@@ -537,8 +537,7 @@ class Simulation:
         probes = self.settings.probes
         runs = self.store.unfinished_runs()
         attempts = self.store.last_attempts()
-        requests = self.judge.requests(now, probes)
-        requests += self.judge.recheck_requests(self.remediator.recheck_nodes(), probes, attempts, now)
+        requests = self.judge.priority_requests(self.remediator.recheck_nodes(), probes, attempts, now)
         line.requests += len(requests)
         jobs = plan(self.nodes, probes=probes, last_attempts=attempts,
                     busy_nodes={n for r in runs for n in r.nodes}, in_flight=len(runs), now=now,

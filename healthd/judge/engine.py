@@ -695,29 +695,64 @@ class Judge:
                 and self.node_class(n) == cls]
         return pick_partners(node, pool, k)
 
+    def priority_requests(self, own_drains: Mapping[str, Sequence[str]], probes: Mapping[str, ProbeSettings],
+                          last_attempts: Mapping[tuple[str, str], float], now: float) -> list[PriorityRequest]:
+        """Everything the planner should run before the regular schedule: pending confirmation and
+        localisation re-probes, rechecks of healthd's own drains (``own_drains``: node → probes), and
+        rechecks of nodes with a confirmed finding."""
+        confirmed = {n: p for n, p in self.confirmed_findings().items() if n not in own_drains}
+        return [
+            *self.requests(now, probes),
+            *self.recheck_requests(own_drains, probes, last_attempts, now),
+            *self.recheck_requests(confirmed, probes, last_attempts, now, drained=False),
+        ]
+
     def recheck_requests(self, rechecks: Mapping[str, Sequence[str]], probes: Mapping[str, ProbeSettings],
-                         last_attempts: Mapping[tuple[str, str], float], now: float) -> list[PriorityRequest]:
-        """Re-probes of healthd-drained nodes (node → the probes it was drained for), each at most
-        once per probe interval, multi-node ones with known-good partners."""
+                         last_attempts: Mapping[tuple[str, str], float], now: float, *,
+                         drained: bool = True) -> list[PriorityRequest]:
+        """Re-probes of ``rechecks`` (node → probes): healthd's own drains (``drained``: the node may be
+        idle and drained; once per probe interval) or nodes in service with a confirmed finding (never a
+        drained node: it may be someone else's; once per ``confirm.recheck_interval_s``, so a repair
+        clears the finding, its alert and recommendation within minutes). Multi-node ones with
+        known-good partners."""
         with self._lock:
-            return self._recheck_requests(rechecks, probes, last_attempts, now)
+            return self._recheck_requests(rechecks, probes, last_attempts, now, drained)
 
     def _recheck_requests(self, rechecks: Mapping[str, Sequence[str]], probes: Mapping[str, ProbeSettings],
-                          last_attempts: Mapping[tuple[str, str], float], now: float) -> list[PriorityRequest]:
+                          last_attempts: Mapping[tuple[str, str], float], now: float,
+                          drained: bool) -> list[PriorityRequest]:
         out: list[PriorityRequest] = []
+        confirmed = self._confirmed()
         for node, wanted in sorted(rechecks.items()):
             for probe in sorted(set(wanted)):
                 settings = probes.get(probe)
                 if settings is None or not settings.enabled:
                     continue
-                if now - last_attempts.get((node, probe), float("-inf")) < settings.interval_s:
+                interval = settings.interval_s
+                if not drained and (node, probe) in confirmed and self.settings.confirm.recheck_interval_s > 0:
+                    interval = min(interval, self.settings.confirm.recheck_interval_s)
+                if now - last_attempts.get((node, probe), float("-inf")) < interval:
                     continue
                 size = settings.nodes_per_job
                 partners = self._partners(node, probe, self.settings.confirm.partners + size - 2,
                                           rechecks) if size > 1 else ()
-                out.append(PriorityRequest(probe, (node,), partners, size, allow_drained=True,
-                                           reason="recheck of a healthd drain"))
+                out.append(PriorityRequest(probe, (node,), partners, size, allow_drained=drained,
+                                           reason="recheck of a healthd drain" if drained
+                                           else "recheck of a confirmed finding"))
         return out
+
+    def confirmed_findings(self) -> dict[str, tuple[str, ...]]:
+        """Nodes with a confirmed finding (node → its probes): what ``recheck_requests`` re-probes every
+        ``confirm.recheck_interval_s`` so that a repaired node clears within minutes."""
+        with self._lock:
+            out: dict[str, tuple[str, ...]] = {}
+            for node, probe in sorted(self._confirmed()):
+                out[node] = (*out.get(node, ()), probe)
+            return out
+
+    def _confirmed(self) -> set[tuple[str, str]]:
+        return {key for key, v in self.verdicts.items()
+                if v.outcome in (Outcome.DEGRADED, Outcome.FAIL) and v.evidence.get("stage") == CONFIRMED}
 
     def active_events(self) -> list[FleetEvent]:
         with self._lock:
