@@ -26,7 +26,7 @@ from pydantic_settings import (
 )
 
 from healthd.errors import ConfigError
-from healthd.jobs import MAX_NICE, Launcher, launcher_problems
+from healthd.jobs import DEFAULT_NICE, MAX_NICE, Launcher, launcher_problems
 from healthd.model import validate_node_name
 from probes.catalogue import PROBE_NAMES
 
@@ -182,8 +182,8 @@ class SlurmSettings(_Section):
     pending_timeout_s: PositiveSeconds = 60.0
     """A probe not started after this has lost its node to a user: cancelled, recorded ``skipped``.
     Of the order of one plan interval: a pending probe may hold a node ahead of later user jobs."""
-    nice: int = Field(default=MAX_NICE, ge=0, le=MAX_NICE)
-    """``sbatch --nice``: probes rank below every user job (Slurm's largest adjustment by default)."""
+    nice: int = Field(default=DEFAULT_NICE, ge=0, le=MAX_NICE)
+    """``sbatch --nice``: probes rank below every user job (see ``healthd.jobs.DEFAULT_NICE``)."""
     max_concurrent_jobs: int = Field(default=8, ge=1)
     max_idle_share: float = Field(default=0.25, gt=0, le=1)
     node_classes: list[NodeClassRule] = Field(default_factory=list)
