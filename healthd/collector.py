@@ -19,6 +19,7 @@ import structlog
 
 from healthd.cluster.base import ClusterBackend
 from healthd.errors import BackendError, HealthdError, ParseError
+from healthd.judge.hardfault import classify
 from healthd.logging import get_logger
 from healthd.model import JobState, JobStatus, Outcome, ProbeJob, ProbeResult, RunKind
 from healthd.parsers.expand import expand_result
@@ -90,9 +91,14 @@ def log_tail(result_path: Path) -> str:
     return " | ".join((causes or lines)[-LOG_TAIL_LINES:])
 
 
-def outcome_of(job: JobStatus | None, result: ProbeResult | None, parse_error: str | None) -> tuple[Outcome, str]:
-    """Sort one finished run (pure). A probe that could not run is ``error``, never ``fail``; one that
-    Slurm pre-empted for a user's job is ``skipped`` (the node was taken, nothing is known of it)."""
+def outcome_of(job: JobStatus | None, result: ProbeResult | None, parse_error: str | None,
+               nodes: Sequence[str] = ()) -> tuple[Outcome, str]:
+    """Sort one finished run of ``nodes`` (pure). A probe that could not run is ``error``, never
+    ``fail``; one whose own error document holds evidence against nodes of the run
+    (``healthd.judge.hardfault``: GPUs missing, a hang or a crash in the measurement phase, a CUDA or
+    NCCL error) is ``fail`` with the fault in its reason (without a document nothing is attributed);
+    one that Slurm pre-empted for a user's job is ``skipped`` (the node was taken, nothing is known
+    of it)."""
     if job is not None and job.state is JobState.PREEMPTED:
         return Outcome.SKIPPED, f"pre-empted: {job.reason or 'Slurm gave the node to a job that outranks the probe'}"
     if result is not None:
@@ -100,6 +106,10 @@ def outcome_of(job: JobStatus | None, result: ProbeResult | None, parse_error: s
             return Outcome.ERROR, "probe reported pass without any measurement"
         if job is not None and job.state is JobState.TIMEOUT and result.outcome is Outcome.PASS:
             return Outcome.ERROR, "job timed out after writing its result"
+        if result.outcome is Outcome.ERROR:
+            fault = classify(result.reason, tuple(nodes) or tuple(result.nodes))
+            if fault is not None:
+                return Outcome.FAIL, fault.reason()
         return result.outcome, result.reason
     if job is not None and job.state is JobState.TIMEOUT:
         return Outcome.ERROR, f"timeout: {job.reason or 'the job ran past its time limit'}"
@@ -209,7 +219,7 @@ class Collector:
             self.on_error("parse")
         if status is None and result is None:
             parse_error = f"{fallback_reason}: {parse_error}"
-        outcome, reason = outcome_of(status, result, parse_error)
+        outcome, reason = outcome_of(status, result, parse_error, run.nodes)
         return self._close(run, outcome, reason, result, started_at=status.started_at if status else None)
 
     def _close(
@@ -259,6 +269,6 @@ class Collector:
                 except ParseError:
                     closed.append(self._close(run, Outcome.ERROR, "daemon restart: the probe was interrupted", None))
                     continue
-                outcome, reason = outcome_of(None, result, None)
+                outcome, reason = outcome_of(None, result, None, run.nodes)
                 closed.append(self._close(run, outcome, reason, result))
         return closed

@@ -271,6 +271,10 @@ class ConfirmSettings(_Section):
     """A confirmation or localisation re-probe not run by then is given up (asked again if needed)."""
     partners: int = Field(default=8, ge=1)
     """Known-good partners offered to the planner per re-probe of a multi-node probe."""
+    error_streak: int = Field(default=3, ge=1)
+    """A node whose probe errored this many times in a row while at most ``error_class_share`` of its
+    class errs gets an ``error`` verdict with reason ``repeated_errors`` (a finding; never a drain)."""
+    error_class_share: Fraction = 0.2
 
     @model_validator(mode="after")
     def _n_le_m(self) -> ConfirmSettings:

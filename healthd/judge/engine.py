@@ -37,6 +37,7 @@ from healthd.judge.confirm import (
 )
 from healthd.judge.fleet import FleetStats, check_event, fleet_stats, outlier
 from healthd.judge.floors import FloorTable, below_floor, floor_rules
+from healthd.judge.hardfault import HARD_FAULTS, HardFault, parse_reason
 from healthd.judge.model import (
     CheckInput,
     Direction,
@@ -61,10 +62,14 @@ from healthd.node_class import DEFAULT_CLASS, class_of
 from healthd.planning import PriorityRequest
 
 _CODE_RANK = {
-    ReasonCode.CHECK_FAILED: 5, ReasonCode.BELOW_FLOOR: 4, ReasonCode.LOCALISED: 3, ReasonCode.FLEET_OUTLIER: 2,
+    ReasonCode.GPUS_MISSING: 10, ReasonCode.CUDA_ERROR: 9, ReasonCode.NCCL_ERROR: 8, ReasonCode.CRASH: 7,
+    ReasonCode.HANG: 6, ReasonCode.CHECK_FAILED: 5, ReasonCode.BELOW_FLOOR: 4, ReasonCode.LOCALISED: 3,
+    ReasonCode.FLEET_OUTLIER: 2,
     ReasonCode.BASELINE_DRIFT: 1,
 }
 PASS_TEXT = "every judged series within its floor, baseline and fleet"
+GPU_COUNT_CHECK = "env.gpu_count"
+"""The probes' own check of the GPUs a node shows (``probes.env.gpu_count_checks``): ``gpus_missing``."""
 
 
 GPU_PEERS_MIN = 4
@@ -120,6 +125,8 @@ class Judge:
         self.pools: dict[tuple[str, SeriesKey], dict[tuple[str, SeriesKey], tuple[float, float]]] = defaultdict(dict)
         self.marks: dict[tuple[str, str], list[Mark]] = {}
         self.status: dict[tuple[str, str], _Status] = {}
+        self.error_streak: dict[tuple[str, str], int] = {}
+        """(node, probe) → its consecutive ``error`` runs (a judged run ends the streak)."""
         self.group_history: dict[tuple[str, str], list[GroupRecord]] = {}
         self.flagged_groups: dict[str, list[GroupRecord]] = defaultdict(list)
         self.last_group_pass: dict[str, dict[str, float]] = defaultdict(dict)
@@ -179,6 +186,7 @@ class Judge:
             if run.outcome is Outcome.ERROR:
                 for n in run.nodes:
                     self.status[(n, run.probe)] = _Status("error", run.at, run.run_id, run.reason or "probe error")
+                    self.error_streak[(n, run.probe)] = self.error_streak.get((n, run.probe), 0) + 1
                 continue
             if run.outcome is not Outcome.FAIL:
                 missing = missing_required(run, self.settings.series)
@@ -222,8 +230,11 @@ class Judge:
             touched.update(key for key in self.verdicts if key[1] == event.probe
                            and self.node_class(key[0]) == event.node_class)
 
+        erring = self._error_shares({(self.node_class(n), p) for n, p in touched
+                                     if self.error_streak.get((n, p), 0) >= self.settings.confirm.error_streak})
         for name, probe in sorted(touched):
-            self._conclude(name, probe, attributions.get(probe), suspects.get(probe, {}), now, out)
+            self._conclude(name, probe, attributions.get(probe), suspects.get(probe, {}), now, out,
+                           erring.get((self.node_class(name), probe), 1.0))
         self._request(attributions, now, out)
         return out
 
@@ -331,19 +342,39 @@ class Judge:
                 Finding(ReasonCode.NCCL_TRANSPORT, Severity.DEGRADED, key, 0.0, 1.0, 1.0, run.reason))
 
     def _check_findings(self, run: RunInput, ev: _RunEval) -> None:
+        fault = parse_reason(run.reason) if not run.failed_checks else None
+        if fault is not None:
+            self._fault_findings(run, fault, ev)
+            return
         checks = list(run.failed_checks) or [CheckInput(name="probe", detail=run.reason or "the probe failed")]
         for c in checks:
             labels = {"gpu": str(c.gpu)} if c.gpu is not None else {}
             key = SeriesKey.of(run.probe, f"check:{c.name}", labels)
             where = f"gpu {c.gpu} " if c.gpu is not None else ""
-            f = Finding(ReasonCode.CHECK_FAILED, Severity.FAIL, key, 0.0, 1.0, 1.0,
-                        f"{where}check {c.name} failed: {c.detail}".strip(), event_proof=True)
-            if c.node is not None and c.node in run.nodes:
-                ev.node_findings.setdefault(c.node, []).append(f)
-            elif len(run.nodes) == 1:
-                ev.node_findings.setdefault(run.nodes[0], []).append(f)
-            else:
-                ev.group_findings.append(f)
+            missing = c.name == GPU_COUNT_CHECK
+            f = Finding(ReasonCode.GPUS_MISSING if missing else ReasonCode.CHECK_FAILED, Severity.FAIL, key, 0.0,
+                        1.0, 1.0, f"{where}check {c.name} failed: {c.detail}".strip(), event_proof=not missing)
+            self._place(run, c.node, f, ev)
+
+    def _fault_findings(self, run: RunInput, fault: HardFault, ev: _RunEval) -> None:
+        """A hard fault (``healthd.judge.hardfault``) on the nodes it names, or on the group. Not
+        event-proof: many nodes of a class failing the same way at once is a fleet event."""
+        key = SeriesKey.of(run.probe, f"fault:{fault.code.value}", {})
+        f = Finding(fault.code, Severity.FAIL, key, 0.0, 1.0, 1.0, f"{fault.code.value}: {fault.detail}")
+        named = [n for n in fault.nodes if n in run.nodes]
+        for node in named:
+            ev.node_findings.setdefault(node, []).append(f)
+        if not named:
+            self._place(run, None, f, ev)
+
+    @staticmethod
+    def _place(run: RunInput, node: str | None, f: Finding, ev: _RunEval) -> None:
+        if node is not None and node in run.nodes:
+            ev.node_findings.setdefault(node, []).append(f)
+        elif len(run.nodes) == 1:
+            ev.node_findings.setdefault(run.nodes[0], []).append(f)
+        else:
+            ev.group_findings.append(f)
 
     # -- fleet events -------------------------------------------------------------------------
     def _update_events(self, keys: set[tuple[str, str]], now: float, out: JudgeOutput) -> set[tuple[str, str]]:
@@ -398,6 +429,7 @@ class Judge:
             self._add_mark(mark)
             out.marks.append(mark)
             self.status[(n, probe)] = _Status("judged", run.at, run.run_id, "")
+            self.error_streak.pop((n, probe), None)
             pending = self.pending.get((n, probe))
             if pending is not None and pending.requested_at <= run.at:
                 del self.pending[(n, probe)]
@@ -496,8 +528,21 @@ class Judge:
                            text=f"{event.text}: {mark.text}", findings=())
         return replace(mark, severity=top.severity, code=top.code, text=top.detail, findings=kept)
 
+    def _error_shares(self, keys: set[tuple[str, str]]) -> dict[tuple[str, str], float]:
+        """(class, probe) → the share of the class's nodes whose latest run of the probe is an error."""
+        if not keys:
+            return {}
+        counts: dict[tuple[str, str], list[int]] = {k: [0, 0] for k in keys}
+        for (node, probe), st in self.status.items():
+            c = counts.get((self.node_class(node), probe))
+            if c is not None:
+                c[0] += st.kind == "error"
+                c[1] += 1
+        return {k: errors / total for k, (errors, total) in counts.items() if total}
+
     def _conclude(self, node: str, probe: str, attribution: Attribution | None,
-                  suspects: Mapping[str, list[GroupRecord]], now: float, out: JudgeOutput) -> None:
+                  suspects: Mapping[str, list[GroupRecord]], now: float, out: JudgeOutput,
+                  class_errors: float = 1.0) -> None:
         c = self.settings.confirm
         marks = self._recent_marks(node, probe, now)
         status = self.status.get((node, probe))
@@ -534,7 +579,7 @@ class Judge:
                 assert blamed is not None
                 partners = sorted({m for r in blamed for m in r.members if m != node})
                 top = worst(f for r in blamed for f in r.findings)
-                code = ReasonCode.LOCALISED
+                code = top.code if top is not None and top.code in HARD_FAULTS else ReasonCode.LOCALISED
                 text = (f"multi-node results are bad with this node ({blame_n} of its last {blame_seen}, with "
                         f"{', '.join(partners)}) and good without it: {top.detail if top else blamed[-1].text}")
                 run_ids = tuple(r.run_id for r in blamed)
@@ -546,7 +591,13 @@ class Judge:
             recommend = True
         elif status is not None and status.kind != "judged" and (latest is None or status.at >= latest.at):
             code = ReasonCode.PROBE_ERROR if status.kind == "error" else ReasonCode.MEASUREMENT_MISSING
-            verdict = Verdict(node, probe, Outcome.ERROR, status.text, code.value, (status.run_id,), {}, status.at)
+            text = status.text
+            streak = self.error_streak.get((node, probe), 0)
+            if code is ReasonCode.PROBE_ERROR and streak >= c.error_streak and class_errors <= c.error_class_share:
+                code = ReasonCode.REPEATED_ERRORS
+                text = (f"the probe errored in its last {streak} runs on this node while its class passes "
+                        f"({class_errors:.0%} of the class erring): {status.text}")
+            verdict = Verdict(node, probe, Outcome.ERROR, text, code.value, (status.run_id,), {}, status.at)
         elif latest is not None and latest.flagged:
             top = worst(latest.findings)
             text = latest.text + f"; seen in {bad_n} of the last {min(seen, c.m)} runs, re-probe requested"
