@@ -290,6 +290,11 @@ class JudgeSettings(_Section):
     """Also use the packaged floor table (``healthd/judge/floors.toml``)."""
     noise_band: Fraction = 0.03
     """Expected run-to-run spread; no deviation smaller than twice this is ever flagged."""
+    false_drains_per_1000_node_days: float = Field(default=0.1, gt=0)
+    """The false drains healthd may make, on average, per 1,000 node-days: each threshold is at least
+    k x the series' noise, k derived from this and the number of tests (``healthd.judge.noise``)."""
+    runs_per_node_day: float = Field(default=48.0, gt=0)
+    """Judged runs of one probe per node and day (about 86400 / the probes' ``interval_s``, plus re-probes)."""
     baseline: BaselineSettings = BaselineSettings()
     fleet: FleetSettings = FleetSettings()
     confirm: ConfirmSettings = ConfirmSettings()

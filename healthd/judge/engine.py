@@ -30,9 +30,9 @@ from healthd.judge.confirm import (
     Attribution,
     attribute,
     blame_confirmed,
-    count_flagged,
     max_severity,
     pick_partners,
+    repeated,
     split,
 )
 from healthd.judge.fleet import FleetStats, check_event, fleet_stats, outlier
@@ -56,6 +56,7 @@ from healthd.judge.model import (
     SeriesState,
     Severity,
 )
+from healthd.judge.noise import EXTRA_RETESTS, k_for, relative_noise, retests_for, typical, unbiased
 from healthd.judge.series import key_of, missing_required, select
 from healthd.model import Node, Outcome, Verdict
 from healthd.node_class import DEFAULT_CLASS, class_of
@@ -125,6 +126,11 @@ class Judge:
         self.pools: dict[tuple[str, SeriesKey], dict[tuple[str, SeriesKey], tuple[float, float]]] = defaultdict(dict)
         self.marks: dict[tuple[str, str], list[Mark]] = {}
         self.status: dict[tuple[str, str], _Status] = {}
+        self._class_noise: dict[tuple[str, SeriesKey], float | None] | None = None
+        """(class, series without ``gpu``) → typical relative run-to-run noise (built once per evaluation)."""
+        self.flag_rates: dict[tuple[str, str, bool], list[int]] = defaultdict(lambda: [0, 0])
+        """(class, probe, group results) → [flagged, judged] regular results: how often a healthy class
+        flags a result by chance (outlier runs), which decides how many retests confirm a finding."""
         self.error_streak: dict[tuple[str, str], int] = {}
         """(node, probe) → its consecutive ``error`` runs (a judged run ends the streak)."""
         self.group_history: dict[tuple[str, str], list[GroupRecord]] = {}
@@ -169,6 +175,7 @@ class Judge:
     def _evaluate(self, runs: Sequence[RunInput], nodes: Sequence[Node], now: float,
                   resets: Mapping[str, float] | None) -> JudgeOutput:
         out = JudgeOutput(at=now)
+        self._class_noise = None
         for node in nodes:
             self.classes[node.name] = class_of(node)
         if nodes:
@@ -290,11 +297,18 @@ class Judge:
         for sel in selected:
             if sel.m.node and "gpu" in sel.m.labels:
                 gpu_values[(sel.m.node, sel.fkey)].append(sel.m.value)
-        gpu_peers = {k: small_stats(v, peers=f"this node's {len(v)} GPUs") for k, v in gpu_values.items()
+        gpu_peers = {k: self._gpu_stats(k[0], k[1], v, now, cache) for k, v in gpu_values.items()
                      if len(v) >= GPU_PEERS_MIN}
         classes = self.classes
+        per_node: dict[str | None, int] = defaultdict(int)
+        for sel in selected:
+            per_node[sel.m.node] += 1
+        c = s.confirm
         for m, direction, key, fkey in selected:
             members = (m.node,) if m.node else run.nodes
+            k = k_for(s.false_drains_per_1000_node_days, s.runs_per_node_day,
+                      per_node[m.node] + per_node[None], c.n, c.m)
+            z_threshold = max(s.fleet.z_threshold, k)
             for node in members:
                 cls = classes.get(node, DEFAULT_CLASS)
                 found: list[Finding] = []
@@ -307,19 +321,21 @@ class Judge:
                         found.append(f)
                 if st.baseline is not None and st.spread is not None and len(st.accepted) >= s.baseline.min_samples:
                     base = Baseline(st.baseline, st.spread, len(st.accepted))
-                    f = drift(key, m.value, base, direction, fraction=self.drift_fraction, spread_k=s.baseline.spread_k)
+                    noise = relative_noise(st.spread, st.baseline, len(st.accepted), self.class_noise(cls, fkey))
+                    f = drift(key, m.value, base, direction, fraction=self.drift_fraction, spread_k=s.baseline.spread_k,
+                              noise_allowed=k * noise)
                     if f is not None:
                         found.append(f)
                 stats = self._fleet(cls, fkey, now, cache)
                 in_event = (cls, run.probe) in self.events
                 if stats is not None:
-                    f = outlier(key, m.value, stats, direction, z_threshold=s.fleet.z_threshold,
+                    f = outlier(key, m.value, stats, direction, z_threshold=z_threshold,
                                 min_deviation=self.min_deviation, event_proof=in_event)
                     if f is not None:
                         found.append(f)
                 gstats = gpu_peers.get((node, fkey)) if m.node else None
                 if gstats is not None:
-                    f = outlier(key, m.value, gstats, direction, z_threshold=s.fleet.z_threshold,
+                    f = outlier(key, m.value, gstats, direction, z_threshold=z_threshold,
                                 min_deviation=self.min_deviation, event_proof=True)
                     if f is not None:
                         found.append(f)
@@ -329,6 +345,29 @@ class Judge:
                 else:
                     ev.group_findings.extend(found)
         return ev
+
+    def _gpu_stats(self, node: str, fkey: SeriesKey, values: Sequence[float], now: float,
+                   cache: dict[tuple[str, SeriesKey], FleetStats | None]) -> FleetStats:
+        """A node's GPUs as peers; their spread is at least what healthy GPUs show: the class's GPUs'
+        relative spread (a handful of values can agree by chance; one GPU's noise is no fault)."""
+        stats = small_stats(values, peers=f"this node's {len(values)} GPUs")
+        pooled = self._fleet(self.node_class(node), fkey, now, cache)
+        rel = pooled.spread / abs(pooled.median) if pooled is not None and pooled.median else 0.0
+        floor = max(rel, self.class_noise(self.node_class(node), fkey) or 0.0) * abs(stats.median)
+        return replace(stats, spread=floor) if floor > stats.spread else stats
+
+    def class_noise(self, cls: str, fkey: SeriesKey) -> float | None:
+        """The class's typical relative run-to-run noise of a series (GPUs pooled), from its nodes'
+        own histories (``baseline.min_samples`` passing results or more); ``None`` before any."""
+        if self._class_noise is None:
+            spreads: dict[tuple[str, SeriesKey], list[float]] = defaultdict(list)
+            need = max(self.settings.baseline.min_samples, 5)
+            for (node, key), st in self.series.items():
+                if st.spread is not None and st.baseline and len(st.accepted) >= need:
+                    spreads[(self.node_class(node), key.without("gpu"))].append(
+                        unbiased(abs(st.spread / st.baseline), len(st.accepted)))
+            self._class_noise = {k: typical(v) for k, v in spreads.items()}
+        return self._class_noise.get((cls, fkey))
 
     @staticmethod
     def _transport_findings(run: RunInput, ev: _RunEval) -> None:
@@ -426,6 +465,10 @@ class Judge:
             mark = Mark(run.run_id, n, probe, run.at, sev, code, text, not run.priority,
                         event_proof=any(f.event_proof for f in kept), findings=tuple(kept),
                         raw_flagged=bool(raw) or bool(ev.group_findings))
+            if mark.regular:
+                rate = self.flag_rates[(self.node_class(n), probe, False)]
+                rate[0] += mark.flagged
+                rate[1] += 1
             self._add_mark(mark)
             out.marks.append(mark)
             self.status[(n, probe)] = _Status("judged", run.at, run.run_id, "")
@@ -447,6 +490,10 @@ class Judge:
                                  event_proof=any(f.event_proof for f in kept_group), findings=tuple(kept_group))
             self._add_group(record, suppressed=group_suppressed)
             out.groups.append(record)
+            if not run.priority:
+                rate = self.flag_rates[(self.node_class(run.nodes[0]), probe, True)]
+                rate[0] += record.flagged
+                rate[1] += 1
         flagged_keys = {(n, f.key) for n, fs in ev.node_findings.items() for f in fs
                         if not self._suppressed(n, probe, f, run.at)}
         flagged_keys |= {(n, f.key) for f in kept_group for n in run.nodes}
@@ -474,12 +521,12 @@ class Judge:
     def _add_mark(self, mark: Mark) -> None:
         marks = self.marks.setdefault((mark.node, mark.probe), [])
         marks.append(mark)
-        keep = max(self.settings.confirm.m, 1)
+        keep = max(self.settings.confirm.m, 1) + EXTRA_RETESTS
         if len(marks) > keep:
             del marks[: len(marks) - keep]
 
     def _add_group(self, record: GroupRecord, *, suppressed: bool = False) -> None:
-        keep = max(self.settings.confirm.m, 1)
+        keep = max(self.settings.confirm.m, 1) + EXTRA_RETESTS
         for member in record.members:
             hist = self.group_history.setdefault((member, record.probe), [])
             hist.append(record)
@@ -528,6 +575,16 @@ class Judge:
                            text=f"{event.text}: {mark.text}", findings=())
         return replace(mark, severity=top.severity, code=top.code, text=top.detail, findings=kept)
 
+    def retests(self, cls: str, probe: str, *, group: bool) -> tuple[int, int]:
+        """(n, m): how many of the last m results must repeat a finding. ``confirm.n`` of ``confirm.m``,
+        raised while the class's regular results are flagged by chance so often (outlier runs) that
+        n of m chance flags would exceed ``false_drains_per_1000_node_days`` (``noise.retests_for``)."""
+        c, s = self.settings.confirm, self.settings
+        flagged, judged = self.flag_rates.get((cls, probe, group), (0, 0))
+        need = retests_for(flagged, judged, s.false_drains_per_1000_node_days, s.runs_per_node_day, c.n, c.m,
+                           extra=EXTRA_RETESTS)
+        return need, c.m + need - c.n
+
     def _error_shares(self, keys: set[tuple[str, str]]) -> dict[tuple[str, str], float]:
         """(class, probe) → the share of the class's nodes whose latest run of the probe is an error."""
         if not keys:
@@ -550,28 +607,34 @@ class Judge:
             return
         out.evaluated.add((node, probe))
         latest = marks[-1] if marks else None
-        fail_n, seen = count_flagged(marks, c.m, Severity.FAIL)
-        bad_n, _ = count_flagged(marks, c.m, Severity.DEGRADED)
+        cls = self.node_class(node)
+        need, window = self.retests(cls, probe, group=False)
+        fail_n, seen, fail_key = repeated(marks, window, Severity.FAIL)
+        bad_n, _, bad_key = repeated(marks, window, Severity.DEGRADED)
         blamed = attribution.blamed.get(node) if attribution else None
-        blame_n, blame_seen = (0, 0)
+        blame_n, blame_seen, blame_need = 0, 0, c.n
         if blamed:
             cutoff = max(now - c.window_s, self.resets.get(node, float("-inf")))
             history = [r for r in self.group_history.get((node, probe), []) if r.at >= cutoff]
-            blame_n, blame_seen = blame_confirmed(node, history, self.last_group_pass.get(probe, {}), n=c.n, m=c.m)
+            blame_need, blame_window = self.retests(cls, probe, group=True)
+            blame_n, blame_seen = blame_confirmed(node, history, self.last_group_pass.get(probe, {}), n=blame_need,
+                                                  m=blame_window)
         at = max(latest.at if latest else 0.0, status.at if status else 0.0)
 
         verdict: Verdict
         recommend = False
         evidence: dict[str, object] = {}
-        node_sev = Severity.FAIL if fail_n >= c.n else Severity.DEGRADED if bad_n >= c.n else Severity.NONE
-        blame_sev = max_severity(blamed) if blamed and blame_n >= c.n else Severity.NONE
+        node_sev = Severity.FAIL if fail_n >= need else Severity.DEGRADED if bad_n >= need else Severity.NONE
+        blame_sev = max_severity(blamed) if blamed and blame_n >= blame_need else Severity.NONE
         if node_sev or blame_sev:
             if node_sev >= blame_sev:
-                flagged = [mk for mk in marks[-c.m:] if mk.severity >= node_sev]
+                same = fail_key if node_sev is Severity.FAIL else bad_key
+                flagged = [mk for mk in marks[-window:] if mk.severity >= node_sev
+                           and (not mk.findings or any(f.key == same for f in mk.findings))]
                 top = worst(f for mk in flagged for f in mk.findings) or None
                 code = top.code if top else flagged[-1].code
                 text = (top.detail if top else flagged[-1].text) + \
-                    f"; confirmed in {len(flagged)} of the last {min(seen, c.m)} runs"
+                    f"; confirmed in {len(flagged)} of the last {min(seen, window)} runs"
                 run_ids = tuple(mk.run_id for mk in flagged)
                 outcome = Outcome.FAIL if node_sev is Severity.FAIL else Outcome.DEGRADED
                 findings = [f for mk in flagged for f in mk.findings]
@@ -586,7 +649,7 @@ class Judge:
                 outcome = Outcome.FAIL if blame_sev is Severity.FAIL else Outcome.DEGRADED
                 findings = [f for r in blamed for f in r.findings]
                 evidence["partners"] = partners
-            evidence.update(self._evidence(node, findings, run_ids, f"{max(len(run_ids), blame_n)}/{c.m}"))
+            evidence.update(self._evidence(node, findings, run_ids, f"{max(len(run_ids), blame_n)}/{window}"))
             verdict = Verdict(node, probe, outcome, text, code.value, run_ids, _flat(evidence, top), at)
             recommend = True
         elif status is not None and status.kind != "judged" and (latest is None or status.at >= latest.at):
@@ -600,10 +663,10 @@ class Judge:
             verdict = Verdict(node, probe, Outcome.ERROR, text, code.value, (status.run_id,), {}, status.at)
         elif latest is not None and latest.flagged:
             top = worst(latest.findings)
-            text = latest.text + f"; seen in {bad_n} of the last {min(seen, c.m)} runs, re-probe requested"
+            text = latest.text + f"; seen in {bad_n} of the last {min(seen, window)} runs, re-probe requested"
             verdict = Verdict(node, probe, Outcome.DEGRADED, text, latest.code.value, (latest.run_id,),
                               _flat(self._evidence(node, list(latest.findings), (latest.run_id,),
-                                                   f"{bad_n}/{c.n}"), top), at)
+                                                   f"{bad_n}/{need}"), top), at)
         elif blamed:
             top = worst(f for r in blamed for f in r.findings)
             text = (f"multi-node results are bad with this node ({blame_n} so far) and good without it: "
