@@ -28,10 +28,10 @@ def count_flagged(marks: Sequence[Mark], m: int, severity: Severity) -> tuple[in
     return sum(1 for mk in last if mk.severity >= severity), len(last)
 
 
-def repeated(marks: Sequence[Mark], m: int, severity: Severity) -> tuple[int, int, SeriesKey | None]:
+def repeated(marks: Sequence[Mark], m: int, severity: Severity) -> tuple[int, int, dict[SeriesKey, int]]:
     """(results among the last ``m`` marks with a finding at or above ``severity`` on the same series,
-    results considered, that series). A retest confirms a finding only when it repeats it: a run
-    flagged on one GPU and its retest on another are two chance values, not one fault."""
+    results considered, series → its flagged results). A retest confirms a finding only when it
+    repeats it: a run flagged on one GPU and its retest on another are two chance values, not one fault."""
     last = list(marks)[-m:]
     counts: dict[SeriesKey, int] = {}
     for mk in last:
@@ -40,10 +40,7 @@ def repeated(marks: Sequence[Mark], m: int, severity: Severity) -> tuple[int, in
         keys = {f.key for f in mk.findings if f.severity >= severity} or {_ANY}
         for key in keys:
             counts[key] = counts.get(key, 0) + 1
-    if not counts:
-        return 0, len(last), None
-    key = max(sorted(counts), key=lambda k: counts[k])
-    return counts[key], len(last), key
+    return max(counts.values(), default=0), len(last), counts
 
 
 _ANY = SeriesKey("", "", ())

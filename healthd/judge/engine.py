@@ -56,7 +56,15 @@ from healthd.judge.model import (
     SeriesState,
     Severity,
 )
-from healthd.judge.noise import EXTRA_RETESTS, k_for, relative_noise, retests_for, typical, unbiased
+from healthd.judge.noise import (
+    EXTRA_RETESTS,
+    k_for,
+    noisy_floor,
+    relative_noise,
+    retests_for,
+    typical,
+    unbiased,
+)
 from healthd.judge.series import key_of, missing_required, select
 from healthd.model import Node, Outcome, Verdict
 from healthd.node_class import DEFAULT_CLASS, class_of
@@ -315,18 +323,23 @@ class Judge:
                 st = self._state(node, key)
                 rule = self.floors.lookup(cls, key)
                 st.floor = rule.value if rule is not None else None
+                stats = self._fleet(cls, fkey, now, cache)
                 if rule is not None:
-                    f = below_floor(key, m.value, rule.value, direction)
+                    floor = noisy_floor(rule.value, direction, stats.median if stats else None,
+                                        stats.spread if stats else 0.0, k)
+                    f = below_floor(key, m.value, floor, direction)
                     if f is not None:
                         found.append(f)
                 if st.baseline is not None and st.spread is not None and len(st.accepted) >= s.baseline.min_samples:
                     base = Baseline(st.baseline, st.spread, len(st.accepted))
-                    noise = relative_noise(st.spread, st.baseline, len(st.accepted), self.class_noise(cls, fkey))
+                    class_noise = self.class_noise(cls, fkey)
+                    if class_noise is None and stats is not None and stats.median:
+                        class_noise = stats.spread / abs(stats.median)
+                    noise = relative_noise(st.spread, st.baseline, len(st.accepted), class_noise)
                     f = drift(key, m.value, base, direction, fraction=self.drift_fraction, spread_k=s.baseline.spread_k,
                               noise_allowed=k * noise)
                     if f is not None:
                         found.append(f)
-                stats = self._fleet(cls, fkey, now, cache)
                 in_event = (cls, run.probe) in self.events
                 if stats is not None:
                     f = outlier(key, m.value, stats, direction, z_threshold=z_threshold,
@@ -609,8 +622,8 @@ class Judge:
         latest = marks[-1] if marks else None
         cls = self.node_class(node)
         need, window = self.retests(cls, probe, group=False)
-        fail_n, seen, fail_key = repeated(marks, window, Severity.FAIL)
-        bad_n, _, bad_key = repeated(marks, window, Severity.DEGRADED)
+        fail_n, seen, fail_keys = repeated(marks, window, Severity.FAIL)
+        bad_n, _, bad_keys = repeated(marks, window, Severity.DEGRADED)
         blamed = attribution.blamed.get(node) if attribution else None
         blame_n, blame_seen, blame_need = 0, 0, c.n
         if blamed:
@@ -628,16 +641,17 @@ class Judge:
         blame_sev = max_severity(blamed) if blamed and blame_n >= blame_need else Severity.NONE
         if node_sev or blame_sev:
             if node_sev >= blame_sev:
-                same = fail_key if node_sev is Severity.FAIL else bad_key
+                counts = fail_keys if node_sev is Severity.FAIL else bad_keys
+                sure = {key for key, n in counts.items() if n >= need}
                 flagged = [mk for mk in marks[-window:] if mk.severity >= node_sev
-                           and (not mk.findings or any(f.key == same for f in mk.findings))]
-                top = worst(f for mk in flagged for f in mk.findings) or None
+                           and (not mk.findings or any(f.key in sure for f in mk.findings))]
+                top = worst(f for mk in flagged for f in mk.findings if f.key in sure) or None
                 code = top.code if top else flagged[-1].code
                 text = (top.detail if top else flagged[-1].text) + \
                     f"; confirmed in {len(flagged)} of the last {min(seen, window)} runs"
                 run_ids = tuple(mk.run_id for mk in flagged)
                 outcome = Outcome.FAIL if node_sev is Severity.FAIL else Outcome.DEGRADED
-                findings = [f for mk in flagged for f in mk.findings]
+                findings = [f for mk in flagged for f in mk.findings if f.key in sure]
             else:
                 assert blamed is not None
                 partners = sorted({m for r in blamed for m in r.members if m != node})

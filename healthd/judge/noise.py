@@ -33,7 +33,7 @@ def k_for(target_per_1000_node_days: float, runs_per_node_day: float, series: in
     """Noise units past which one value is flagged, so that false drains stay under the target.
 
     >>> round(k_for(0.1, 48.0, 16, 2, 3), 2)
-    4.11
+    4.14
     """
     per_run = (target_per_1000_node_days / 1000.0 / (max(runs_per_node_day, 1e-9) * math.comb(m, n))) ** (1.0 / n)
     p = min(0.5, per_run / max(1, series * LAYERS))
@@ -62,6 +62,21 @@ def retests_for(flagged: int, judged: int, target_per_1000_node_days: float, run
         if runs_per_node_day * math.comb(m + need - n, need) * rate ** need <= target_per_1000_node_days / 1000.0:
             return need
     return n + extra
+
+
+def noisy_floor(floor: float, direction: str, median: float | None, spread: float, k: float) -> float:
+    """A floor is never closer to its class's median than ``k`` times the class's spread (across
+    nodes, GPUs and runs): a healthy node must not cross it by chance. With a quiet class it is the
+    configured floor; with a noisy one it is lowered (raised, for times) to that distance.
+
+    >>> noisy_floor(211.5, "higher", 240.0, 0.05 * 240.0, 4.0)
+    192.0
+    """
+    if median is None or median == 0 or spread <= 0:
+        return floor
+    if direction == "higher":
+        return min(floor, median - k * spread)
+    return max(floor, median + k * spread)
 
 
 def relative_noise(own: float | None, baseline: float | None, samples: int, class_noise: float | None) -> float:
