@@ -28,7 +28,7 @@ from healthd.config import Settings, load_settings
 from healthd.errors import BackendError, ConfigError, HealthdError, SlurmError, StoreError
 from healthd.http import HttpApp, HttpServer
 from healthd.judge.metrics import JudgeCollector
-from healthd.judge.persist import judge_collected, load_judge
+from healthd.judge.persist import judge_collected, judge_ingested, load_judge
 from healthd.logging import get_logger, setup_logging
 from healthd.metrics import DaemonMetrics, StoreCollector
 from healthd.model import RunKind
@@ -197,6 +197,9 @@ class Daemon:
 
     def collect(self) -> None:
         self._judge(self.collector.collect())
+        ingested = judge_ingested(self.judge, self.store, now=time.time())
+        if ingested is not None:
+            self.remediator.apply(ingested)
 
     def _judge(self, done: list[Collected]) -> None:
         """Judge the runs just collected, persist verdicts, then let remediation act on them.

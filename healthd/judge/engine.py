@@ -107,6 +107,9 @@ class _Status:
     text: str
 
 
+_NO_STATUS = _Status("missing", 0.0, "", "")
+
+
 class _Selected(NamedTuple):
     m: MeasurementInput
     direction: Direction
@@ -195,7 +198,7 @@ class Judge:
 
         judged: list[RunInput] = []
         for run in sorted(runs, key=lambda r: (r.at, r.run_id)):
-            if run.outcome is Outcome.SKIPPED:
+            if run.outcome is Outcome.SKIPPED or self._seen(run):
                 continue
             touched.update((n, run.probe) for n in run.nodes)
             if run.outcome is Outcome.ERROR:
@@ -252,6 +255,11 @@ class Judge:
                            erring.get((self.node_class(name), probe), 1.0))
         self._request(attributions, now, out)
         return out
+
+    def _seen(self, run: RunInput) -> bool:
+        """Judged before (a batch of ingested runs judged again after a crash): judged once only."""
+        return any(mk.run_id == run.run_id for n in run.nodes for mk in self.marks.get((n, run.probe), ())) or \
+            any(self.status.get((n, run.probe), _NO_STATUS).run_id == run.run_id for n in run.nodes)
 
     def _ingest(self, run: RunInput) -> list[_Selected]:
         if run.outcome is Outcome.FAIL:
