@@ -9,10 +9,14 @@ two; this module imports no store). ``replay`` runs the same code without a stor
 Per run and node: the judged series (``series.select``) go through the three layers, floor
 (``floors``), own baseline (``baseline``) and fleet (``fleet``, including the node's own GPUs
 as peers); a failed probe check is a finding too. A multi-node measurement becomes a group
-record, localised by ``confirm.attribute``. A finding becomes a verdict of ``fail`` (floor,
-check) or ``degraded`` (drift, outlier) only once confirmed (N of M); a drop shared by a large
-part of the class is a fleet event and never a recommendation. ``error`` runs say nothing about
-a node: they never make a finding and never erase one.
+record, localised by ``confirm.attribute``. A hard fault the collector attributed to nodes
+(``hardfault``: GPUs missing, a hang, a crash, a CUDA or NCCL error) is a ``fail`` finding on them,
+or on the group. Thresholds follow each series' noise (``noise``). A finding becomes a verdict of
+``fail`` (floor, check, hard fault) or ``degraded`` (drift, outlier) only once confirmed: N of M
+runs repeat it on the same series, N raised while the class flags results by chance often; a drop
+shared by a large part of the class is a fleet event and never a recommendation. ``error`` runs
+say nothing about a node: they never make a finding and never erase one (a node erring again and
+again while its class passes gets the ``error`` verdict ``repeated_errors``).
 """
 
 from __future__ import annotations

@@ -231,26 +231,9 @@ class JudgementStore(Database):
     def judge_history(self, *, since: float = 0.0, until: float = float("inf")) -> list[RunInput]:
         """Finished runs in [since, until] by finish time, with nodes, measurements and failed checks, as
         the judge takes them (replay's input)."""
-        params = (since, until if until != float("inf") else 1e300)
-        measurements: dict[str, list[MeasurementInput]] = {}
-        failed: dict[str, list[CheckInput]] = {}
-        with self._lock:
-            runs = self._query(
-                "SELECT r.run_id, r.probe, r.kind, r.outcome, r.reason, r.finished_at AS at,"
-                " (SELECT json_group_array(node) FROM run_nodes n WHERE n.run_id = r.run_id) AS nodes"
-                " FROM runs r WHERE r.state = 'finished' AND r.finished_at >= ? AND r.finished_at <= ?"
-                " ORDER BY r.finished_at, r.run_id", params)
-            for m in self._query(
-                "SELECT m.run_id, m.node, m.name, m.labels, m.value FROM measurements m JOIN runs r"
-                " ON r.run_id = m.run_id WHERE r.state = 'finished' AND r.finished_at >= ? AND r.finished_at <= ?"
-                " ORDER BY m.id", params):
-                measurements.setdefault(m["run_id"], []).append(
-                    MeasurementInput(m["name"], m["value"], json.loads(m["labels"]), m["node"]))
-            for c in self._query(
-                "SELECT c.* FROM checks c JOIN runs r ON r.run_id = c.run_id WHERE c.ok = 0"
-                " AND r.state = 'finished' AND r.finished_at >= ? AND r.finished_at <= ?", params):
-                failed.setdefault(c["run_id"], []).append(CheckInput(c["name"], c["detail"], c["node"], c["gpu"]))
-        return [_run_input(r, measurements, failed) for r in runs]
+        return [run for _, run in self._run_inputs(
+            "r.state = 'finished' AND r.finished_at >= ? AND r.finished_at <= ?", "r.finished_at, r.run_id",
+            (since, until if until != float("inf") else 1e300))]
 
     def ingest_watermark(self) -> int | None:
         """The store position (``runs`` rowid) of the last ingested run the daemon has judged; ``None``
@@ -262,21 +245,24 @@ class JudgementStore(Database):
         """Finished ingested runs stored after position ``after``, in the order they were stored, with
         their position (``healthd ingest`` may store a file of last week now: the position, not the
         finish time, says what is new)."""
+        return self._run_inputs("r.kind = 'ingest' AND r.state = 'finished' AND r.rowid > ?", "r.rowid LIMIT ?",
+                                (after, limit))
+
+    def _run_inputs(self, where: str, order: str, params: tuple[object, ...]) -> list[tuple[int, RunInput]]:
+        """(store position, run as the judge takes it) of the runs ``r`` matching ``where``, in ``order``."""
+        chosen = f"SELECT r.run_id FROM runs r WHERE {where} ORDER BY {order}"
         measurements: dict[str, list[MeasurementInput]] = {}
         failed: dict[str, list[CheckInput]] = {}
         with self._lock:
             runs = self._query(
                 "SELECT r.rowid AS pos, r.run_id, r.probe, r.kind, r.outcome, r.reason, r.finished_at AS at,"
                 " (SELECT json_group_array(node) FROM run_nodes n WHERE n.run_id = r.run_id) AS nodes"
-                " FROM runs r WHERE r.kind = 'ingest' AND r.state = 'finished' AND r.rowid > ?"
-                " ORDER BY r.rowid LIMIT ?", (after, limit))
-            ids = [r["run_id"] for r in runs]
-            marks = ",".join("?" for _ in ids)
-            for m in self._query(f"SELECT run_id, node, name, labels, value FROM measurements WHERE run_id IN ({marks})"
-                                 " ORDER BY id", ids) if ids else ():
+                f" FROM runs r WHERE {where} ORDER BY {order}", params)
+            for m in self._query(f"SELECT m.run_id, m.node, m.name, m.labels, m.value FROM measurements m"
+                                 f" WHERE m.run_id IN ({chosen}) ORDER BY m.id", params):
                 measurements.setdefault(m["run_id"], []).append(
                     MeasurementInput(m["name"], m["value"], json.loads(m["labels"]), m["node"]))
-            for c in self._query(f"SELECT * FROM checks WHERE ok = 0 AND run_id IN ({marks})", ids) if ids else ():
+            for c in self._query(f"SELECT c.* FROM checks c WHERE c.ok = 0 AND c.run_id IN ({chosen})", params):
                 failed.setdefault(c["run_id"], []).append(CheckInput(c["name"], c["detail"], c["node"], c["gpu"]))
         return [(int(r["pos"]), _run_input(r, measurements, failed)) for r in runs]
 
