@@ -23,10 +23,23 @@ NCCL = ("rank 1 (node n1) failed in phase 'nccl.all_reduce': DistBackendError: N
         "rank 4 (node n2) failed in phase 'nccl.all_reduce': DistBackendError: NCCL error: ncclRemoteError: "
         "remote process exited")
 GPUS = "LaunchError: 8 ranks on this node but 7 GPUs visible to rank 7: use one GPU per rank"
+# what real probes wrote (2 ranks, gloo on CPU, HEALTHD_PROBE_FAULT=hang:1 / crash:1), the node names set
+REAL_HANG = ("rank 1 (node n2) was stuck in phase 'probe.start' while rank 0 reached "
+             "'nccl.all_reduce.8192.in_place.warmup'; rank 0 (node n1) failed in phase "
+             "'nccl.all_reduce.8192.in_place.warmup': RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/"
+             "transport/tcp/unbound_buffer.cc:78] Timed out waiting 11187ms for recv operation to complete; "
+             "launcher: rank 1 exited with code 1: [probes] rank 1: rank 0 is gone")
+REAL_CRASH = ("rank 1 (node n2) died without reporting an error, in phase 'probe.start'; rank 0 (node n1) failed in "
+              "phase 'probe.start': RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/"
+              "pair.cc:553] Connection closed by peer [127.0.0.1]:26336. This is typically caused by a remote "
+              "worker crashing.; "
+              "launcher: rank 1 exited with code 86: [probes] rank 1: injected crash (86)")
 
 
 @pytest.mark.parametrize(("text", "nodes", "code", "culprits"), [
     (STUCK, PAIR, ReasonCode.HANG, ("n2",)),
+    (REAL_HANG, PAIR, ReasonCode.HANG, ("n2",)),
+    (REAL_CRASH, PAIR, ReasonCode.CRASH, ("n2",)),
     (DIED, PAIR, ReasonCode.CRASH, ("n2",)),
     (CUDA, PAIR, ReasonCode.CUDA_ERROR, ("n2",)),
     (NCCL, PAIR, ReasonCode.NCCL_ERROR, ("n1",)),  # n2 only reported its peer's failure
