@@ -7,12 +7,13 @@ failed in phase ...: <error>``) or the launch error (``8 ranks on this node but 
 ``classify`` turns such a text into a ``HardFault`` when the evidence points at nodes of the run:
 
 - ``gpus_missing``: the probe started on the node and found fewer GPUs than it needs;
-- ``hang``: a rank stuck in the measurement phase while others went on (or every rank stuck in a
-  collective of a multi-node run: the group is suspect, localisation finds the node);
+- ``hang``: a rank stuck in the measurement phase while others went on (every rank stuck in the
+  same phase is no evidence: a probe too slow for its timeout on a loaded node looks just so);
 - ``crash``: a rank that died without a word in the measurement phase;
 - ``cuda_error`` / ``nccl_error``: a CUDA or NCCL error on the node's ranks (not a peer's failure
   reported remotely).
 
+When every node of a multi-node run is named, the group is suspect (localisation finds the node).
 Anything else (submit refused, no result file, launcher or image missing, a rank that never
 joined, a rank lost in start-up, a plain timeout) is not the node's: ``classify`` returns ``None``
 and the run stays ``error``. The collector writes the fault into the run's reason
@@ -36,7 +37,6 @@ the node by a hang or a crash (the launcher, the store or the image may be at fa
 
 _WHO = r"rank (?P<rank>\d+) \(node (?P<node>[^)\s]+)\)"
 _STUCK = re.compile(_WHO + r" was stuck in phase (?P<phase>'[^']*'|start-up)")
-_ALL_STUCK = re.compile(r"all \d+ ranks stuck in phase (?P<phase>'[^']*'|start-up)")
 _DIED = re.compile(_WHO + r" died without reporting an error, in phase (?P<phase>'[^']*'|start-up)")
 _FAILED = re.compile(_WHO + r" failed in phase (?P<phase>'[^']*'|start-up): (?P<error>.*)")
 _GPUS = re.compile(r"\d+ ranks on this node but \d+ GPUs visible|no CUDA device is visible"
@@ -83,8 +83,6 @@ def classify(text: str, nodes: Sequence[str]) -> HardFault | None:
     for line in (part.strip() for part in text.split("; ")):
         code, node = _line(line)
         if code is None:
-            if _ALL_STUCK.search(line) and not _start_up(_ALL_STUCK.search(line)):
-                group = group or ReasonCode.HANG
             continue
         if node is None:
             if len(members) == 1:
