@@ -62,6 +62,7 @@ from healthd.judge.model import (
 )
 from healthd.judge.noise import (
     EXTRA_RETESTS,
+    OWN_SPREAD_MIN,
     k_for,
     noisy_floor,
     relative_noise,
@@ -141,6 +142,10 @@ class Judge:
         self.pools: dict[tuple[str, SeriesKey], dict[tuple[str, SeriesKey], tuple[float, float]]] = defaultdict(dict)
         self.marks: dict[tuple[str, str], list[Mark]] = {}
         self.status: dict[tuple[str, str], _Status] = {}
+        self._unsettled: set[tuple[str, str]] = set()
+        """(node, probe) passing now, with an earlier finding in the window that more runs could still
+        confirm: re-probed until it is confirmed or drops out (a fault seen in 2 of 3 runs is found now,
+        not a probe interval later)."""
         self._class_noise: dict[tuple[str, SeriesKey], float | None] | None = None
         """(class, series without ``gpu``) → typical relative run-to-run noise (built once per evaluation)."""
         self.flag_rates: dict[tuple[str, str, bool], list[int]] = defaultdict(lambda: [0, 0])
@@ -191,6 +196,7 @@ class Judge:
                   resets: Mapping[str, float] | None) -> JudgeOutput:
         out = JudgeOutput(at=now)
         self._class_noise = None
+        self._unsettled = set()
         for node in nodes:
             self.classes[node.name] = class_of(node)
         if nodes:
@@ -348,7 +354,8 @@ class Judge:
                     if class_noise is None and stats is not None and stats.median:
                         class_noise = stats.spread / abs(stats.median)
                     noise = relative_noise(st.spread, st.baseline, len(st.accepted), class_noise)
-                    f = drift(key, m.value, base, direction, fraction=self.drift_fraction, spread_k=s.baseline.spread_k,
+                    spread_k = s.baseline.spread_k if len(st.accepted) >= OWN_SPREAD_MIN else 0.0
+                    f = drift(key, m.value, base, direction, fraction=self.drift_fraction, spread_k=spread_k,
                               noise_allowed=k * noise)
                     if f is not None:
                         found.append(f)
@@ -383,10 +390,10 @@ class Judge:
 
     def class_noise(self, cls: str, fkey: SeriesKey) -> float | None:
         """The class's typical relative run-to-run noise of a series (GPUs pooled), from its nodes'
-        own histories (``baseline.min_samples`` passing results or more); ``None`` before any."""
+        own histories (``baseline.min_samples`` passing results or more, at least 3); ``None`` before any."""
         if self._class_noise is None:
             spreads: dict[tuple[str, SeriesKey], list[float]] = defaultdict(list)
-            need = max(self.settings.baseline.min_samples, 5)
+            need = max(self.settings.baseline.min_samples, 3)
             for (node, key), st in self.series.items():
                 if st.spread is not None and st.baseline and len(st.accepted) >= need:
                     spreads[(self.node_class(node), key.without("gpu"))].append(
@@ -712,6 +719,8 @@ class Judge:
         else:
             verdict = Verdict(node, probe, Outcome.PASS, PASS_TEXT, ReasonCode.OK.value,
                               (latest.run_id,) if latest else (), {}, at)
+        if verdict.outcome is Outcome.PASS and bad_n and _may_confirm(marks[-window:], bad_n, need, window):
+            self._unsettled.add((node, probe))
         old = self.verdicts.get((node, probe))
         if old is None or (old.outcome, old.reason_code, old.reason) != (verdict.outcome, verdict.reason_code,
                                                                           verdict.reason):
@@ -758,6 +767,8 @@ class Judge:
             kind: Literal["reprobe", "localise"] = "localise" if v.reason_code == ReasonCode.LOCALISED.value \
                 else "reprobe"
             ask(kind, probe, (node,), v.reason)
+        for node, probe in sorted(self._unsettled):
+            ask("reprobe", probe, (node,), "an earlier finding is neither confirmed nor cleared yet")
         for probe, attribution in sorted(attributions.items()):
             for record, cands in attribution.unresolved:
                 if record.at < now - c.window_s:
@@ -889,6 +900,12 @@ class Judge:
                 self.verdicts[(verdict.node, verdict.probe)] = verdict
             for name, at in state.resets:
                 self.resets[name] = max(self.resets.get(name, float("-inf")), at)
+
+
+def _may_confirm(last: Sequence[Mark], flagged: int, need: int, window: int) -> bool:
+    """Whether ``window - len(last[first flagged:])`` more runs could still bring ``flagged`` to ``need``."""
+    first = next((i for i, mk in enumerate(last) if mk.severity >= Severity.DEGRADED), len(last))
+    return flagged + window - (len(last) - first) >= need
 
 
 def _flat(evidence: Mapping[str, object], top: Finding | None) -> dict[str, float | str]:

@@ -79,18 +79,23 @@ def noisy_floor(floor: float, direction: str, median: float | None, spread: floa
     return max(floor, median + k * spread)
 
 
+OWN_SPREAD_MIN = 6
+"""A node's own spread counts from this many passing results (from 3 it is a guess: 0.3-2 x the truth)."""
+
+
 def relative_noise(own: float | None, baseline: float | None, samples: int, class_noise: float | None) -> float:
     """The run-to-run noise of one node's series relative to its baseline: the wider of the node's own
-    spread and its class's typical one, widened for the error of a baseline of ``samples`` values."""
-    own_rel = abs(own / baseline) if own is not None and baseline else 0.0
+    spread (once it rests on ``OWN_SPREAD_MIN`` results) and its class's typical one, widened for the
+    error of a baseline of ``samples`` values."""
+    own_rel = abs(own / baseline) if own is not None and baseline and samples >= OWN_SPREAD_MIN else 0.0
     sigma = max(own_rel, class_noise or 0.0)
     return sigma * math.sqrt(1.0 + math.pi / 2.0 / max(samples, 1))
 
 
 def unbiased(spread: float, samples: int) -> float:
     """1.4826 x MAD of a handful of normal values is, in the median, ~(1 - 1.25 / n) x the standard
-    deviation (0.75 for 5 values, 0.88 for 10): scaled back."""
-    return spread / max(0.5, 1.0 - 1.25 / max(samples, 1))
+    deviation (0.53 for 3 values, 0.75 for 5, 0.88 for 10): scaled back."""
+    return spread / (0.534 if samples <= 3 else 1.0 - 1.25 / samples)
 
 
 def typical(spreads: list[float]) -> float | None:
