@@ -14,7 +14,7 @@ from __future__ import annotations
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -30,35 +30,11 @@ from healthd.model import Outcome, ProbeJob, RunKind
 from healthd.planning import PlanLimits, new_run_id, plan
 from healthd.remediation import Remediator
 from healthd.store import Store
-from tests.integration.conftest import SlurmTestCluster
+from tests.integration.conftest import SlurmTestCluster, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 ARGS = ("--sizes", "64K", "--warmup", "1", "--iters", "3")
 PROBES = {"nccl": ProbeSettings(interval_s=3600.0, timeout_s=40.0, nodes_per_job=2, args=list(ARGS))}
-
-
-def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> object:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-@pytest.fixture
-def cluster(slurm_cluster: SlurmTestCluster) -> Iterator[SlurmTestCluster]:
-    def reset() -> None:
-        slurm_cluster.command("scancel", "--user=root")
-        for node in slurm_cluster.nodes:
-            slurm_cluster.command("scontrol", "update", f"nodename={node}", "state=resume")
-        wait_for(lambda: set(slurm_cluster.command("sinfo", "-h", "-N", "-p", "batch", "-o", "%t").stdout.split())
-                 == {"idle"}, 60, "all nodes idle")
-
-    reset()
-    yield slurm_cluster
-    reset()
 
 
 class Rig:
