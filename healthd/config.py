@@ -279,6 +279,10 @@ class ConfirmSettings(_Section):
     """A node with a confirmed finding is re-probed (while idle) this often, instead of at its probe's
     interval, so that a repair is seen within minutes and the finding, its alert and recommendation
     clear; 0: only at the probe's interval."""
+    error_streak: int = Field(default=3, ge=1)
+    """A node whose probe errored this many times in a row while at most ``error_class_share`` of its
+    class errs gets an ``error`` verdict with reason ``repeated_errors`` (a finding; never a drain)."""
+    error_class_share: Fraction = 0.2
 
     @model_validator(mode="after")
     def _n_le_m(self) -> ConfirmSettings:
@@ -294,6 +298,11 @@ class JudgeSettings(_Section):
     """Also use the packaged floor table (``healthd/judge/floors.toml``)."""
     noise_band: Fraction = 0.03
     """Expected run-to-run spread; no deviation smaller than twice this is ever flagged."""
+    false_drains_per_1000_node_days: float = Field(default=0.1, gt=0)
+    """The false drains healthd may make, on average, per 1,000 node-days: each threshold is at least
+    k x the series' noise, k derived from this and the number of tests (``healthd.judge.noise``)."""
+    runs_per_node_day: float = Field(default=48.0, gt=0)
+    """Judged runs of one probe per node and day (about 86400 / the probes' ``interval_s``, plus re-probes)."""
     baseline: BaselineSettings = BaselineSettings()
     fleet: FleetSettings = FleetSettings()
     confirm: ConfirmSettings = ConfirmSettings()
