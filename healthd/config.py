@@ -50,6 +50,12 @@ def default_state_dir() -> Path:
 class HttpSettings(_Section):
     host: str = "0.0.0.0"
     port: int = Field(default=9469, ge=0, le=65535)
+    web_config_file: Path | None = None
+    """TLS and basic auth, in Prometheus exporter-toolkit's web config format (``healthd.webconfig``)."""
+    workers: int = Field(default=8, ge=1, le=256)
+    request_timeout_s: float = Field(default=10.0, ge=0.1, le=300)
+    """An idle connection is closed, and a socket read or write gives up, after this long."""
+    max_connections: int = Field(default=4096, ge=16, le=1_000_000)
 
 
 class StoreSettings(_Section):

@@ -37,6 +37,7 @@ from healthd.remediation import Remediator, recommendations_document
 from healthd.sdnotify import Notifier
 from healthd.store import Store
 from healthd.store.rows import RunRow
+from healthd.webconfig import BasicAuth, WebConfig, load_web_config
 
 log = get_logger(__name__)
 
@@ -57,6 +58,7 @@ class Daemon:
         self.notifier = Notifier()
         if problem := results_dir_problem(settings.results_dir):
             raise ConfigError(problem)
+        web = load_web_config(settings.http.web_config_file) if settings.http.web_config_file else WebConfig()
         try:
             settings.results_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
         except OSError as exc:
@@ -80,8 +82,12 @@ class Daemon:
             on_error=lambda kind: self.metrics.errors.labels(kind).inc(),
         )
         routes = {"/api/v1/recommendations": lambda: recommendations_document(self.store, self.settings.remediation)}
-        self.http = HttpServer(HttpApp(self.registry, self.store, self.healthy, routes), settings.http.host,
-                               settings.http.port)
+        self.http = HttpServer(
+            HttpApp(self.registry, self.store, self.healthy, routes, auth=BasicAuth(web.users) if web.users else None),
+            settings.http.host, settings.http.port, tls=web.tls.context() if web.tls else None,
+            workers=settings.http.workers, request_timeout_s=settings.http.request_timeout_s,
+            max_connections=settings.http.max_connections,
+        )
         self.scheduler = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(max_workers=4)},
             job_defaults={"coalesce": True, "max_instances": 1,
