@@ -312,13 +312,29 @@ class Daemon:
         try:
             new, _ = load_settings(self.config_path)
         except ConfigError as exc:
-            self.metrics.errors.labels("config_reload").inc()
-            log.error("config_reload_refused", error=str(exc))
-            self.notifier.ready(status="config reload refused; old config in force")
+            self._reload_refused(str(exc))
+            return
+        except Exception as exc:  # whatever a hostile file does to the parsers, the old config stays
+            self._reload_refused(f"{type(exc).__name__}: {exc}")
             return
         for key in ("http", "store", "backend", "state_dir"):
             if getattr(new, key) != getattr(self.settings, key):
                 log.warning("config_change_needs_restart", key=key)
+        old = self.settings
+        try:
+            self._apply(new)
+        except Exception as exc:
+            log.exception("config_apply_failed")
+            try:
+                self._apply(old)
+            except Exception:
+                log.exception("config_restore_failed")
+            self._reload_refused(f"{type(exc).__name__}: {exc}")
+            return
+        log.info("config_reloaded", config=str(self.config_path))
+        self.notifier.ready(status="config reloaded")
+
+    def _apply(self, new: Settings) -> None:
         self.settings = new
         self.collector.pending_timeout_s = new.slurm.pending_timeout_s
         self.judge.reconfigure(new.judge)
@@ -328,8 +344,11 @@ class Daemon:
                                ("collect", new.scheduler.collect_interval_s),
                                ("housekeeping", new.scheduler.housekeeping_interval_s)):
             self.scheduler.reschedule_job(name, trigger="interval", seconds=interval)
-        log.info("config_reloaded", config=str(self.config_path))
-        self.notifier.ready(status="config reloaded")
+
+    def _reload_refused(self, error: str) -> None:
+        self.metrics.errors.labels("config_reload").inc()
+        log.error("config_reload_refused", error=error)
+        self.notifier.ready(status="config reload refused; old config in force")
 
     def stop(self) -> None:
         """Stop within ``STOP_DEADLINE_S``: no new ticks, local probes killed, HTTP closed, store closed."""

@@ -45,7 +45,7 @@ def test_example_config_documents_the_defaults() -> None:
         ("[http]\nport = 'abc'\n", "http.port", "valid integer"),
         ("[http]\nport = 99999\n", "http.port", "less than or equal to 65535"),
         ("backend = 'kubernetes'\n", "backend", "'auto', 'local' or 'slurm'"),
-        ("[probes.gemm]\ninterval_s = -5\n", "probes.gemm.interval_s", "greater than 0"),
+        ("[probes.gemm]\ninterval_s = -5\n", "probes.gemm.interval_s", "greater than or equal to 0.01"),
         ("[probes.gmm]\n", "probes", "unknown probe(s) ['gmm']"),
         ("[remediation]\nmode = 'yolo'\n", "remediation.mode", "'observe', 'recommend' or 'enforce'"),
         ("[local]\nnode_name = 'bad name;rm'\n", "local.node_name", "is not a node name"),
