@@ -4,7 +4,7 @@ A small WSGI app (GET and HEAD only; optional basic auth) served by ``HttpServer
 accepts connections and waits until each has sent something, a fixed pool of workers answers
 them. An idle connection holds no worker and is closed after ``request_timeout_s``; a request
 that takes longer than twice that is cut off; a full pool answers 503 at once. ``/metrics`` is
-built at most once per ``EXPOSITION_MAX_AGE_S`` and shared by concurrent scrapers.
+built at most once per ``EXPOSITION_MAX_AGE_S`` or store commit and shared by concurrent scrapers.
 """
 
 from __future__ import annotations
@@ -89,35 +89,37 @@ def nodes_document(snap: Snapshot) -> dict[str, Any]:
 
 
 class ExpositionCache:
-    """The ``/metrics`` body per content type (and its gzip), rebuilt at most once per ``max_age_s``.
+    """The ``/metrics`` body per content type (and its gzip), rebuilt when it is ``max_age_s`` old or
+    ``version()`` (the store's data version) has changed since it was built.
 
     Concurrent scrapers wait for the one build in progress and share its bytes.
     """
 
     def __init__(self, registry: CollectorRegistry, max_age_s: float = EXPOSITION_MAX_AGE_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, version: Callable[[], object] = lambda: None) -> None:
         self._registry = registry
         self._max_age_s = max_age_s
         self._clock = clock
+        self._version = version
         self._lock = threading.Lock()
-        self._plain: dict[str, tuple[float, bytes]] = {}
+        self._plain: dict[str, tuple[float, object, bytes]] = {}
         self._gzip: dict[str, tuple[float, bytes]] = {}
         self.builds = 0
 
     def get(self, accept: str, want_gzip: bool) -> tuple[bytes, str]:
         encoder, ctype = choose_encoder(accept)
         with self._lock:
-            now = self._clock()
+            now, version = self._clock(), self._version()
             plain = self._plain.get(ctype)
-            if plain is None or now - plain[0] >= self._max_age_s:
-                plain = (now, encoder(self._registry))
+            if plain is None or now - plain[0] >= self._max_age_s or plain[1] != version:
+                plain = (now, version, encoder(self._registry))
                 self._plain[ctype] = plain
                 self.builds += 1
             if not want_gzip:
-                return plain[1], ctype
+                return plain[2], ctype
             packed = self._gzip.get(ctype)
             if packed is None or packed[0] != plain[0]:
-                packed = (plain[0], gzip.compress(plain[1], compresslevel=6))
+                packed = (plain[0], gzip.compress(plain[2], compresslevel=6))
                 self._gzip[ctype] = packed
             return packed[1], ctype
 
@@ -137,7 +139,7 @@ class HttpApp:
         *,
         auth: BasicAuth | None = None,
     ) -> None:
-        self._exposition = ExpositionCache(registry)
+        self._exposition = ExpositionCache(registry, version=store.data_version)
         self._metrics_filtered = make_wsgi_app(registry)
         self._store = store
         self._healthy = healthy
@@ -256,7 +258,8 @@ class HttpServer:
 
     def stop(self) -> None:
         self._stopping.set()
-        self._thread.join(timeout=5)
+        if self._thread.ident is not None:
+            self._thread.join(timeout=5)
         self._pool.shutdown(wait=False, cancel_futures=True)
         with self._active_lock:
             for conn in self._active:

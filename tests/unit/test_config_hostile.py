@@ -33,38 +33,6 @@ def write(tmp_path: Path, text: str | bytes, name: str = "healthd.toml") -> Path
     return path
 
 
-@pytest.mark.parametrize(
-    ("text", "key", "message"),
-    [
-        ("[scheduler]\ncollect_interval_s = 1e20\n", "scheduler.collect_interval_s", "less than or equal"),
-        ("[scheduler]\nplan_interval_s = nan\n", "scheduler.plan_interval_s", "finite number"),
-        ("[scheduler]\nplan_interval_s = 0.0001\n", "scheduler.plan_interval_s", "greater than or equal"),
-        ("[probes.gemm]\ntimeout_s = inf\n", "probes.gemm.timeout_s", "finite number"),
-        ("[probes.gemm]\njitter_s = 1e300\n", "probes.gemm.jitter_s", "less than or equal"),
-        ("[probes.gemm]\nnodes_per_job = 100000000000000000000\n", "probes.gemm.nodes_per_job", "less than"),
-        ("[store]\nretention_days = inf\n", "store.retention_days", "finite number"),
-        ("[remediation]\nbreaker_cooldown_s = -inf\n", "remediation.breaker_cooldown_s", "finite number"),
-        ("[judge.baseline]\nspread_k = nan\n", "judge.baseline.spread_k", "finite number"),
-        ("[slurm]\ncommand_timeout_s = 1e20\n", "slurm.command_timeout_s", "less than or equal"),
-        ("[http]\nrequest_timeout_s = inf\n", "http.request_timeout_s", "finite number"),
-        ('[slurm]\npartition = "gpu debug"\n', "slurm.partition", "should match pattern"),
-        ("[slurm]\nqos = \"it's\"\n", "slurm.qos", "should match pattern"),
-        ('[slurm]\naccount = "ops\\nx"\n', "slurm.account", "should match pattern"),
-        ('[slurm]\nreservation = "a b"\n', "slurm.reservation", "should match pattern"),
-        ('[slurm]\nextra_sbatch_args = ["--comment=two words"]\n', "slurm.extra_sbatch_args.0", "pattern"),
-        ('[slurm]\nextra_sbatch_args = ["hold"]\n', "slurm.extra_sbatch_args.0", "pattern"),
-        ('[slurm]\nextra_sbatch_args = ["--comment=\\"x\\""]\n', "slurm.extra_sbatch_args.0", "pattern"),
-        ('[remediation]\nreason_prefix = "health\\nd:"\n', "remediation.reason_prefix", "pattern"),
-        ('[remediation]\nreason_prefix = "two words:"\n', "remediation.reason_prefix", "pattern"),
-    ],
-)
-def test_out_of_range_or_unsafe_values_are_refused(tmp_path: Path, text: str, key: str, message: str) -> None:
-    with pytest.raises(ConfigError) as err:
-        load_settings(write(tmp_path, text))
-    line = next(line for line in str(err.value).splitlines() if line.strip().startswith(key + ":"))
-    assert message in line
-
-
 def test_what_slurm_accepts_is_accepted(tmp_path: Path) -> None:
     settings, _ = load_settings(write(tmp_path, '[slurm]\npartition = "gpu,debug"\nqos = "high-prio_1.x"\n'
                                                 'account = "ops"\nreservation = "maint,healthd"\n'

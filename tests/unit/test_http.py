@@ -62,6 +62,12 @@ def request(port: int, method: str = "GET", path: str = "/metrics", headers: dic
         conn.close()
 
 
+def test_stop_without_start(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    HttpServer(HttpApp(CollectorRegistry(), store, lambda: (True, "ok")), "127.0.0.1", 0).stop()
+    store.close()
+
+
 def test_get_and_head(serve: ServerFactory) -> None:
     port = serve().port
     status, headers, body = request(port)
@@ -103,6 +109,26 @@ def test_exposition_built_once_per_interval() -> None:
     assert b"c_total 1.0" in cache.get("", False)[0]
     assert cache.builds == 2
     assert cache.get("application/openmetrics-text; version=1.0.0", False)[1].startswith("application/openmetrics")
+
+
+def test_exposition_rebuilt_after_a_store_commit(tmp_path: Path) -> None:
+    registry = CollectorRegistry()
+    counter = Counter("c_total", "c", registry=registry)
+    store = Store(tmp_path / "s.sqlite")
+    try:
+        cache = ExpositionCache(registry, max_age_s=3600.0, version=store.data_version)
+        assert b"c_total 0.0" in cache.get("", False)[0]
+        counter.inc()
+        assert b"c_total 0.0" in cache.get("", False)[0]
+        store.bump_counter("x", {})
+        assert b"c_total 1.0" in cache.get("", False)[0]
+        other = Store(tmp_path / "s.sqlite")
+        counter.inc()
+        other.bump_counter("x", {})
+        other.close()
+        assert b"c_total 2.0" in cache.get("", False)[0]
+    finally:
+        store.close()
 
 
 def _hash(password: str) -> str:
@@ -251,3 +277,31 @@ def test_many_concurrent_scrapers(serve: ServerFactory) -> None:
         thread.join()
     assert errors == []
     assert done[0] >= 50
+
+
+def test_check_config_and_the_daemon_validate_the_web_config(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from healthd.cli import main
+    from healthd.config import load_settings
+    from healthd.daemon import Daemon
+
+    web = tmp_path / "web.yml"
+    config = tmp_path / "healthd.toml"
+    config.write_text(f'backend = "local"\nstate_dir = "{tmp_path / "state"}"\n'
+                      f'[http]\nhost = "127.0.0.1"\nport = 0\nweb_config_file = "{web}"\n')
+    web.write_text("basic_auth_users:\n  prometheus: secret\n")
+    assert main(["check-config", "--config", str(config)]) == 2
+    assert "not a bcrypt hash" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="not a bcrypt hash"):
+        Daemon(load_settings(config)[0], config)
+    web.write_text(f"basic_auth_users:\n  prometheus: '{_hash('pw')}'\n")
+    assert main(["check-config", "--config", str(config)]) == 0
+    assert "web config OK" in capsys.readouterr().out
+    daemon = Daemon(load_settings(config)[0], config)
+    try:
+        daemon.http.start()
+        assert request(daemon.http.port, path="/healthz")[0] == 401
+        assert request(daemon.http.port, path="/api/v1/runs", headers=_basic("prometheus", "pw"))[0] == 200
+    finally:
+        daemon.http.stop()
+        daemon.store.close()
