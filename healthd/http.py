@@ -1,9 +1,10 @@
 """The HTTP endpoint: ``/metrics``, ``/healthz`` and the JSON API under ``/api/v1/``.
 
 A small WSGI app (GET and HEAD only; optional basic auth) served by ``HttpServer``: one thread
-accepts connections and waits until each has sent something, a fixed pool of workers answers
-them. An idle connection holds no worker and is closed after ``request_timeout_s``; a request
-that takes longer than twice that is cut off; a full pool answers 503 at once. ``/metrics`` is
+accepts connections and reads each request's head without blocking (the TLS handshake too); a
+fixed pool of workers answers complete requests. An idle or slow client holds no worker and is
+closed when its request has not arrived within ``request_timeout_s``; an answer that takes longer
+than twice that is cut off; a full pool answers 503 at once. ``/metrics`` is
 built at most once per ``EXPOSITION_MAX_AGE_S`` or store commit and shared by concurrent scrapers.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import gzip
+import io
 import json
 import selectors
 import socket
@@ -20,7 +22,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, cast
 from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
@@ -42,6 +45,7 @@ EXPOSITION_MAX_AGE_S = 1.0
 ALLOWED_METHODS = ("GET", "HEAD")
 LISTEN_BACKLOG = 1024
 MAX_QUEUED = 256
+MAX_HEAD_BYTES = 64 * 1024
 _ACCEPT_BATCH = 64
 
 
@@ -224,6 +228,58 @@ _BUSY = (b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain\r\nConte
          b"Retry-After: 1\r\nConnection: close\r\n\r\nbusy\n")
 
 
+@dataclass
+class _Conn:
+    """A connection whose request head is still arriving."""
+
+    sock: socket.socket
+    addr: Any
+    since: float
+    head: bytearray = field(default_factory=bytearray)
+    handshaken: bool = False
+
+    def advance(self) -> bool | None:
+        """Read what has arrived: True once the head is complete, False when the peer is gone, None to wait."""
+        try:
+            if not self.handshaken:
+                cast(ssl.SSLSocket, self.sock).do_handshake()
+                self.handshaken = True
+            while True:
+                chunk = self.sock.recv(16384)
+                if not chunk:
+                    return False
+                self.head += chunk
+                if b"\r\n\r\n" in self.head or b"\n\n" in self.head or len(self.head) > MAX_HEAD_BYTES:
+                    return True
+        except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            return None
+        except OSError:
+            return False
+
+
+class _Request:
+    """What the handler reads is the head already read; what it writes goes to the socket."""
+
+    def __init__(self, sock: socket.socket, head: bytes) -> None:
+        self._sock = sock
+        self._head = head
+
+    def makefile(self, mode: str = "rb", buffering: int = -1) -> io.BytesIO:
+        """The request's reader (the handler writes through ``sendall``: ``wbufsize`` is 0)."""
+        if "r" not in mode:
+            raise ValueError(f"the request is read-only through makefile, not {mode!r}")
+        return io.BytesIO(self._head)
+
+    def settimeout(self, value: float | None) -> None:
+        self._sock.settimeout(value)
+
+    def sendall(self, data: bytes) -> None:
+        self._sock.sendall(data)
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+
 class HttpServer:
     """Serves ``app`` on ``host:port`` in a background thread; ``port=0`` picks a free one.
 
@@ -251,6 +307,7 @@ class HttpServer:
         self._active: dict[socket.socket, float] = {}
         self._active_lock = threading.Lock()
         self._stopping = threading.Event()
+        self._warned_at = -1e9
         self._thread = threading.Thread(target=self._serve, name="http", daemon=True)
 
     def start(self) -> None:
@@ -268,7 +325,7 @@ class HttpServer:
 
     def _serve(self) -> None:
         listener = self._server.socket
-        waiting: dict[socket.socket, tuple[float, Any]] = {}
+        waiting: dict[socket.socket, _Conn] = {}
         with selectors.DefaultSelector() as sel:
             sel.register(listener, selectors.EVENT_READ, None)
             while not self._stopping.is_set():
@@ -276,90 +333,99 @@ class HttpServer:
                     if key.data is None:
                         self._accept(listener, sel, waiting)
                         continue
-                    conn: socket.socket = key.fileobj  # type: ignore[assignment]
-                    sel.unregister(conn)
-                    waiting.pop(conn, None)
-                    self._dispatch(conn, key.data)
+                    conn: _Conn = key.data
+                    done = conn.advance()
+                    if done is None:
+                        continue
+                    sel.unregister(conn.sock)
+                    del waiting[conn.sock]
+                    if done:
+                        self._dispatch(conn)
+                    else:
+                        conn.sock.close()
                 self._expire(sel, waiting)
-            for conn in waiting:
-                conn.close()
+            for conn in waiting.values():
+                conn.sock.close()
 
     def _accept(self, listener: socket.socket, sel: selectors.BaseSelector,
-                waiting: dict[socket.socket, tuple[float, Any]]) -> None:
+                waiting: dict[socket.socket, _Conn]) -> None:
         for _ in range(_ACCEPT_BATCH):
             try:
-                conn, addr = listener.accept()
+                sock, addr = listener.accept()
             except BlockingIOError:
                 return
             except OSError as exc:
+                if time.monotonic() - self._warned_at > 10:
+                    self._warned_at = time.monotonic()
+                    log.warning("http_accept_failed", error=str(exc), waiting=len(waiting))
                 if exc.errno in (errno.EMFILE, errno.ENFILE) and waiting:
-                    log.warning("http_out_of_descriptors", waiting=len(waiting))
                     self._close_oldest(sel, waiting, max(1, len(waiting) // 10))
                     continue
-                log.warning("http_accept_failed", error=str(exc))
                 time.sleep(0.05)
                 return
             if len(waiting) >= self._max_connections:
                 self._close_oldest(sel, waiting, 1)
-            conn.setblocking(False)
-            waiting[conn] = (time.monotonic(), addr)
-            sel.register(conn, selectors.EVENT_READ, addr)
+            sock.setblocking(False)
+            if self._tls is not None:
+                try:
+                    sock = self._tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+                except (OSError, ValueError):
+                    sock.close()
+                    continue
+            conn = _Conn(sock, addr, time.monotonic(), handshaken=self._tls is None)
+            waiting[sock] = conn
+            sel.register(sock, selectors.EVENT_READ, conn)
 
     @staticmethod
-    def _close_oldest(sel: selectors.BaseSelector, waiting: dict[socket.socket, tuple[float, Any]], n: int) -> None:
-        for conn in list(waiting)[:n]:
-            sel.unregister(conn)
-            del waiting[conn]
-            conn.close()
+    def _close_oldest(sel: selectors.BaseSelector, waiting: dict[socket.socket, _Conn], n: int) -> None:
+        for sock in list(waiting)[:n]:
+            sel.unregister(sock)
+            del waiting[sock]
+            sock.close()
 
-    def _expire(self, sel: selectors.BaseSelector, waiting: dict[socket.socket, tuple[float, Any]]) -> None:
+    def _expire(self, sel: selectors.BaseSelector, waiting: dict[socket.socket, _Conn]) -> None:
         now = time.monotonic()
-        stale = [conn for conn, (since, _) in waiting.items() if now - since > self._timeout_s]
-        for conn in stale:
-            sel.unregister(conn)
-            del waiting[conn]
-            conn.close()
+        stale = [sock for sock, conn in waiting.items() if now - conn.since > self._timeout_s]
+        for sock in stale:
+            sel.unregister(sock)
+            del waiting[sock]
+            sock.close()
         with self._active_lock:
-            for conn, since in self._active.items():
+            for sock, since in self._active.items():
                 if now - since > 2 * self._timeout_s:
-                    _cut(conn)
+                    _cut(sock)
 
-    def _dispatch(self, conn: socket.socket, addr: Any) -> None:
+    def _dispatch(self, conn: _Conn) -> None:
         if not self._slots.acquire(blocking=False):
-            with contextlib.suppress(OSError):
-                conn.send(_BUSY)
-            conn.close()
+            with contextlib.suppress(OSError, ValueError):
+                conn.sock.send(_BUSY)
+            conn.sock.close()
             return
         try:
-            self._pool.submit(self._handle, conn, addr)
+            self._pool.submit(self._handle, conn)
         except RuntimeError:
             self._slots.release()
-            conn.close()
+            conn.sock.close()
 
-    def _handle(self, conn: socket.socket, addr: Any) -> None:
+    def _handle(self, conn: _Conn) -> None:
+        sock = conn.sock
         with self._active_lock:
-            self._active[conn] = time.monotonic()
-        request = conn
+            self._active[sock] = time.monotonic()
         try:
-            conn.setblocking(True)
-            conn.settimeout(self._timeout_s)
-            if self._tls is not None:
-                request = self._tls.wrap_socket(conn, server_side=True)
-                with self._active_lock:
-                    self._active[request] = self._active.pop(conn)
-            self._server.finish_request(request, addr)
-            self._server.shutdown_request(request)
+            sock.settimeout(self._timeout_s)
+            request = cast(socket.socket, _Request(sock, bytes(conn.head)))
+            self._server.finish_request(request, conn.addr)
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_WR)
         except (OSError, ValueError) as exc:
-            log.debug("http_connection_failed", peer=str(addr), error=str(exc))
+            log.debug("http_connection_failed", peer=str(conn.addr), error=str(exc))
         finally:
             with self._active_lock:
-                self._active.pop(request, None)
-                self._active.pop(conn, None)
-            request.close()
-            conn.close()
+                self._active.pop(sock, None)
+            sock.close()
             self._slots.release()
 
 
-def _cut(conn: socket.socket) -> None:
+def _cut(sock: socket.socket) -> None:
     with contextlib.suppress(OSError):
-        conn.shutdown(socket.SHUT_RDWR)
+        sock.shutdown(socket.SHUT_RDWR)
