@@ -1,9 +1,10 @@
 """``healthd ingest`` (store other tools' output as runs) and ``healthd parse`` (print it, store nothing).
 
 ``ingest`` prints one line per stored run (normally one per file) on stdout and one line per
-file it could not use on stderr; it exits 1 when a file could not be read, held unreadable
-output (stored as an ``error`` run when a node is known) or could not be attributed to a
-node, else 0, whatever the outcomes of the runs it stored.
+file it could not use on stderr, and goes on to the next file whatever went wrong; it exits 1
+when a file could not be read, held unreadable output (stored as an ``error`` run when a node
+is known), could not be attributed to a node or could not be stored, else 0, whatever the
+outcomes of the runs it stored.
 """
 
 from __future__ import annotations
