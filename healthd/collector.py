@@ -23,6 +23,7 @@ import structlog
 
 from healthd.cluster.base import ClusterBackend
 from healthd.errors import BackendError, HealthdError, ParseError, StoreError, StoreUnavailable
+from healthd.judge.hardfault import classify
 from healthd.logging import get_logger
 from healthd.model import JobState, JobStatus, Outcome, ProbeJob, ProbeResult, RunKind
 from healthd.parsers.expand import MAX_REASON_CHARS, expand_result
@@ -176,9 +177,14 @@ def trusted(result: ProbeResult, run: RunRow, job: JobStatus | None, now: float)
     return result.model_copy(update={"started_at": started, "finished_at": finished})
 
 
-def outcome_of(job: JobStatus | None, result: ProbeResult | None, parse_error: str | None) -> tuple[Outcome, str]:
-    """Sort one finished run (pure). A probe that could not run is ``error``, never ``fail``; one that
-    Slurm pre-empted for a user's job is ``skipped`` (the node was taken, nothing is known of it)."""
+def outcome_of(job: JobStatus | None, result: ProbeResult | None, parse_error: str | None,
+               nodes: Sequence[str] = ()) -> tuple[Outcome, str]:
+    """Sort one finished run of ``nodes`` (pure). A probe that could not run is ``error``, never
+    ``fail``; one whose own error document holds evidence against nodes of the run
+    (``healthd.judge.hardfault``: GPUs missing, a hang or a crash in the measurement phase, a CUDA or
+    NCCL error) is ``fail`` with the fault in its reason (without a document nothing is attributed);
+    one that Slurm pre-empted for a user's job is ``skipped`` (the node was taken, nothing is known
+    of it)."""
     if job is not None and job.state is JobState.PREEMPTED:
         return Outcome.SKIPPED, f"pre-empted: {job.reason or 'Slurm gave the node to a job that outranks the probe'}"
     if result is not None:
@@ -188,6 +194,10 @@ def outcome_of(job: JobStatus | None, result: ProbeResult | None, parse_error: s
             return Outcome.ERROR, "job timed out after writing its result"
         if job is not None and result.outcome is Outcome.PASS and (job.state is JobState.FAILED or job.exit_code):
             return Outcome.ERROR, f"the job failed ({job.reason or f'exit code {job.exit_code}'}) after writing a pass"
+        if result.outcome is Outcome.ERROR:
+            fault = classify(result.reason, tuple(nodes) or tuple(result.nodes))
+            if fault is not None:
+                return Outcome.FAIL, fault.reason()
         return result.outcome, result.reason
     if job is not None and job.state is JobState.TIMEOUT:
         return Outcome.ERROR, f"timeout: {job.reason or 'the job ran past its time limit'}"
@@ -325,7 +335,7 @@ class Collector:
             self.on_error("parse")
         if status is None and result is None:
             parse_error = f"{fallback_reason}: {parse_error}"
-        outcome, reason = outcome_of(status, result, parse_error)
+        outcome, reason = outcome_of(status, result, parse_error, run.nodes)
         return self._close(run, outcome, reason, result, started_at=status.started_at if status else None)
 
     def _close(
@@ -382,5 +392,5 @@ class Collector:
             result = trusted(read_result(path, owner=self.owner), run, None, self.clock())
         except ParseError:
             return self._close(run, Outcome.ERROR, "daemon restart: the probe was interrupted", None)
-        outcome, reason = outcome_of(None, result, None)
+        outcome, reason = outcome_of(None, result, None, run.nodes)
         return self._close(run, outcome, reason, result)

@@ -26,7 +26,7 @@ from pydantic_settings import (
 )
 
 from healthd.errors import ConfigError
-from healthd.jobs import MAX_NICE, Launcher, launcher_problems
+from healthd.jobs import DEFAULT_NICE, MAX_NICE, Launcher, launcher_problems
 from healthd.model import validate_node_name
 from probes.catalogue import PROBE_NAMES
 
@@ -202,8 +202,8 @@ class SlurmSettings(_Section):
     pending_timeout_s: PositiveSeconds = 60.0
     """A probe not started after this has lost its node to a user: cancelled, recorded ``skipped``.
     Of the order of one plan interval: a pending probe may hold a node ahead of later user jobs."""
-    nice: int = Field(default=MAX_NICE, ge=0, le=MAX_NICE)
-    """``sbatch --nice``: probes rank below every user job (Slurm's largest adjustment by default)."""
+    nice: int = Field(default=DEFAULT_NICE, ge=0, le=MAX_NICE)
+    """``sbatch --nice``: probes rank below every user job (see ``healthd.jobs.DEFAULT_NICE``)."""
     max_concurrent_jobs: Count = 8
     max_idle_share: float = Field(default=0.25, gt=0, le=1)
     node_classes: list[NodeClassRule] = Field(default_factory=list)
@@ -295,6 +295,14 @@ class ConfirmSettings(_Section):
     """A confirmation or localisation re-probe not run by then is given up (asked again if needed)."""
     partners: int = Field(default=8, ge=1, le=1000)
     """Known-good partners offered to the planner per re-probe of a multi-node probe."""
+    recheck_interval_s: float = Field(default=120.0, ge=0, le=366 * 86400)
+    """A node with a confirmed finding is re-probed (while idle) this often, instead of at its probe's
+    interval, so that a repair is seen within minutes and the finding, its alert and recommendation
+    clear; 0: only at the probe's interval."""
+    error_streak: int = Field(default=3, ge=1, le=1000)
+    """A node whose probe errored this many times in a row while at most ``error_class_share`` of its
+    class errs gets an ``error`` verdict with reason ``repeated_errors`` (a finding; never a drain)."""
+    error_class_share: Fraction = 0.2
 
     @model_validator(mode="after")
     def _n_le_m(self) -> ConfirmSettings:
@@ -310,6 +318,11 @@ class JudgeSettings(_Section):
     """Also use the packaged floor table (``healthd/judge/floors.toml``)."""
     noise_band: Fraction = 0.03
     """Expected run-to-run spread; no deviation smaller than twice this is ever flagged."""
+    false_drains_per_1000_node_days: float = Field(default=0.1, gt=0, le=1000)
+    """The false drains healthd may make, on average, per 1,000 node-days: each threshold is at least
+    k x the series' noise, k derived from this and the number of tests (``healthd.judge.noise``)."""
+    runs_per_node_day: float = Field(default=48.0, gt=0, le=100000)
+    """Judged runs of one probe per node and day (about 86400 / the probes' ``interval_s``, plus re-probes)."""
     baseline: BaselineSettings = BaselineSettings()
     fleet: FleetSettings = FleetSettings()
     confirm: ConfirmSettings = ConfirmSettings()

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobExecutionEvent
 from apscheduler.executors.pool import ThreadPoolExecutor
@@ -28,7 +28,7 @@ from healthd.config import Settings, load_settings
 from healthd.errors import BackendError, ConfigError, HealthdError, SlurmError, StoreError
 from healthd.http import HttpApp, HttpServer
 from healthd.judge.metrics import JudgeCollector
-from healthd.judge.persist import judge_runs, load_judge, run_from_collected
+from healthd.judge.persist import judge_ingested, judge_runs, load_judge, run_from_collected
 from healthd.logging import get_logger, setup_logging
 from healthd.metrics import DaemonMetrics, StoreCollector
 from healthd.model import RunKind
@@ -40,6 +40,7 @@ from healthd.store.rows import RunRow
 from healthd.webconfig import BasicAuth, WebConfig, load_web_config
 
 log = get_logger(__name__)
+_Output = TypeVar("_Output")
 
 STOP_DEADLINE_S = 8.0
 FAILING_TICKS = 3
@@ -75,6 +76,7 @@ class Daemon:
         self.registry.register(StoreCollector(self._snapshot, lambda: self.backend.name))
         self.registry.register(JudgeCollector(self.store))
         self.judge = load_judge(self.store, settings.judge, now=time.time())
+        self._judge_stale = False
         self.remediator = Remediator(self.store, self.backend, settings.remediation)
         self.collector = Collector(
             self.store, self.observed, settings.results_dir,
@@ -195,9 +197,7 @@ class Daemon:
         in_flight = sum(1 for r in runs if not waiting_for_nodes(r, now, s.scheduler.plan_interval_s))
         limits = plan_limits(self.traits, s)
         last_attempts = self.store.last_attempts()
-        priority = self.judge.requests(now, s.probes) + self.judge.recheck_requests(
-            self.remediator.recheck_nodes(), s.probes, last_attempts, now
-        )
+        priority = self.judge.priority_requests(self.remediator.recheck_nodes(), s.probes, last_attempts, now)
         jobs = plan(
             known,
             probes=s.probes,
@@ -223,6 +223,22 @@ class Daemon:
 
     def collect(self) -> None:
         self._judge(self.collector.collect())
+        ingested = self._saving_judgement(lambda: judge_ingested(self.judge, self.store, now=time.time()))
+        if ingested is not None:
+            self.remediator.apply(ingested)
+
+    def _saving_judgement(self, judge: Callable[[], _Output]) -> _Output:
+        """Run ``judge`` (an evaluation and its save). When the save fails the judge in memory is ahead
+        of the store: it is reloaded from the store before it judges again, so the runs left unjudged
+        are judged afresh, not skipped as seen."""
+        if self._judge_stale:
+            self.judge = load_judge(self.store, self.settings.judge, now=time.time())
+            self._judge_stale = False
+        try:
+            return judge()
+        except StoreError:
+            self._judge_stale = True
+            raise
 
     def _judge(self, done: list[Collected]) -> None:
         """Judge the runs just collected, persist verdicts, then let remediation act on them.
@@ -238,7 +254,8 @@ class Daemon:
         if left:
             log.warning("runs_judged_late", runs=len(left), run_ids=[r.run_id for r in left[:10]])
         if left or fresh:
-            self.remediator.apply(judge_runs(self.judge, self.store, left + fresh, now=now))
+            self.remediator.apply(self._saving_judgement(
+                lambda: judge_runs(self.judge, self.store, left + fresh, now=now)))
 
     def housekeeping(self) -> None:
         cutoff = time.time() - self.settings.store.retention_days * 86400

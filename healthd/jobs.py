@@ -149,8 +149,17 @@ def container_mounts(launcher: Launcher, results_dir: Path) -> list[str]:
 
 
 MAX_NICE = 2147483645
-"""The largest ``sbatch --nice`` Slurm accepts: a job with it is scheduled after every job of normal
-priority that could use the same nodes (with ``priority/basic`` (FIFO) and ``priority/multifactor``)."""
+"""The largest ``sbatch --nice`` Slurm accepts."""
+
+DEFAULT_NICE = 1_000_000
+"""healthd's ``sbatch --nice``: below every user job, and not Slurm's largest on purpose.
+
+With ``priority/multifactor`` a job's priority is the weighted sum of its factors minus the nice
+(at least 1): a million is more than the sum at usual weights. With ``priority/basic`` (FIFO) a job
+gets the controller's lowest priority minus one, minus its nice, in 32-bit arithmetic: any nice > 1
+puts a probe behind user jobs submitted after it, and the largest one wraps around once a controller
+restart has left the lowest priority below it (seen on 22.05 after a restart with a probe queued: the
+probe then outranked the users). A million keeps that margin for thousands of such restarts."""
 
 
 @dataclass(frozen=True)
@@ -164,7 +173,7 @@ class LaunchSettings:
     reservation: str | None = None
     extra_sbatch_args: tuple[str, ...] = ()
     pending_timeout_s: float | None = None
-    nice: int = MAX_NICE
+    nice: int = DEFAULT_NICE
     env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     launcher: Launcher = Launcher()
 

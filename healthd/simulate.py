@@ -69,24 +69,41 @@ class ClassSpec(_Model):
     gpu_type: str = "gpu"
     partitions: list[str] = Field(default_factory=lambda: ["gpu"])
     noise: float = Field(default=0.02, ge=0)
+    """Run-to-run noise: the relative standard deviation of every value."""
+    spread: float = Field(default=0.0, ge=0)
+    """Healthy nodes and GPUs differ: persistent per-node and per-GPU offsets (relative standard
+    deviation), drawn once per node, GPU and series."""
+    outlier_rate: float = Field(default=0.0, ge=0, le=1)
+    """Heavy-tailed noise: the share of (run, node) results that are far off for no hardware reason..."""
+    outlier_factor: float = Field(default=0.75, gt=0)
+    """...by this factor (every value of that node in that run)."""
     series: list[SeriesSpec] = Field(default_factory=list)
 
 
 class FaultSpec(_Model):
     """A fault injected on a node (or GPU, or link) from ``from_round`` to ``until_round``."""
 
-    kind: Literal["node", "gpu", "link", "check", "error"]
+    kind: Literal["node", "gpu", "link", "check", "error", "hang", "crash", "gpus_missing", "drift"]
     """``node``: node- and GPU-level values of the node scale by ``factor``; ``gpu``: one GPU's
     values; ``link``: every multi-node value of a job the node is in (with ``peer`` set: only jobs
     with both); ``check``: the probe fails its sanity check on the node; ``error``: the probe
-    cannot run on the node (an infrastructure error, never the node's fault) with ``rate``."""
+    cannot run on the node (an infrastructure error, never the node's fault) with ``rate``;
+    ``hang`` / ``crash``: a rank on the node hangs (the job runs to its timeout) or dies in the
+    measurement phase, with ``rate``; ``gpus_missing``: the node shows ``visible_gpus`` GPUs (every
+    probe fails to start there); ``drift``: like ``node`` with a factor of ``per_round`` compounding
+    every round from ``from_round``."""
     node: str
-    probe: str
+    probe: str = "*"
+    """The probe it affects (``*``: every probe; ``gpus_missing`` always hits every probe)."""
     name: str = "*"
     factor: float = Field(default=1.0, gt=0)
     gpu: int | None = Field(default=None, ge=0)
     peer: str | None = None
     rate: float = Field(default=1.0, gt=0, le=1)
+    visible_gpus: int = Field(default=0, ge=0)
+    """``gpus_missing``: the GPUs the node still shows."""
+    per_round: float = Field(default=0.98, gt=0)
+    """``drift``: the factor applied once more every round."""
     from_round: int = Field(default=1, ge=1)
     until_round: int = Field(default=0, ge=0)
     """Last round of the fault (0: to the end)."""
@@ -100,11 +117,32 @@ class FaultSpec(_Model):
     def active(self, rnd: int) -> bool:
         return self.from_round <= rnd and (self.until_round == 0 or rnd <= self.until_round)
 
+    def hits(self, probe: str) -> bool:
+        return self.kind == "gpus_missing" or fnmatchcase(probe, self.probe)
+
+    def scale(self, rnd: int) -> float:
+        """The factor on the node's values in round ``rnd`` (``node`` and ``drift``)."""
+        if self.kind == "drift":
+            return float(self.per_round ** (rnd - self.from_round + 1))
+        return self.factor
+
+    @property
+    def hard(self) -> bool:
+        return self.kind in HARD_KINDS
+
     def describe(self) -> str:
-        what = {"node": "node", "gpu": "gpu", "link": "link", "check": "check", "error": "error"}[self.kind]
         scale = f" x{self.factor:g}" if self.kind in ("node", "gpu", "link") else ""
+        if self.kind == "drift":
+            scale = f" x{self.per_round:g}/round"
+        elif self.kind == "gpus_missing":
+            return f"gpus_missing ({self.visible_gpus} visible)"
         name = "" if self.name == "*" else f" {self.name.replace('_bytes_per_second', '').replace('_per_second', '')}"
-        return f"{what} {self.probe}{name}{scale}"
+        return f"{self.kind} {self.probe}{name}{scale}"
+
+
+HARD_KINDS = frozenset({"hang", "crash", "gpus_missing"})
+FOUND_KINDS = frozenset({"node", "gpu", "link", "check", "drift"}) | HARD_KINDS
+"""Fault kinds the judge must find (``error`` must never lead to a drain)."""
 
 
 class EventSpec(_Model):
@@ -189,6 +227,14 @@ def load_scenario(path: Path) -> Scenario:
         raise ConfigError("\n".join(lines)) from None
 
 
+def scale_noise(scenario: Scenario, factor: float) -> Scenario:
+    """``scenario`` with every class's ``noise`` multiplied by ``factor`` (``--noise``, for a sweep)."""
+    if factor < 0:
+        raise ConfigError("--noise must not be negative")
+    classes = [c.model_copy(update={"noise": c.noise * factor}) for c in scenario.classes]
+    return scenario.model_copy(update={"classes": classes})
+
+
 def scenario_settings(scenario: Scenario, state_dir: Path) -> Settings:
     data = dict(scenario.healthd)
     data["state_dir"] = str(state_dir)
@@ -215,6 +261,8 @@ class _SimJob:
     start: float
     end: float
     result_written: bool = False
+    fault: str | None = None
+    """The reason of the error document a hard fault makes the probe write (decided at submit)."""
 
 
 class SimCluster:
@@ -266,7 +314,9 @@ class SimCluster:
         self._next += 1
         job_id = f"sim{self._next}"
         duration = self.scenario.probe_seconds.get(job.probe, 60.0)
-        self.jobs[job_id] = _SimJob(job, result_path, self.now, self.now + duration)
+        fault, hung = self._hard_fault(job)
+        self.jobs[job_id] = _SimJob(job, result_path, self.now, self.now + (job.timeout_s if hung else duration),
+                                    fault=fault)
         for name in job.nodes:
             self.running[name] = job_id
         return job_id
@@ -327,23 +377,54 @@ class SimCluster:
         pass
 
     # the simulated probes
+    def _hard_fault(self, job: ProbeJob) -> tuple[str | None, bool]:
+        """The error document's reason a hard fault gives ``job`` (as ``probes.liveness.diagnose``
+        words it), and whether the job hangs to its timeout."""
+        for f in self.scenario.faults:
+            if not (f.hard and f.active(self.round) and f.hits(job.probe) and f.node in job.nodes):
+                continue
+            gpus = self.nodes[f.node].spec.gpus or 1
+            rank = job.nodes.index(f.node) * gpus + gpus - 1
+            if f.kind == "gpus_missing":
+                return (f"rank {rank} (node {f.node}) failed in phase start-up: LaunchError: {gpus} ranks on this "
+                        f"node but {f.visible_gpus} GPUs visible to rank {rank}: use one GPU per rank"), False
+            if self.rng.random() >= f.rate:
+                continue
+            if f.kind == "crash":
+                return f"rank {rank} (node {f.node}) died without reporting an error, in phase 'probe.start'", False
+            return (f"rank {rank} (node {f.node}) was stuck in phase 'probe.start' while rank 0 reached "
+                    f"'{job.probe}.measure'"), True
+        return None, False
+
+    def _offset(self, node: str, gpu: int | None, series: int, spread: float) -> float:
+        """A persistent offset of a node (``gpu`` None) or of one of its GPUs, for one series."""
+        if spread <= 0:
+            return 1.0
+        return max(0.05, random.Random(f"{self.scenario.seed}:{node}:{gpu}:{series}").gauss(1.0, spread))
+
+    def _error(self, sim: _SimJob, reason: str) -> None:
+        result = ProbeResult(probe=sim.job.probe, run_id=sim.job.run_id, outcome=Outcome.ERROR, reason=reason,
+                             started_at=sim.start, finished_at=sim.end, nodes=list(sim.job.nodes))
+        sim.path.parent.mkdir(parents=True, exist_ok=True)
+        sim.path.write_text(result.to_json())
+
     def _write_result(self, sim: _SimJob) -> None:
         job, rnd = sim.job, self.round
-        faults = [f for f in self.scenario.faults if f.active(rnd) and f.probe == job.probe]
+        faults = [f for f in self.scenario.faults if f.active(rnd) and f.hits(job.probe)]
         for f in faults:
             if f.kind == "error" and f.node in job.nodes and self.rng.random() < f.rate:
-                result = ProbeResult(probe=job.probe, run_id=job.run_id, outcome=Outcome.ERROR,
-                                     reason="simulated infrastructure error: NCCL communicator init timed out",
-                                     started_at=sim.start, finished_at=sim.end, nodes=list(job.nodes))
-                sim.path.parent.mkdir(parents=True, exist_ok=True)
-                sim.path.write_text(result.to_json())
+                self._error(sim, "simulated infrastructure error: NCCL communicator init timed out")
                 return
+        if sim.fault is not None:
+            self._error(sim, sim.fault)
+            return
         members = [self.nodes[n] for n in job.nodes]
         spec = members[0].spec
         events = [e for e in self.scenario.events if e.active(rnd) and e.probe == job.probe
                   and e.node_class == spec.name]
         measurements: list[Measurement] = []
-        for s in spec.series:
+        off = {m.name: spec.outlier_factor if self.rng.random() < spec.outlier_rate else 1.0 for m in members}
+        for index, s in enumerate(spec.series):
             if s.probe != job.probe:
                 continue
             noise = spec.noise if s.noise is None else s.noise
@@ -360,21 +441,22 @@ class SimCluster:
                             and fnmatchcase(s.name, f.name):
                         factor *= f.factor
                 labels = {**s.labels, "nodes": str(len(members))}
+                factor *= min(off.values()) * min(self._offset(m.name, None, index, spec.spread) for m in members)
                 measurements.append(Measurement.model_construct(
                     name=s.name, value=base * factor * self._noise(noise), labels=labels, node=None, per_rank=None))
                 continue
             for m in members:
-                node_factor = 1.0
+                node_factor = off[m.name] * self._offset(m.name, None, index, spec.spread)
                 for f in faults:
-                    if f.kind == "node" and f.node == m.name and fnmatchcase(s.name, f.name):
-                        node_factor *= f.factor
+                    if f.kind in ("node", "drift") and f.node == m.name and fnmatchcase(s.name, f.name):
+                        node_factor *= f.scale(rnd)
                 if s.per == "node":
                     measurements.append(Measurement.model_construct(
                         name=s.name, value=base * node_factor * self._noise(noise), labels=dict(s.labels),
                         node=m.name, per_rank=None))
                     continue
                 for gpu in range(m.spec.gpus):
-                    factor = node_factor
+                    factor = node_factor * self._offset(m.name, gpu, index, spec.spread)
                     for f in faults:
                         if f.kind == "gpu" and f.node == m.name and f.gpu == gpu and fnmatchcase(s.name, f.name):
                             factor *= f.factor
@@ -439,7 +521,7 @@ class SimReport:
 
     @property
     def ok(self) -> bool:
-        return (all(f.found_round is not None for f in self.faults if f.fault.kind in ("node", "gpu", "link", "check"))
+        return (all(f.found_round is not None for f in self.faults if f.fault.kind in FOUND_KINDS)
                 and not self.false_drains)
 
     def to_dict(self) -> dict[str, Any]:
@@ -537,8 +619,7 @@ class Simulation:
         probes = self.settings.probes
         runs = self.store.unfinished_runs()
         attempts = self.store.last_attempts()
-        requests = self.judge.requests(now, probes)
-        requests += self.judge.recheck_requests(self.remediator.recheck_nodes(), probes, attempts, now)
+        requests = self.judge.priority_requests(self.remediator.recheck_nodes(), probes, attempts, now)
         line.requests += len(requests)
         jobs = plan(self.nodes, probes=probes, last_attempts=attempts,
                     busy_nodes={n for r in runs for n in r.nodes}, in_flight=len(runs), now=now,
@@ -577,7 +658,7 @@ class Simulation:
             for fo in self.outcomes:
                 if not fo.fault.active(rnd) or fo.fault.kind == "error":
                     continue
-                recs = [r for r in active if r.node == fo.fault.node and r.probe == fo.fault.probe]
+                recs = [r for r in active if r.node == fo.fault.node and fo.fault.hits(r.probe)]
                 if fo.found_round is None and recs:
                     fo.found_round = rnd
                     fo.named_right, fo.detail = self._named_right(fo.fault, recs, active)
@@ -590,6 +671,8 @@ class Simulation:
         if fault.kind == "gpu":
             gpus = {str(f.get("gpu")) for f in rec.evidence.get("findings", []) if isinstance(f, dict)}
             return gpus == {str(fault.gpu)}, f"gpu {','.join(sorted(gpus)) or '?'}"
+        if fault.hard:
+            return rec.reason_code == fault.kind, rec.reason_code
         if fault.kind == "link":
             others = sorted({r.node for r in active if r.probe == fault.probe and r.reason_code == "localised"
                              and r.node != fault.node})

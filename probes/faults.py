@@ -1,4 +1,6 @@
-"""Test-only fault injection: ``HEALTHD_PROBE_FAULT=<kind>:<rank>[,<kind>:<rank>...]``.
+"""Test-only fault injection: ``HEALTHD_PROBE_FAULT=<kind>:<rank>[,<kind>:<rank>...]``; ``<kind>@<node>``
+hits the first rank (local rank 0) on that node, so one job-wide setting faults one node of a
+multi-node job, whatever its rank order (as a TaskProlog delivering it to that node would).
 
 Kinds:
 
@@ -29,7 +31,8 @@ FaultKind = Literal["corrupt", "hang", "crash"]
 @dataclass(frozen=True)
 class Fault:
     kind: FaultKind
-    rank: int
+    rank: int | None
+    node: str | None = None
 
 
 def parse_faults(spec: str | None) -> tuple[Fault, ...]:
@@ -38,6 +41,13 @@ def parse_faults(spec: str | None) -> tuple[Fault, ...]:
         return ()
     faults: list[Fault] = []
     for item in spec.split(","):
+        if "@" in item:
+            kind, _, node = item.strip().partition("@")
+            if kind not in get_args(FaultKind) or not node:
+                raise ValueError(f"{FAULT_ENV}: expected '<kind>@<node>' with kind in {get_args(FaultKind)}, "
+                                 f"got {item!r}")
+            faults.append(Fault(kind=kind, rank=None, node=node))  # type: ignore[arg-type]
+            continue
         kind, sep, rank = item.strip().partition(":")
         if not sep or kind not in get_args(FaultKind) or not rank.isdigit():
             raise ValueError(f"{FAULT_ENV}: expected '<kind>:<rank>' with kind in {get_args(FaultKind)}, got {item!r}")
@@ -45,7 +55,9 @@ def parse_faults(spec: str | None) -> tuple[Fault, ...]:
     return tuple(faults)
 
 
-def active_faults(rank: int, environ: dict[str, str] | None = None) -> frozenset[FaultKind]:
-    """The fault kinds injected into ``rank``."""
+def active_faults(rank: int, environ: dict[str, str] | None = None, *, node: str | None = None,
+                  local_rank: int = 0) -> frozenset[FaultKind]:
+    """The fault kinds injected into ``rank`` (the ``local_rank`` of its ``node``)."""
     env = os.environ if environ is None else environ
-    return frozenset(f.kind for f in parse_faults(env.get(FAULT_ENV)) if f.rank == rank)
+    return frozenset(f.kind for f in parse_faults(env.get(FAULT_ENV))
+                     if f.rank == rank or (f.node is not None and f.node == node and local_rank == 0))

@@ -68,8 +68,9 @@ def diagnose(states: Sequence[RankState]) -> Diagnosis:
     """Name the ranks at fault, most likely first.
 
     Order: ranks that died without a word, ranks that never joined, ranks left behind in an
-    earlier phase than the others (stuck, with their error if they reported one), then the
-    other ranks' errors, typically timeouts of ranks that waited on a culprit.
+    earlier phase than the others (stuck, with their error if they reported one; also when the
+    launcher terminated them afterwards), then the other ranks' errors, typically timeouts of
+    ranks that waited on a culprit.
     """
     culprits: list[int] = []
     lines: list[str] = []
@@ -87,7 +88,7 @@ def diagnose(states: Sequence[RankState]) -> Diagnosis:
         top = max(seqs)
         leader = next(s for s in active if s.seq == top)
         laggards = sorted(
-            (s for s in active if s.rank not in culprits and s.seq is not None and s.seq < top),
+            (s for s in states if not s.done and s.rank not in culprits and s.seq is not None and s.seq < top),
             key=lambda s: (s.seq or 0, s.rank),
         )
         for s in laggards:
@@ -95,6 +96,7 @@ def diagnose(states: Sequence[RankState]) -> Diagnosis:
             lines.append(
                 f"{_who(s)} was stuck in phase {_phase(s)} while rank {leader.rank} reached {_phase(leader)}"
                 + (f" ({s.error})" if s.error else "")
+                + (" (then terminated by its launcher)" if s.terminated else "")
             )
         if not culprits and len(active) > 1 and len(seqs) == len(active) and len(set(seqs)) == 1:
             lines.append(f"all {len(active)} ranks stuck in phase {_phase(leader)}")
@@ -106,7 +108,7 @@ def diagnose(states: Sequence[RankState]) -> Diagnosis:
         culprits.append(s.rank)
         lines.append(f"{_who(s)} failed in phase {_phase(s)}: {s.error}")
     for s in states:
-        if s.terminated and s.error is None:
+        if s.terminated and s.error is None and s.rank not in culprits:
             lines.append(f"{_who(s)} was terminated by its launcher (SIGTERM)")
     return Diagnosis(culprits=tuple(culprits), lines=tuple(lines))
 

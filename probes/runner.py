@@ -268,7 +268,7 @@ def _run(session: RankSession) -> int:
         device = torch.device("cpu")
         gpu = launch.local_rank
         physical_of = {}
-    faults = active_faults(launch.rank)
+    faults = active_faults(launch.rank, node=launch.node, local_rank=launch.local_rank)
 
     session.stage = f"start-up: connecting to the store at {launch.master_addr}:{launch.master_port}"
     remaining = session.rank_deadline.remaining()

@@ -19,6 +19,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                                         "remediation, and print what was found")
     p.add_argument("--scenario", required=True, metavar="FILE", help="scenario TOML (see docs/judgement.md)")
     p.add_argument("--rounds", type=int, default=None, help="override the scenario's number of rounds")
+    p.add_argument("--noise", type=float, default=None, metavar="X",
+                   help="multiply every class's noise by X (a sweep: a class at noise = 0.01 and --noise 4 is 4%%)")
     p.add_argument("--quiet", action="store_true", help="only the final table")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_simulate)
@@ -36,13 +38,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from healthd.logging import setup_logging
-    from healthd.simulate import format_report, load_scenario, report_json, simulate
+    from healthd.simulate import format_report, load_scenario, report_json, scale_noise, simulate
 
     scenario = load_scenario(Path(args.scenario))
     if args.rounds is not None:
         if args.rounds < 1:
             raise ConfigError("--rounds must be at least 1")
         scenario = scenario.model_copy(update={"rounds": args.rounds})
+    if args.noise is not None:
+        scenario = scale_noise(scenario, args.noise)
     setup_logging("error", "console")
     report = simulate(scenario, echo=not (args.quiet or args.json))
     print(report_json(report) if args.json else "\n" + format_report(report))

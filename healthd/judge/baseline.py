@@ -47,13 +47,15 @@ def baseline_of(values: Sequence[float], *, min_samples: int) -> Baseline | None
 
 
 def drift(
-    key: SeriesKey, value: float, baseline: Baseline, direction: Direction, *, fraction: float, spread_k: float
+    key: SeriesKey, value: float, baseline: Baseline, direction: Direction, *, fraction: float, spread_k: float,
+    noise_allowed: float = 0.0,
 ) -> Finding | None:
     """A ``degraded`` finding when ``value`` is worse than the baseline by more than allowed.
 
-    Allowed deviation: ``max(fraction x |median|, spread_k x spread)``.
+    Allowed deviation: ``max(fraction, noise_allowed) x |median|`` or ``spread_k x spread``, the
+    largest (``noise_allowed``: k x the series' relative noise, ``healthd.judge.noise``).
     """
-    allowed = max(fraction * abs(baseline.median), spread_k * baseline.spread)
+    allowed = max(max(fraction, noise_allowed) * abs(baseline.median), spread_k * baseline.spread)
     if direction == "higher":
         threshold = baseline.median - allowed
         worse = value < threshold

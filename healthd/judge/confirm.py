@@ -19,13 +19,32 @@ import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from healthd.judge.model import GroupRecord, Mark, Severity
+from healthd.judge.model import GroupRecord, Mark, SeriesKey, Severity
 
 
 def count_flagged(marks: Sequence[Mark], m: int, severity: Severity) -> tuple[int, int]:
     """(results at or above ``severity``, results considered) among the last ``m`` marks."""
     last = list(marks)[-m:]
     return sum(1 for mk in last if mk.severity >= severity), len(last)
+
+
+def repeated(marks: Sequence[Mark], m: int, severity: Severity) -> tuple[int, int, dict[SeriesKey, int]]:
+    """(results among the last ``m`` marks with a finding at or above ``severity`` on the same series,
+    results considered, series → its flagged results). A retest confirms a finding only when it
+    repeats it: a run flagged on one GPU and its retest on another are two chance values, not one fault."""
+    last = list(marks)[-m:]
+    counts: dict[SeriesKey, int] = {}
+    for mk in last:
+        if mk.severity < severity:
+            continue
+        keys = {f.key for f in mk.findings if f.severity >= severity} or {_ANY}
+        for key in keys:
+            counts[key] = counts.get(key, 0) + 1
+    return max(counts.values(), default=0), len(last), counts
+
+
+_ANY = SeriesKey("", "", ())
+"""The series of a flagged mark saved without its findings."""
 
 
 def confirmed(marks: Sequence[Mark], *, n: int, m: int, severity: Severity) -> bool:

@@ -9,10 +9,14 @@ two; this module imports no store). ``replay`` runs the same code without a stor
 Per run and node: the judged series (``series.select``) go through the three layers, floor
 (``floors``), own baseline (``baseline``) and fleet (``fleet``, including the node's own GPUs
 as peers); a failed probe check is a finding too. A multi-node measurement becomes a group
-record, localised by ``confirm.attribute``. A finding becomes a verdict of ``fail`` (floor,
-check) or ``degraded`` (drift, outlier) only once confirmed (N of M); a drop shared by a large
-part of the class is a fleet event and never a recommendation. ``error`` runs say nothing about
-a node: they never make a finding and never erase one.
+record, localised by ``confirm.attribute``. A hard fault the collector attributed to nodes
+(``hardfault``: GPUs missing, a hang, a crash, a CUDA or NCCL error) is a ``fail`` finding on them,
+or on the group. Thresholds follow each series' noise (``noise``). A finding becomes a verdict of
+``fail`` (floor, check, hard fault) or ``degraded`` (drift, outlier) only once confirmed: N of M
+runs repeat it on the same series, N raised while the class flags results by chance often; a drop
+shared by a large part of the class is a fleet event and never a recommendation. ``error`` runs
+say nothing about a node: they never make a finding and never erase one (a node erring again and
+again while its class passes gets the ``error`` verdict ``repeated_errors``).
 """
 
 from __future__ import annotations
@@ -30,13 +34,14 @@ from healthd.judge.confirm import (
     Attribution,
     attribute,
     blame_confirmed,
-    count_flagged,
     max_severity,
     pick_partners,
+    repeated,
     split,
 )
 from healthd.judge.fleet import FleetStats, check_event, fleet_stats, outlier
 from healthd.judge.floors import FloorTable, below_floor, floor_rules
+from healthd.judge.hardfault import HARD_FAULTS, HardFault, parse_reason
 from healthd.judge.model import (
     CONFIRMED,
     CheckInput,
@@ -56,16 +61,30 @@ from healthd.judge.model import (
     SeriesState,
     Severity,
 )
+from healthd.judge.noise import (
+    EXTRA_RETESTS,
+    OWN_SPREAD_MIN,
+    k_for,
+    noisy_floor,
+    relative_noise,
+    retests_for,
+    typical,
+    unbiased,
+)
 from healthd.judge.series import key_of, missing_required, select
 from healthd.model import Node, Outcome, Verdict
 from healthd.node_class import DEFAULT_CLASS, class_of
 from healthd.planning import PriorityRequest
 
 _CODE_RANK = {
-    ReasonCode.CHECK_FAILED: 5, ReasonCode.BELOW_FLOOR: 4, ReasonCode.LOCALISED: 3, ReasonCode.FLEET_OUTLIER: 2,
+    ReasonCode.GPUS_MISSING: 10, ReasonCode.CUDA_ERROR: 9, ReasonCode.NCCL_ERROR: 8, ReasonCode.CRASH: 7,
+    ReasonCode.HANG: 6, ReasonCode.CHECK_FAILED: 5, ReasonCode.BELOW_FLOOR: 4, ReasonCode.LOCALISED: 3,
+    ReasonCode.FLEET_OUTLIER: 2,
     ReasonCode.BASELINE_DRIFT: 1,
 }
 PASS_TEXT = "every judged series within its floor, baseline and fleet"
+GPU_COUNT_CHECK = "env.gpu_count"
+"""The probes' own check of the GPUs a node shows (``probes.env.gpu_count_checks``): ``gpus_missing``."""
 
 
 GPU_PEERS_MIN = 4
@@ -92,6 +111,9 @@ class _Status:
     at: float
     run_id: str
     text: str
+
+
+_NO_STATUS = _Status("missing", 0.0, "", "")
 
 
 class _Selected(NamedTuple):
@@ -121,6 +143,17 @@ class Judge:
         self.pools: dict[tuple[str, SeriesKey], dict[tuple[str, SeriesKey], tuple[float, float]]] = defaultdict(dict)
         self.marks: dict[tuple[str, str], list[Mark]] = {}
         self.status: dict[tuple[str, str], _Status] = {}
+        self._unsettled: set[tuple[str, str]] = set()
+        """(node, probe) passing now, with an earlier finding in the window that more runs could still
+        confirm: re-probed until it is confirmed or drops out (a fault seen in 2 of 3 runs is found now,
+        not a probe interval later)."""
+        self._class_noise: dict[tuple[str, SeriesKey], float | None] | None = None
+        """(class, series without ``gpu``) → typical relative run-to-run noise (built once per evaluation)."""
+        self.flag_rates: dict[tuple[str, str, bool], list[int]] = defaultdict(lambda: [0, 0])
+        """(class, probe, group results) → [flagged, judged] regular results: how often a healthy class
+        flags a result by chance (outlier runs), which decides how many retests confirm a finding."""
+        self.error_streak: dict[tuple[str, str], int] = {}
+        """(node, probe) → its consecutive ``error`` runs (a judged run ends the streak)."""
         self.group_history: dict[tuple[str, str], list[GroupRecord]] = {}
         self.flagged_groups: dict[str, list[GroupRecord]] = defaultdict(list)
         self.last_group_pass: dict[str, dict[str, float]] = defaultdict(dict)
@@ -163,6 +196,8 @@ class Judge:
     def _evaluate(self, runs: Sequence[RunInput], nodes: Sequence[Node], now: float,
                   resets: Mapping[str, float] | None) -> JudgeOutput:
         out = JudgeOutput(at=now)
+        self._class_noise = None
+        self._unsettled = set()
         for node in nodes:
             self.classes[node.name] = class_of(node)
         if nodes:
@@ -174,12 +209,13 @@ class Judge:
 
         judged: list[RunInput] = []
         for run in sorted(runs, key=lambda r: (r.at, r.run_id)):
-            if run.outcome is Outcome.SKIPPED:
+            if run.outcome is Outcome.SKIPPED or self._seen(run):
                 continue
             touched.update((n, run.probe) for n in run.nodes)
             if run.outcome is Outcome.ERROR:
                 for n in run.nodes:
                     self.status[(n, run.probe)] = _Status("error", run.at, run.run_id, run.reason or "probe error")
+                    self.error_streak[(n, run.probe)] = self.error_streak.get((n, run.probe), 0) + 1
                 continue
             if run.outcome is not Outcome.FAIL:
                 missing = missing_required(run, self.settings.series)
@@ -223,10 +259,18 @@ class Judge:
             touched.update(key for key in self.verdicts if key[1] == event.probe
                            and self.node_class(key[0]) == event.node_class)
 
+        erring = self._error_shares({(self.node_class(n), p) for n, p in touched
+                                     if self.error_streak.get((n, p), 0) >= self.settings.confirm.error_streak})
         for name, probe in sorted(touched):
-            self._conclude(name, probe, attributions.get(probe), suspects.get(probe, {}), now, out)
+            self._conclude(name, probe, attributions.get(probe), suspects.get(probe, {}), now, out,
+                           erring.get((self.node_class(name), probe), 1.0))
         self._request(attributions, now, out)
         return out
+
+    def _seen(self, run: RunInput) -> bool:
+        """Judged before (a batch of ingested runs judged again after a crash): judged once only."""
+        return any(mk.run_id == run.run_id for n in run.nodes for mk in self.marks.get((n, run.probe), ())) or \
+            any(self.status.get((n, run.probe), _NO_STATUS).run_id == run.run_id for n in run.nodes)
 
     def _ingest(self, run: RunInput) -> list[_Selected]:
         if run.outcome is Outcome.FAIL:
@@ -280,36 +324,51 @@ class Judge:
         for sel in selected:
             if sel.m.node and "gpu" in sel.m.labels:
                 gpu_values[(sel.m.node, sel.fkey)].append(sel.m.value)
-        gpu_peers = {k: small_stats(v, peers=f"this node's {len(v)} GPUs") for k, v in gpu_values.items()
+        gpu_peers = {k: self._gpu_stats(k[0], k[1], v, now, cache) for k, v in gpu_values.items()
                      if len(v) >= GPU_PEERS_MIN}
         classes = self.classes
+        per_node: dict[str | None, int] = defaultdict(int)
+        for sel in selected:
+            per_node[sel.m.node] += 1
+        c = s.confirm
         for m, direction, key, fkey in selected:
             members = (m.node,) if m.node else run.nodes
+            k = k_for(s.false_drains_per_1000_node_days, s.runs_per_node_day,
+                      per_node[m.node] + per_node[None], c.n, c.m)
+            z_threshold = max(s.fleet.z_threshold, k)
             for node in members:
                 cls = classes.get(node, DEFAULT_CLASS)
                 found: list[Finding] = []
                 st = self._state(node, key)
                 rule = self.floors.lookup(cls, key)
                 st.floor = rule.value if rule is not None else None
+                stats = self._fleet(cls, fkey, now, cache)
                 if rule is not None:
-                    f = below_floor(key, m.value, rule.value, direction)
+                    floor = noisy_floor(rule.value, direction, stats.median if stats else None,
+                                        stats.spread if stats else 0.0, k)
+                    f = below_floor(key, m.value, floor, direction)
                     if f is not None:
                         found.append(f)
                 if st.baseline is not None and st.spread is not None and len(st.accepted) >= s.baseline.min_samples:
                     base = Baseline(st.baseline, st.spread, len(st.accepted))
-                    f = drift(key, m.value, base, direction, fraction=self.drift_fraction, spread_k=s.baseline.spread_k)
+                    class_noise = self.class_noise(cls, fkey)
+                    if class_noise is None and stats is not None and stats.median:
+                        class_noise = stats.spread / abs(stats.median)
+                    noise = relative_noise(st.spread, st.baseline, len(st.accepted), class_noise)
+                    spread_k = s.baseline.spread_k if len(st.accepted) >= OWN_SPREAD_MIN else 0.0
+                    f = drift(key, m.value, base, direction, fraction=self.drift_fraction, spread_k=spread_k,
+                              noise_allowed=k * noise)
                     if f is not None:
                         found.append(f)
-                stats = self._fleet(cls, fkey, now, cache)
                 in_event = (cls, run.probe) in self.events
                 if stats is not None:
-                    f = outlier(key, m.value, stats, direction, z_threshold=s.fleet.z_threshold,
+                    f = outlier(key, m.value, stats, direction, z_threshold=z_threshold,
                                 min_deviation=self.min_deviation, event_proof=in_event)
                     if f is not None:
                         found.append(f)
                 gstats = gpu_peers.get((node, fkey)) if m.node else None
                 if gstats is not None:
-                    f = outlier(key, m.value, gstats, direction, z_threshold=s.fleet.z_threshold,
+                    f = outlier(key, m.value, gstats, direction, z_threshold=z_threshold,
                                 min_deviation=self.min_deviation, event_proof=True)
                     if f is not None:
                         found.append(f)
@@ -319,6 +378,29 @@ class Judge:
                 else:
                     ev.group_findings.extend(found)
         return ev
+
+    def _gpu_stats(self, node: str, fkey: SeriesKey, values: Sequence[float], now: float,
+                   cache: dict[tuple[str, SeriesKey], FleetStats | None]) -> FleetStats:
+        """A node's GPUs as peers; their spread is at least what healthy GPUs show: the class's GPUs'
+        relative spread (a handful of values can agree by chance; one GPU's noise is no fault)."""
+        stats = small_stats(values, peers=f"this node's {len(values)} GPUs")
+        pooled = self._fleet(self.node_class(node), fkey, now, cache)
+        rel = pooled.spread / abs(pooled.median) if pooled is not None and pooled.median else 0.0
+        floor = max(rel, self.class_noise(self.node_class(node), fkey) or 0.0) * abs(stats.median)
+        return replace(stats, spread=floor) if floor > stats.spread else stats
+
+    def class_noise(self, cls: str, fkey: SeriesKey) -> float | None:
+        """The class's typical relative run-to-run noise of a series (GPUs pooled), from its nodes'
+        own histories (``baseline.min_samples`` passing results or more, at least 3); ``None`` before any."""
+        if self._class_noise is None:
+            spreads: dict[tuple[str, SeriesKey], list[float]] = defaultdict(list)
+            need = max(self.settings.baseline.min_samples, 3)
+            for (node, key), st in self.series.items():
+                if st.spread is not None and st.baseline and len(st.accepted) >= need:
+                    spreads[(self.node_class(node), key.without("gpu"))].append(
+                        unbiased(abs(st.spread / st.baseline), len(st.accepted)))
+            self._class_noise = {k: typical(v) for k, v in spreads.items()}
+        return self._class_noise.get((cls, fkey))
 
     @staticmethod
     def _transport_findings(run: RunInput, ev: _RunEval) -> None:
@@ -332,19 +414,39 @@ class Judge:
                 Finding(ReasonCode.NCCL_TRANSPORT, Severity.DEGRADED, key, 0.0, 1.0, 1.0, run.reason))
 
     def _check_findings(self, run: RunInput, ev: _RunEval) -> None:
+        fault = parse_reason(run.reason) if not run.failed_checks else None
+        if fault is not None:
+            self._fault_findings(run, fault, ev)
+            return
         checks = list(run.failed_checks) or [CheckInput(name="probe", detail=run.reason or "the probe failed")]
         for c in checks:
             labels = {"gpu": str(c.gpu)} if c.gpu is not None else {}
             key = SeriesKey.of(run.probe, f"check:{c.name}", labels)
             where = f"gpu {c.gpu} " if c.gpu is not None else ""
-            f = Finding(ReasonCode.CHECK_FAILED, Severity.FAIL, key, 0.0, 1.0, 1.0,
-                        f"{where}check {c.name} failed: {c.detail}".strip(), event_proof=True)
-            if c.node is not None and c.node in run.nodes:
-                ev.node_findings.setdefault(c.node, []).append(f)
-            elif len(run.nodes) == 1:
-                ev.node_findings.setdefault(run.nodes[0], []).append(f)
-            else:
-                ev.group_findings.append(f)
+            missing = c.name == GPU_COUNT_CHECK
+            f = Finding(ReasonCode.GPUS_MISSING if missing else ReasonCode.CHECK_FAILED, Severity.FAIL, key, 0.0,
+                        1.0, 1.0, f"{where}check {c.name} failed: {c.detail}".strip(), event_proof=not missing)
+            self._place(run, c.node, f, ev)
+
+    def _fault_findings(self, run: RunInput, fault: HardFault, ev: _RunEval) -> None:
+        """A hard fault (``healthd.judge.hardfault``) on the nodes it names, or on the group. Not
+        event-proof: many nodes of a class failing the same way at once is a fleet event."""
+        key = SeriesKey.of(run.probe, f"fault:{fault.code.value}", {})
+        f = Finding(fault.code, Severity.FAIL, key, 0.0, 1.0, 1.0, f"{fault.code.value}: {fault.detail}")
+        named = [n for n in fault.nodes if n in run.nodes]
+        for node in named:
+            ev.node_findings.setdefault(node, []).append(f)
+        if not named:
+            self._place(run, None, f, ev)
+
+    @staticmethod
+    def _place(run: RunInput, node: str | None, f: Finding, ev: _RunEval) -> None:
+        if node is not None and node in run.nodes:
+            ev.node_findings.setdefault(node, []).append(f)
+        elif len(run.nodes) == 1:
+            ev.node_findings.setdefault(run.nodes[0], []).append(f)
+        else:
+            ev.group_findings.append(f)
 
     # -- fleet events -------------------------------------------------------------------------
     def _update_events(self, keys: set[tuple[str, str]], now: float, out: JudgeOutput) -> set[tuple[str, str]]:
@@ -396,9 +498,14 @@ class Judge:
             mark = Mark(run.run_id, n, probe, run.at, sev, code, text, not run.priority,
                         event_proof=any(f.event_proof for f in kept), findings=tuple(kept),
                         raw_flagged=bool(raw) or bool(ev.group_findings))
+            if mark.regular:
+                rate = self.flag_rates[(self.node_class(n), probe, False)]
+                rate[0] += mark.flagged
+                rate[1] += 1
             self._add_mark(mark)
             out.marks.append(mark)
             self.status[(n, probe)] = _Status("judged", run.at, run.run_id, "")
+            self.error_streak.pop((n, probe), None)
             pending = self.pending.get((n, probe))
             if pending is not None and pending.requested_at <= run.at:
                 del self.pending[(n, probe)]
@@ -416,6 +523,10 @@ class Judge:
                                  event_proof=any(f.event_proof for f in kept_group), findings=tuple(kept_group))
             self._add_group(record, suppressed=group_suppressed)
             out.groups.append(record)
+            if not run.priority:
+                rate = self.flag_rates[(self.node_class(run.nodes[0]), probe, True)]
+                rate[0] += record.flagged
+                rate[1] += 1
         flagged_keys = {(n, f.key) for n, fs in ev.node_findings.items() for f in fs
                         if not self._suppressed(n, probe, f, run.at)}
         flagged_keys |= {(n, f.key) for f in kept_group for n in run.nodes}
@@ -443,12 +554,12 @@ class Judge:
     def _add_mark(self, mark: Mark) -> None:
         marks = self.marks.setdefault((mark.node, mark.probe), [])
         marks.append(mark)
-        keep = max(self.settings.confirm.m, 1)
+        keep = max(self.settings.confirm.m, 1) + EXTRA_RETESTS
         if len(marks) > keep:
             del marks[: len(marks) - keep]
 
     def _add_group(self, record: GroupRecord, *, suppressed: bool = False) -> None:
-        keep = max(self.settings.confirm.m, 1)
+        keep = max(self.settings.confirm.m, 1) + EXTRA_RETESTS
         for member in record.members:
             hist = self.group_history.setdefault((member, record.probe), [])
             hist.append(record)
@@ -497,8 +608,31 @@ class Judge:
                            text=f"{event.text}: {mark.text}", findings=())
         return replace(mark, severity=top.severity, code=top.code, text=top.detail, findings=kept)
 
+    def retests(self, cls: str, probe: str, *, group: bool) -> tuple[int, int]:
+        """(n, m): how many of the last m results must repeat a finding. ``confirm.n`` of ``confirm.m``,
+        raised while the class's regular results are flagged by chance so often (outlier runs) that
+        n of m chance flags would exceed ``false_drains_per_1000_node_days`` (``noise.retests_for``)."""
+        c, s = self.settings.confirm, self.settings
+        flagged, judged = self.flag_rates.get((cls, probe, group), (0, 0))
+        need = retests_for(flagged, judged, s.false_drains_per_1000_node_days, s.runs_per_node_day, c.n, c.m,
+                           extra=EXTRA_RETESTS)
+        return need, c.m + need - c.n
+
+    def _error_shares(self, keys: set[tuple[str, str]]) -> dict[tuple[str, str], float]:
+        """(class, probe) → the share of the class's nodes whose latest run of the probe is an error."""
+        if not keys:
+            return {}
+        counts: dict[tuple[str, str], list[int]] = {k: [0, 0] for k in keys}
+        for (node, probe), st in self.status.items():
+            c = counts.get((self.node_class(node), probe))
+            if c is not None:
+                c[0] += st.kind == "error"
+                c[1] += 1
+        return {k: errors / total for k, (errors, total) in counts.items() if total}
+
     def _conclude(self, node: str, probe: str, attribution: Attribution | None,
-                  suspects: Mapping[str, list[GroupRecord]], now: float, out: JudgeOutput) -> None:
+                  suspects: Mapping[str, list[GroupRecord]], now: float, out: JudgeOutput,
+                  class_errors: float = 1.0) -> None:
         c = self.settings.confirm
         marks = self._recent_marks(node, probe, now)
         status = self.status.get((node, probe))
@@ -506,55 +640,68 @@ class Judge:
             return
         out.evaluated.add((node, probe))
         latest = marks[-1] if marks else None
-        fail_n, seen = count_flagged(marks, c.m, Severity.FAIL)
-        bad_n, _ = count_flagged(marks, c.m, Severity.DEGRADED)
+        cls = self.node_class(node)
+        need, window = self.retests(cls, probe, group=False)
+        fail_n, seen, fail_keys = repeated(marks, window, Severity.FAIL)
+        bad_n, _, bad_keys = repeated(marks, window, Severity.DEGRADED)
         blamed = attribution.blamed.get(node) if attribution else None
-        blame_n, blame_seen = (0, 0)
+        blame_n, blame_seen, blame_need = 0, 0, c.n
         if blamed:
             cutoff = max(now - c.window_s, self.resets.get(node, float("-inf")))
             history = [r for r in self.group_history.get((node, probe), []) if r.at >= cutoff]
-            blame_n, blame_seen = blame_confirmed(node, history, self.last_group_pass.get(probe, {}), n=c.n, m=c.m)
+            blame_need, blame_window = self.retests(cls, probe, group=True)
+            blame_n, blame_seen = blame_confirmed(node, history, self.last_group_pass.get(probe, {}), n=blame_need,
+                                                  m=blame_window)
         at = max(latest.at if latest else 0.0, status.at if status else 0.0)
 
         verdict: Verdict
         recommend = False
         evidence: dict[str, object] = {}
-        node_sev = Severity.FAIL if fail_n >= c.n else Severity.DEGRADED if bad_n >= c.n else Severity.NONE
-        blame_sev = max_severity(blamed) if blamed and blame_n >= c.n else Severity.NONE
+        node_sev = Severity.FAIL if fail_n >= need else Severity.DEGRADED if bad_n >= need else Severity.NONE
+        blame_sev = max_severity(blamed) if blamed and blame_n >= blame_need else Severity.NONE
         if node_sev or blame_sev:
             if node_sev >= blame_sev:
-                flagged = [mk for mk in marks[-c.m:] if mk.severity >= node_sev]
-                top = worst(f for mk in flagged for f in mk.findings) or None
+                counts = fail_keys if node_sev is Severity.FAIL else bad_keys
+                sure = {key for key, n in counts.items() if n >= need}
+                flagged = [mk for mk in marks[-window:] if mk.severity >= node_sev
+                           and (not mk.findings or any(f.key in sure for f in mk.findings))]
+                top = worst(f for mk in flagged for f in mk.findings if f.key in sure) or None
                 code = top.code if top else flagged[-1].code
                 text = (top.detail if top else flagged[-1].text) + \
-                    f"; confirmed in {len(flagged)} of the last {min(seen, c.m)} runs"
+                    f"; confirmed in {len(flagged)} of the last {min(seen, window)} runs"
                 run_ids = tuple(mk.run_id for mk in flagged)
                 outcome = Outcome.FAIL if node_sev is Severity.FAIL else Outcome.DEGRADED
-                findings = [f for mk in flagged for f in mk.findings]
+                findings = [f for mk in flagged for f in mk.findings if f.key in sure]
             else:
                 assert blamed is not None
                 partners = sorted({m for r in blamed for m in r.members if m != node})
                 top = worst(f for r in blamed for f in r.findings)
-                code = ReasonCode.LOCALISED
+                code = top.code if top is not None and top.code in HARD_FAULTS else ReasonCode.LOCALISED
                 text = (f"multi-node results are bad with this node ({blame_n} of its last {blame_seen}, with "
                         f"{', '.join(partners)}) and good without it: {top.detail if top else blamed[-1].text}")
                 run_ids = tuple(r.run_id for r in blamed)
                 outcome = Outcome.FAIL if blame_sev is Severity.FAIL else Outcome.DEGRADED
                 findings = [f for r in blamed for f in r.findings]
                 evidence["partners"] = partners
-            evidence.update(self._evidence(node, findings, run_ids, f"{max(len(run_ids), blame_n)}/{c.m}"))
+            evidence.update(self._evidence(node, findings, run_ids, f"{max(len(run_ids), blame_n)}/{window}"))
             evidence["stage"] = CONFIRMED
             verdict = Verdict(node, probe, outcome, text, code.value, run_ids, _flat(evidence, top), at)
             recommend = True
         elif status is not None and status.kind != "judged" and (latest is None or status.at >= latest.at):
             code = ReasonCode.PROBE_ERROR if status.kind == "error" else ReasonCode.MEASUREMENT_MISSING
-            verdict = Verdict(node, probe, Outcome.ERROR, status.text, code.value, (status.run_id,), {}, status.at)
+            text = status.text
+            streak = self.error_streak.get((node, probe), 0)
+            if code is ReasonCode.PROBE_ERROR and streak >= c.error_streak and class_errors <= c.error_class_share:
+                code = ReasonCode.REPEATED_ERRORS
+                text = (f"the probe errored in its last {streak} runs on this node while its class passes "
+                        f"({class_errors:.0%} of the class erring): {status.text}")
+            verdict = Verdict(node, probe, Outcome.ERROR, text, code.value, (status.run_id,), {}, status.at)
         elif latest is not None and latest.flagged:
             top = worst(latest.findings)
-            text = latest.text + f"; seen in {bad_n} of the last {min(seen, c.m)} runs, re-probe requested"
+            text = latest.text + f"; seen in {bad_n} of the last {min(seen, window)} runs, re-probe requested"
             verdict = Verdict(node, probe, Outcome.DEGRADED, text, latest.code.value, (latest.run_id,),
                               _flat(self._evidence(node, list(latest.findings), (latest.run_id,),
-                                                   f"{bad_n}/{c.n}"), top), at)
+                                                   f"{bad_n}/{need}"), top), at)
         elif blamed:
             top = worst(f for r in blamed for f in r.findings)
             text = (f"multi-node results are bad with this node ({blame_n} so far) and good without it: "
@@ -574,6 +721,8 @@ class Judge:
         else:
             verdict = Verdict(node, probe, Outcome.PASS, PASS_TEXT, ReasonCode.OK.value,
                               (latest.run_id,) if latest else (), {}, at)
+        if verdict.outcome is Outcome.PASS and bad_n and _may_confirm(marks[-window:], bad_n, need, window):
+            self._unsettled.add((node, probe))
         old = self.verdicts.get((node, probe))
         if old is None or (old.outcome, old.reason_code, old.reason) != (verdict.outcome, verdict.reason_code,
                                                                           verdict.reason):
@@ -620,6 +769,8 @@ class Judge:
             kind: Literal["reprobe", "localise"] = "localise" if v.reason_code == ReasonCode.LOCALISED.value \
                 else "reprobe"
             ask(kind, probe, (node,), v.reason)
+        for node, probe in sorted(self._unsettled):
+            ask("reprobe", probe, (node,), "an earlier finding is neither confirmed nor cleared yet")
         for probe, attribution in sorted(attributions.items()):
             for record, cands in attribution.unresolved:
                 if record.at < now - c.window_s:
@@ -695,29 +846,64 @@ class Judge:
                 and self.node_class(n) == cls]
         return pick_partners(node, pool, k)
 
+    def priority_requests(self, own_drains: Mapping[str, Sequence[str]], probes: Mapping[str, ProbeSettings],
+                          last_attempts: Mapping[tuple[str, str], float], now: float) -> list[PriorityRequest]:
+        """Everything the planner should run before the regular schedule: pending confirmation and
+        localisation re-probes, rechecks of healthd's own drains (``own_drains``: node → probes), and
+        rechecks of nodes with a confirmed finding."""
+        confirmed = {n: p for n, p in self.confirmed_findings().items() if n not in own_drains}
+        return [
+            *self.requests(now, probes),
+            *self.recheck_requests(own_drains, probes, last_attempts, now),
+            *self.recheck_requests(confirmed, probes, last_attempts, now, drained=False),
+        ]
+
     def recheck_requests(self, rechecks: Mapping[str, Sequence[str]], probes: Mapping[str, ProbeSettings],
-                         last_attempts: Mapping[tuple[str, str], float], now: float) -> list[PriorityRequest]:
-        """Re-probes of healthd-drained nodes (node → the probes it was drained for), each at most
-        once per probe interval, multi-node ones with known-good partners."""
+                         last_attempts: Mapping[tuple[str, str], float], now: float, *,
+                         drained: bool = True) -> list[PriorityRequest]:
+        """Re-probes of ``rechecks`` (node → probes): healthd's own drains (``drained``: the node may be
+        idle and drained; once per probe interval) or nodes in service with a confirmed finding (never a
+        drained node: it may be someone else's; once per ``confirm.recheck_interval_s``, so a repair
+        clears the finding, its alert and recommendation within minutes). Multi-node ones with
+        known-good partners."""
         with self._lock:
-            return self._recheck_requests(rechecks, probes, last_attempts, now)
+            return self._recheck_requests(rechecks, probes, last_attempts, now, drained)
 
     def _recheck_requests(self, rechecks: Mapping[str, Sequence[str]], probes: Mapping[str, ProbeSettings],
-                          last_attempts: Mapping[tuple[str, str], float], now: float) -> list[PriorityRequest]:
+                          last_attempts: Mapping[tuple[str, str], float], now: float,
+                          drained: bool) -> list[PriorityRequest]:
         out: list[PriorityRequest] = []
+        confirmed = self._confirmed()
         for node, wanted in sorted(rechecks.items()):
             for probe in sorted(set(wanted)):
                 settings = probes.get(probe)
                 if settings is None or not settings.enabled:
                     continue
-                if now - last_attempts.get((node, probe), float("-inf")) < settings.interval_s:
+                interval = settings.interval_s
+                if not drained and (node, probe) in confirmed and self.settings.confirm.recheck_interval_s > 0:
+                    interval = min(interval, self.settings.confirm.recheck_interval_s)
+                if now - last_attempts.get((node, probe), float("-inf")) < interval:
                     continue
                 size = settings.nodes_per_job
                 partners = self._partners(node, probe, self.settings.confirm.partners + size - 2,
                                           rechecks) if size > 1 else ()
-                out.append(PriorityRequest(probe, (node,), partners, size, allow_drained=True,
-                                           reason="recheck of a healthd drain"))
+                out.append(PriorityRequest(probe, (node,), partners, size, allow_drained=drained,
+                                           reason="recheck of a healthd drain" if drained
+                                           else "recheck of a confirmed finding"))
         return out
+
+    def confirmed_findings(self) -> dict[str, tuple[str, ...]]:
+        """Nodes with a confirmed finding (node → its probes): what ``recheck_requests`` re-probes every
+        ``confirm.recheck_interval_s`` so that a repaired node clears within minutes."""
+        with self._lock:
+            out: dict[str, tuple[str, ...]] = {}
+            for node, probe in sorted(self._confirmed()):
+                out[node] = (*out.get(node, ()), probe)
+            return out
+
+    def _confirmed(self) -> set[tuple[str, str]]:
+        return {key for key, v in self.verdicts.items()
+                if v.outcome in (Outcome.DEGRADED, Outcome.FAIL) and v.evidence.get("stage") == CONFIRMED}
 
     def active_events(self) -> list[FleetEvent]:
         with self._lock:
@@ -751,6 +937,12 @@ class Judge:
                 self.verdicts[(verdict.node, verdict.probe)] = verdict
             for name, at in state.resets:
                 self.resets[name] = max(self.resets.get(name, float("-inf")), at)
+
+
+def _may_confirm(last: Sequence[Mark], flagged: int, need: int, window: int) -> bool:
+    """Whether ``window - len(last[first flagged:])`` more runs could still bring ``flagged`` to ``need``."""
+    first = next((i for i, mk in enumerate(last) if mk.severity >= Severity.DEGRADED), len(last))
+    return flagged + window - (len(last) - first) >= need
 
 
 def _flat(evidence: Mapping[str, object], top: Finding | None) -> dict[str, float | str]:

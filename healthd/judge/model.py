@@ -38,6 +38,18 @@ class ReasonCode(StrEnum):
     """The drop is shared by a large part of the class at once: a fleet event, not this node."""
     NCCL_TRANSPORT = "nccl_transport"
     """NCCL used another network transport than the node class expects (e.g. sockets, not IB)."""
+    GPUS_MISSING = "gpus_missing"
+    """The probe started on the node and found fewer GPUs than it needs (a GPU fell off the bus)."""
+    HANG = "hang"
+    """The node's ranks hung in the measurement phase while the others went on."""
+    CRASH = "crash"
+    """A rank on the node died without a word in the measurement phase."""
+    CUDA_ERROR = "cuda_error"
+    """CUDA failed on the node's ranks."""
+    NCCL_ERROR = "nccl_error"
+    """NCCL failed on the node's ranks (not a peer's failure reported remotely)."""
+    REPEATED_ERRORS = "repeated_errors"
+    """The node's probe runs keep erroring while its class passes (an ``error`` verdict: never drains)."""
     PROBE_ERROR = "probe_error"
     """The probe or the infrastructure failed; says nothing about the node."""
     MEASUREMENT_MISSING = "measurement_missing"
@@ -48,7 +60,8 @@ class ReasonCode(StrEnum):
 
 RECOMMENDABLE = frozenset(
     {ReasonCode.BELOW_FLOOR, ReasonCode.BASELINE_DRIFT, ReasonCode.FLEET_OUTLIER, ReasonCode.CHECK_FAILED,
-     ReasonCode.LOCALISED, ReasonCode.NCCL_TRANSPORT}
+     ReasonCode.LOCALISED, ReasonCode.NCCL_TRANSPORT, ReasonCode.GPUS_MISSING, ReasonCode.HANG, ReasonCode.CRASH,
+     ReasonCode.CUDA_ERROR, ReasonCode.NCCL_ERROR}
 )
 
 

@@ -54,6 +54,26 @@ def judge_runs(judge: Judge, store: Store, runs: Sequence[RunInput], *, now: flo
     return output
 
 
+def judge_ingested(judge: Judge, store: Store, *, now: float, nodes: Sequence[Node] | None = None,
+                   limit: int = 500) -> JudgeOutput | None:
+    """Judge the runs ``healthd ingest`` stored since the last call, like probe results, and persist the
+    judgement with the new watermark in one transaction (``None``: nothing new). Idempotent: a run is
+    judged once, even when a crash came between judging and saving (the judge skips run ids it has).
+    The first call only sets the watermark: what was ingested before the daemon judged ingests stays
+    history (``healthd replay`` sees it)."""
+    after = store.ingest_watermark()
+    if after is None:
+        store.save_judgement(JudgeOutput(at=now), ingest_watermark=store.last_ingest_position())
+        return None
+    batch = store.ingested_runs(after=after, limit=limit)
+    if not batch:
+        return None
+    output = judge.evaluate([run for _, run in batch], store.nodes() if nodes is None else nodes, now=now,
+                            resets=store.judge_resets())
+    store.save_judgement(output, keep_s=keep_seconds(judge.settings), ingest_watermark=batch[-1][0])
+    return output
+
+
 def load_judge(store: Store, settings: JudgeSettings, *, now: float) -> Judge:
     """A judge with the state a previous daemon left in the store."""
     judge = Judge(settings)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from healthd.config import RemediationSettings
+from healthd.judge.hardfault import HARD_FAULTS
 from healthd.judge.model import JudgeOutput, ReasonCode
 from healthd.model import Node, Outcome
 from healthd.node_class import class_of
@@ -107,12 +108,15 @@ class _Builder:
         return Plan(tuple(self.calls), tuple(self.writes))
 
 
+HARD_FAULT_CODES = frozenset(c.value for c in HARD_FAULTS)
+
+
 def drain_reason(prefix: str, rec: RecommendationRow) -> str:
     """``healthd: below_floor gemm gpu 3 flop_per_second{dtype=bf16} 343.8 TFLOP/s<525 TFLOP/s run 0042..``"""
     parts = [prefix, rec.reason_code, rec.probe]
     findings = rec.evidence.get("findings")
     top = findings[0] if isinstance(findings, list) and findings and isinstance(findings[0], dict) else None
-    if top is not None:
+    if top is not None and rec.reason_code not in HARD_FAULT_CODES:
         series = str(top.get("series", ""))
         name = series.split("{")[0].split(" ")[-1]
         value, threshold = top.get("value"), top.get("threshold")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, cast, get_args
 
 from healthd.errors import StoreError
@@ -106,6 +106,17 @@ def _pending(r: sqlite3.Row) -> tuple[str, Request]:
                               r["requested_at"], r["reason"])
 
 
+INGEST_WATERMARK = "judge.ingest_watermark"
+"""Kept in ``remediation_state`` (a key-value table) so that no schema change is needed."""
+
+
+def _run_input(r: sqlite3.Row, measurements: Mapping[str, list[MeasurementInput]],
+               failed: Mapping[str, list[CheckInput]]) -> RunInput:
+    return RunInput(r["run_id"], r["probe"], tuple(sorted(json.loads(r["nodes"]))), Outcome(r["outcome"]),
+                    r["reason"], r["at"], tuple(measurements.get(r["run_id"], ())),
+                    tuple(failed.get(r["run_id"], ())), RunKind(r["kind"]))
+
+
 class JudgementStore(Database):
     def put_verdicts(self, verdicts: Iterable[Verdict]) -> None:
         with self._tx() as db:
@@ -133,13 +144,18 @@ class JudgementStore(Database):
             for r in rows
         ]
 
-    def save_judgement(self, output: JudgeOutput, *, keep_s: float | None = None, judged: Iterable[str] = ()) -> None:
+    def save_judgement(self, output: JudgeOutput, *, keep_s: float | None = None, judged: Iterable[str] = (),
+                       ingest_watermark: int | None = None) -> None:
         """One evaluation of the judge in one transaction: changed verdicts and series, marks, group
         records, fleet events that started or ended, re-probes asked for and answered; marks and group
         records older than ``keep_s`` before the evaluation are dropped; the runs ``judged`` leave
-        ``unjudged_runs``."""
+        ``unjudged_runs``; ``ingest_watermark``: the last ingested run judged (``ingested_runs``), saved
+        with the judgement it led to."""
         with self._tx() as db:
             db.executemany("UPDATE runs SET judged = 1 WHERE run_id = ?", [(r,) for r in judged])
+            if ingest_watermark is not None:
+                db.execute("INSERT OR REPLACE INTO remediation_state (key, value) VALUES (?, ?)",
+                           (INGEST_WATERMARK, json.dumps(ingest_watermark)))
             db.executemany(_INSERT_VERDICT, [_verdict_row(v) for v in output.verdicts])
             db.executemany(
                 "INSERT OR REPLACE INTO judge_series (node, probe, name, labels, accepted, last_value, last_at,"
@@ -217,37 +233,50 @@ class JudgementStore(Database):
     def judge_history(self, *, since: float = 0.0, until: float = float("inf")) -> list[RunInput]:
         """Finished runs in [since, until] by finish time, with nodes, measurements and failed checks, as
         the judge takes them (replay's input)."""
-        return self._run_inputs("r.finished_at >= ? AND r.finished_at <= ?",
-                                (since, until if until != float("inf") else 1e300))
+        return [run for _, run in self._run_inputs(
+            "r.state = 'finished' AND r.finished_at >= ? AND r.finished_at <= ?", "r.finished_at, r.run_id",
+            (since, until if until != float("inf") else 1e300))]
 
     def unjudged_runs(self) -> list[RunInput]:
         """Finished runs closed for judgement whose judgement was never saved (the daemon stopped or the
         store failed in between), oldest first, as the judge takes them."""
-        return self._run_inputs("r.judged = 0", ())
+        return [run for _, run in self._run_inputs("r.state = 'finished' AND r.judged = 0",
+                                                   "r.finished_at, r.run_id", ())]
 
-    def _run_inputs(self, where: str, params: tuple[object, ...]) -> list[RunInput]:
+    def ingest_watermark(self) -> int | None:
+        """The store position (``runs`` rowid) of the last ingested run the daemon has judged; ``None``
+        before the daemon first looked."""
+        rows = self._query("SELECT value FROM remediation_state WHERE key = ?", (INGEST_WATERMARK,))
+        return int(json.loads(rows[0]["value"])) if rows else None
+
+    def ingested_runs(self, *, after: int, limit: int = 500) -> list[tuple[int, RunInput]]:
+        """Finished ingested runs stored after position ``after``, in the order they were stored, with
+        their position (``healthd ingest`` may store a file of last week now: the position, not the
+        finish time, says what is new)."""
+        return self._run_inputs("r.kind = 'ingest' AND r.state = 'finished' AND r.rowid > ?", "r.rowid LIMIT ?",
+                                (after, limit))
+
+    def _run_inputs(self, where: str, order: str, params: tuple[object, ...]) -> list[tuple[int, RunInput]]:
+        """(store position, run as the judge takes it) of the runs ``r`` matching ``where``, in ``order``."""
+        chosen = f"SELECT r.run_id FROM runs r WHERE {where} ORDER BY {order}"
         measurements: dict[str, list[MeasurementInput]] = {}
         failed: dict[str, list[CheckInput]] = {}
         with self._lock:
             runs = self._query(
-                "SELECT r.run_id, r.probe, r.kind, r.outcome, r.reason, r.finished_at AS at,"
+                "SELECT r.rowid AS pos, r.run_id, r.probe, r.kind, r.outcome, r.reason, r.finished_at AS at,"
                 " (SELECT json_group_array(node) FROM run_nodes n WHERE n.run_id = r.run_id) AS nodes"
-                f" FROM runs r WHERE r.state = 'finished' AND {where} ORDER BY r.finished_at, r.run_id", params)
-            for m in self._query(
-                "SELECT m.run_id, m.node, m.name, m.labels, m.value FROM measurements m JOIN runs r"
-                f" ON r.run_id = m.run_id WHERE r.state = 'finished' AND {where} ORDER BY m.id", params):
+                f" FROM runs r WHERE {where} ORDER BY {order}", params)
+            for m in self._query(f"SELECT m.run_id, m.node, m.name, m.labels, m.value FROM measurements m"
+                                 f" WHERE m.run_id IN ({chosen}) ORDER BY m.id", params):
                 measurements.setdefault(m["run_id"], []).append(
                     MeasurementInput(m["name"], m["value"], json.loads(m["labels"]), m["node"]))
-            for c in self._query(
-                "SELECT c.* FROM checks c JOIN runs r ON r.run_id = c.run_id WHERE c.ok = 0"
-                f" AND r.state = 'finished' AND {where}", params):
+            for c in self._query(f"SELECT c.* FROM checks c WHERE c.ok = 0 AND c.run_id IN ({chosen})", params):
                 failed.setdefault(c["run_id"], []).append(CheckInput(c["name"], c["detail"], c["node"], c["gpu"]))
-        return [
-            RunInput(r["run_id"], r["probe"], tuple(sorted(json.loads(r["nodes"]))), Outcome(r["outcome"]),
-                     r["reason"], r["at"], tuple(measurements.get(r["run_id"], ())),
-                     tuple(failed.get(r["run_id"], ())), RunKind(r["kind"]))
-            for r in runs
-        ]
+        return [(int(r["pos"]), _run_input(r, measurements, failed)) for r in runs]
+
+    def last_ingest_position(self) -> int:
+        rows = self._query("SELECT COALESCE(MAX(rowid), 0) AS pos FROM runs WHERE kind = 'ingest'")
+        return int(rows[0]["pos"])
 
     def marks_since(self, node: str, since: float) -> list[tuple[float, str, int, str]]:
         """(at, probe, severity, code) of the node's judged results after ``since``, oldest first."""

@@ -9,7 +9,7 @@
 #SBATCH --output=/shared/healthd/feedfacecafe0001.log
 #SBATCH --open-mode=append
 #SBATCH --gpus-per-node=8
-#SBATCH --nice=2147483645
+#SBATCH --nice=1000000
 #SBATCH --deadline=now+780
 #SBATCH --partition=gpu
 #SBATCH --qos=healthd

@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
@@ -110,3 +112,29 @@ def slurm_cluster() -> SlurmTestCluster:
                             check=False)
     names = tuple(dict.fromkeys(listed.stdout.split()))
     return SlurmTestCluster(Path(conf), env, directory if ours else None, parse_version(version.stdout), names)
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> object:
+    """``predicate()``'s first truthy value, polled every half second; fails after ``timeout`` s."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def cluster(slurm_cluster: SlurmTestCluster) -> Iterator[SlurmTestCluster]:
+    """All nodes idle and undrained before and after the test (every job cancelled)."""
+    def reset() -> None:
+        slurm_cluster.command("scancel", "--user=root")
+        for node in slurm_cluster.nodes:
+            slurm_cluster.command("scontrol", "update", f"nodename={node}", "state=resume")
+        wait_for(lambda: set(slurm_cluster.command("sinfo", "-h", "-N", "-p", "batch", "-o", "%t").stdout.split())
+                 == {"idle"}, 60, "all nodes idle")
+
+    reset()
+    yield slurm_cluster
+    reset()

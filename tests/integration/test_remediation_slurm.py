@@ -10,7 +10,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,35 +26,10 @@ from healthd.parsers.healthd_json import parse_result
 from healthd.planning import PlanLimits, new_run_id, plan
 from healthd.remediation import Remediator
 from healthd.store import Store
-from tests.integration.conftest import SlurmTestCluster
+from tests.integration.conftest import SlurmTestCluster, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 PROBES = {"gemm": ProbeSettings(interval_s=3600.0, timeout_s=120.0)}
-
-
-def wait_for(predicate: object, timeout: float, what: str) -> object:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()  # type: ignore[operator]
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-@pytest.fixture
-def cluster(slurm_cluster: SlurmTestCluster) -> Iterator[SlurmTestCluster]:
-    """All nodes idle and undrained before and after the test."""
-    def reset() -> None:
-        slurm_cluster.command("scancel", "--user=root")
-        for node in slurm_cluster.nodes:
-            slurm_cluster.command("scontrol", "update", f"nodename={node}", "state=resume")
-        wait_for(lambda: set(slurm_cluster.command("sinfo", "-h", "-N", "-p", "batch", "-o", "%t").stdout.split())
-                 == {"idle"}, 60, "all nodes idle")
-
-    reset()
-    yield slurm_cluster
-    reset()
 
 
 class Rig:

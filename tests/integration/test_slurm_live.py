@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -15,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from healthd.cluster.slurm import SlurmBackend
-from healthd.jobs import MAX_NICE, LaunchSettings
+from healthd.jobs import DEFAULT_NICE, LaunchSettings
 from healthd.model import ProbeJob
 from tests.integration.conftest import SlurmTestCluster
 from tests.integration.daemons import free_port
@@ -41,16 +43,27 @@ def user_job(cluster: SlurmTestCluster, node: str, seconds: int, name: str) -> s
     return done.stdout.strip().split(";")[0]
 
 
-@pytest.mark.parametrize("nice", [MAX_NICE, 0], ids=["healthd-nice", "control-without-nice"])
+@pytest.mark.parametrize("nice", [DEFAULT_NICE, 0], ids=["healthd-nice", "control-without-nice"])
 def test_a_pending_probe_never_starts_before_a_later_user_job(tmp_path: Path, cluster: SlurmTestCluster,
                                                              nice: int) -> None:
-    holder = user_job(cluster, "node1", 12, "user-job-a")
+    holder = user_job(cluster, "node1", 300, "user-job-a")
     wait(lambda: start_time(cluster, holder), 30, "the user job running")
     backend = SlurmBackend(cluster.cli(), LaunchSettings(python=sys.executable, results_dir=tmp_path, nice=nice))
+    pid = cluster.ctld_pid()
+    if pid is not None:  # a controller restart with a probe queued: Slurm's largest nice wraps around after it
+        queued = backend.submit(ProbeJob("feedfacecafe0000", "env", ("node1",), timeout_s=60.0),
+                                tmp_path / "feedfacecafe0000.json")
+        os.kill(pid, signal.SIGTERM)
+        wait(lambda: cluster.ctld_pid() is None, 30, "slurmctld stopped")
+        cluster.start()
+        backend.cancel([queued])
     probe = backend.submit(ProbeJob("feedfacecafe0001", "env", ("node1",), timeout_s=60.0),
                            tmp_path / "feedfacecafe0001.json")
     time.sleep(1)
     later = user_job(cluster, "node1", 5, "user-job-b")
+    time.sleep(1)
+    assert start_time(cluster, probe) is None and start_time(cluster, later) is None  # both wait for node1
+    assert cluster.command("scancel", holder).returncode == 0  # the first user's job ends
     first = wait(lambda: start_time(cluster, probe) or start_time(cluster, later), 90, "node1 free again")
     probe_start, later_start = start_time(cluster, probe), start_time(cluster, later)
     print(f"nice={nice}: probe started at {probe_start}, the later user job at {later_start} (first {first})")

@@ -310,6 +310,10 @@ def test_faults() -> None:
     assert parse_faults("corrupt:1, hang:0") == (Fault("corrupt", 1), Fault("hang", 0))
     assert parse_faults("") == ()
     assert active_faults(1, {"HEALTHD_PROBE_FAULT": "corrupt:1,crash:2"}) == frozenset({"corrupt"})
+    env = {"HEALTHD_PROBE_FAULT": "hang@node2"}
+    assert parse_faults(env["HEALTHD_PROBE_FAULT"]) == (Fault("hang", None, "node2"),)
+    assert active_faults(2, env, node="node2", local_rank=0) == frozenset({"hang"})
+    assert active_faults(3, env, node="node2", local_rank=1) == active_faults(0, env, node="node1") == frozenset()
     for bad in ("explode:1", "hang", "hang:x"):
         with pytest.raises(ValueError, match="HEALTHD_PROBE_FAULT"):
             parse_faults(bad)
@@ -353,6 +357,12 @@ def test_diagnose_never_joined_terminated_and_all_stuck() -> None:
     )
     assert d.culprits == (1,)
     assert d.lines == ("rank 1 never joined (no heartbeat)", "rank 2 was terminated by its launcher (SIGTERM)")
+    # the stuck rank was terminated by the launcher before rank 0 looked: still the one left behind
+    late = diagnose([RankState(rank=r, seq=5, phase="nccl.a", alive=True, node="n1" if r < 2 else "n2")
+                     for r in (0, 1, 3)] + [RankState(rank=2, seq=2, phase="probe.start", node="n2", terminated=True)])
+    assert late.culprits == (2,)
+    assert late.lines == ("rank 2 (node n2) was stuck in phase 'probe.start' while rank 0 reached 'nccl.a' (then "
+                          "terminated by its launcher)",)
     stuck = diagnose([RankState(rank=r, seq=5, phase="nccl.a", alive=True) for r in range(3)])
     assert stuck.culprits == ()
     assert stuck.text == "all 3 ranks stuck in phase 'nccl.a'"

@@ -392,3 +392,25 @@ def test_reconfigure_keeps_the_state_and_applies_new_thresholds() -> None:
     assert [(v.node, v.outcome) for v in out.verdicts] == [] and verdict(fleet, "n4") == ("pass", "ok")
     assert len(fleet.judge.series[("n4", SeriesKey.of("gemm", "flop_per_second",
                                                       {"gpu": "0", "dtype": "bf16"}))].accepted) == 4
+
+
+def test_a_confirmed_node_in_service_is_rechecked_soon_and_clears_after_a_repair() -> None:
+    fleet = Fleet([f"n{i}" for i in range(10)])
+    fleet.healthy_gemm_rounds()
+    fleet.feed([fleet.gemm(n, {5: 350e12} if n == "n3" else None) for n in fleet.names], advance=60)
+    fleet.feed([fleet.gemm("n3", {5: 350e12}, priority=True)], advance=60)
+    assert fleet.judge.confirmed_findings() == {"n3": ("gemm",)}
+    every = JudgeSettings().confirm.recheck_interval_s
+    assert 0 < every < GEMM["gemm"].interval_s
+    last = {("n3", "gemm"): fleet.t - every + 1}
+    assert fleet.judge.priority_requests({}, GEMM, last, fleet.t) == []  # not yet
+    last = {("n3", "gemm"): fleet.t - every}
+    (req,) = fleet.judge.priority_requests({}, GEMM, last, fleet.t)
+    assert (req.nodes, req.allow_drained, req.reason) == (("n3",), False, "recheck of a confirmed finding")
+    # a node healthd drained itself is rechecked at the probe's interval only (it runs no user jobs)
+    assert fleet.judge.priority_requests({"n3": ("gemm",)}, GEMM, last, fleet.t) == []
+    # repaired: two good rechecks clear the finding
+    fleet.feed([fleet.gemm("n3", priority=True)], advance=every)
+    fleet.feed([fleet.gemm("n3", priority=True)], advance=every)
+    assert verdict(fleet, "n3") == ("pass", "ok")
+    assert fleet.judge.confirmed_findings() == {}

@@ -1,0 +1,75 @@
+"""The judge's operating curve: one scenario at several noise levels (issue 13).
+
+Runs ``healthd simulate`` in-process for each ``--noise`` factor (every class's ``noise`` is
+multiplied by it; ``bench/scenarios/curve-1000.toml`` has 1% noise, so the factors are the noise
+in percent) and prints one Markdown row per level: faults found, how fast, false
+recommendations and drains, and the detection limit, read from the scenario's ``drift`` fault
+(the drop at which the drifting node was found, also in units of the run-to-run noise).
+
+    .venv/bin/python bench/operating_curve.py [--scenario bench/scenarios/curve-1000.toml] [--noise 1,2,3,4,6]
+    .venv/bin/python bench/operating_curve.py --reports DIR   # summarise saved `simulate --json` reports
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from healthd.simulate import load_scenario, scale_noise, simulate
+
+REPO = Path(__file__).resolve().parents[1]
+HEADER = ("| noise | faults found | -20% or worse within 2 rounds | rounds to find (median / max) | named right "
+          "| false recommendations | false drains | drift found at (drop, noise units) |")
+
+
+def row(noise_pct: float, report: Mapping[str, Any], faults: Sequence[Mapping[str, Any]]) -> str:
+    """One table row from a ``SimReport.to_dict()`` and the scenario's fault specs (same order)."""
+    pairs = [(spec, got) for spec, got in zip(faults, report["faults"], strict=True) if spec["kind"] != "error"]
+    found = [(spec, got) for spec, got in pairs if got["found_round"] is not None]
+    big = [(spec, got) for spec, got in pairs if spec["kind"] not in ("drift",)
+           and (spec["kind"] not in ("node", "gpu", "link") or spec.get("factor", 1.0) <= 0.8)]
+    fast = [got for _, got in big if got["rounds_to_find"] is not None and got["rounds_to_find"] <= 2]
+    rounds = [got["rounds_to_find"] for spec, got in found if spec["kind"] != "drift"]
+    named = [got for _, got in found if got["named_right"]]
+    drift = "-"
+    for spec, got in pairs:
+        if spec["kind"] == "drift":
+            if got["found_round"] is None:
+                drift = "not found"
+            else:
+                drop = 1 - spec.get("per_round", 0.98) ** (got["found_round"] - spec.get("from_round", 1) + 1)
+                drift = f"-{drop * 100:.0f}% ({drop * 100 / noise_pct:.1f})"
+    med = f"{statistics.median(rounds):g} / {max(rounds)}" if rounds else "-"
+    return (f"| {noise_pct:g}% | {len(found)} of {len(pairs)} | {len(fast)} of {len(big)} | {med} "
+            f"| {len(named)} of {len(found)} | {len(report['false_recommendations'])} "
+            f"| {len(report['false_drains'])} | {drift} |")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scenario", type=Path, default=REPO / "bench" / "scenarios" / "curve-1000.toml")
+    parser.add_argument("--noise", default="1,2,3,4,6", help="comma-separated factors (default 1,2,3,4,6)")
+    parser.add_argument("--reports", type=Path, help="a folder of n<factor>.json from `healthd simulate --json`")
+    args = parser.parse_args(argv)
+    scenario = load_scenario(args.scenario)
+    base = scenario.classes[0].noise * 100
+    faults = [f.model_dump() for f in scenario.faults]
+    print(HEADER)
+    print("|" + "---|" * HEADER.count(" | ") + "---|")
+    for text in args.noise.split(","):
+        factor = float(text)
+        if args.reports is not None:
+            report = json.loads((args.reports / f"n{text}.json").read_text())
+        else:
+            report = simulate(scale_noise(scenario, factor), echo=False).to_dict()
+        print(row(base * factor, report, faults), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
