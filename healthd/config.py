@@ -32,11 +32,25 @@ from probes.catalogue import PROBE_NAMES
 
 DEFAULT_CONFIG_PATH = Path("/etc/healthd/healthd.toml")
 
-PositiveSeconds = Annotated[float, Field(gt=0)]
+MIN_SECONDS = 0.01
+MAX_SECONDS = 366 * 86400.0
+"""Every duration in the config lies within these (a year: longer ones overflow timers and sbatch's ``--time``)."""
+MAX_COUNT = 1_000_000
+"""The largest count or cap any setting takes (nodes, ranks, actions, samples)."""
+
+PositiveSeconds = Annotated[float, Field(ge=MIN_SECONDS, le=MAX_SECONDS)]
+Count = Annotated[int, Field(ge=1, le=MAX_COUNT)]
+SlurmName = Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]+$", max_length=200)]
+"""A Slurm partition, QoS, account or reservation name: what sbatch takes as one word."""
+SlurmNames = Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]+(,[A-Za-z0-9._-]+)*$", max_length=1000)]
+"""One or more Slurm names separated by commas (``--partition``, ``--reservation``)."""
+SbatchArg = Annotated[str, Field(pattern=r"^-[^\s'\"\\]*$", max_length=1000)]
+"""An sbatch option, ``--opt`` or ``--opt=value``: one word, no quotes or backslashes."""
+HostlistWord = Annotated[str, Field(pattern=r"^[^\s'\"\\]+$", max_length=10_000)]
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 def default_state_dir() -> Path:
@@ -50,12 +64,18 @@ def default_state_dir() -> Path:
 class HttpSettings(_Section):
     host: str = "0.0.0.0"
     port: int = Field(default=9469, ge=0, le=65535)
+    web_config_file: Path | None = None
+    """TLS and basic auth, in Prometheus exporter-toolkit's web config format (``healthd.webconfig``)."""
+    workers: int = Field(default=8, ge=1, le=256)
+    request_timeout_s: float = Field(default=10.0, ge=0.1, le=300)
+    """An idle connection is closed, and a socket read or write gives up, after this long."""
+    max_connections: int = Field(default=4096, ge=16, le=1_000_000)
 
 
 class StoreSettings(_Section):
     path: Path | None = None
     """SQLite file; default ``<state_dir>/healthd.sqlite``."""
-    retention_days: float = Field(default=90.0, gt=0)
+    retention_days: float = Field(default=90.0, ge=MIN_SECONDS / 86400, le=3660)
 
 
 class SchedulerSettings(_Section):
@@ -106,12 +126,12 @@ class LauncherSettings(_Section):
 class ProbeSettings(_Section):
     enabled: bool = True
     interval_s: PositiveSeconds = 3600.0
-    jitter_s: float = Field(default=0.0, ge=0)
+    jitter_s: float = Field(default=0.0, ge=0, le=MAX_SECONDS)
     timeout_s: PositiveSeconds = 300.0
     args: list[str] = Field(default_factory=list)
     """Extra options for ``python -m probes <name>``, e.g. ``["--sizes", "8K,64M,1G"]``."""
-    nodes_per_job: int = Field(default=1, ge=1)
-    ranks_per_node: int | None = Field(default=None, ge=1)
+    nodes_per_job: Count = 1
+    ranks_per_node: int | None = Field(default=None, ge=1, le=4096)
     """Tasks per node under Slurm (default: the node's GPU count, or 1); local ranks locally."""
     launcher: LauncherSettings | None = None
     """Launch environment for this probe (default bare); a node class's launcher overrides it."""
@@ -135,9 +155,9 @@ class LocalSettings(_Section):
     node_name: str = Field(default_factory=lambda: socket.gethostname().split(".")[0])
     python: Path = Field(default_factory=lambda: Path(sys.executable))
     """The Python that runs ``-m probes`` (needs torch: ``healthd[probes]``; checked at start)."""
-    ranks: int = Field(default=2, ge=1)
+    ranks: int = Field(default=2, ge=1, le=4096)
     """Local ranks for distributed probes (``--nproc``)."""
-    max_concurrent: int = Field(default=1, ge=1)
+    max_concurrent: int = Field(default=1, ge=1, le=4096)
 
     @field_validator("node_name")
     @classmethod
@@ -153,7 +173,7 @@ class NodeClassRule(_Section):
 
     name: str = Field(pattern=r"^[A-Za-z0-9._-]+$")
     gpu_type: str | None = None
-    gpus: int | None = Field(default=None, ge=0)
+    gpus: int | None = Field(default=None, ge=0, le=4096)
     partition: str | None = None
     features: list[str] = Field(default_factory=list)
     launcher: LauncherSettings | None = None
@@ -167,14 +187,14 @@ class SlurmSettings(_Section):
     """Directory of sinfo/squeue/sbatch/scancel/scontrol; default: found on PATH."""
     command_timeout_s: PositiveSeconds = 30.0
     job_name_prefix: str = Field(default="healthd.", pattern=r"^[A-Za-z0-9._-]+$")
-    partitions: list[str] = Field(default_factory=list)
+    partitions: list[SlurmName] = Field(default_factory=list)
     """Only probe nodes in these partitions (empty: all)."""
-    exclude_nodes: list[str] = Field(default_factory=list)
-    partition: str | None = None
-    qos: str | None = None
-    account: str | None = None
-    reservation: str | None = None
-    extra_sbatch_args: list[str] = Field(default_factory=list)
+    exclude_nodes: list[HostlistWord] = Field(default_factory=list)
+    partition: SlurmNames | None = None
+    qos: SlurmName | None = None
+    account: SlurmName | None = None
+    reservation: SlurmNames | None = None
+    extra_sbatch_args: list[SbatchArg] = Field(default_factory=list)
     results_dir: Path | None = None
     """Directory shared between compute nodes and this host; default ``<state_dir>/results``."""
     python: str = Field(default_factory=lambda: sys.executable)
@@ -184,7 +204,7 @@ class SlurmSettings(_Section):
     Of the order of one plan interval: a pending probe may hold a node ahead of later user jobs."""
     nice: int = Field(default=DEFAULT_NICE, ge=0, le=MAX_NICE)
     """``sbatch --nice``: probes rank below every user job (see ``healthd.jobs.DEFAULT_NICE``)."""
-    max_concurrent_jobs: int = Field(default=8, ge=1)
+    max_concurrent_jobs: Count = 8
     max_idle_share: float = Field(default=0.25, gt=0, le=1)
     node_classes: list[NodeClassRule] = Field(default_factory=list)
     """First match wins; a node matching none is ``<gpu type>x<gpu count>`` (or ``cpu``)."""
@@ -207,7 +227,7 @@ class SeriesSelector(_Section):
     name: str
     labels: dict[str, str] = Field(default_factory=dict)
     sizes: Literal["all", "largest"] = "all"
-    min_size_bytes: int = Field(default=0, ge=0)
+    min_size_bytes: int = Field(default=0, ge=0, le=1 << 62)
     direction: Literal["auto", "higher", "lower"] = "auto"
     """``auto``: names ending in ``_seconds`` are better lower, everything else higher."""
     required: bool = False
@@ -232,26 +252,26 @@ class FloorRule(_Section):
     probe: str
     name: str
     labels: dict[str, str] = Field(default_factory=dict)
-    min_size_bytes: int = Field(default=0, ge=0)
-    value: float = Field(gt=0)
+    min_size_bytes: int = Field(default=0, ge=0, le=1 << 62)
+    value: float = Field(gt=0, le=1e30)
     source: str = ""
 
 
 class BaselineSettings(_Section):
-    window: int = Field(default=10, ge=1)
+    window: int = Field(default=10, ge=1, le=10_000)
     """Passing results kept per node and series; the baseline is their median."""
-    min_samples: int = Field(default=3, ge=1)
+    min_samples: int = Field(default=3, ge=1, le=10_000)
     drift_fraction: Fraction = 0.10
     """``degraded`` when a result is this fraction worse than the node's own baseline..."""
-    spread_k: float = Field(default=4.0, ge=0)
+    spread_k: float = Field(default=4.0, ge=0, le=1000)
     """...or, for a noisy series, this many robust standard deviations of its history, if larger."""
     max_age_s: PositiveSeconds = 30 * 86400.0
 
 
 class FleetSettings(_Section):
-    min_nodes: int = Field(default=5, ge=2)
+    min_nodes: int = Field(default=5, ge=2, le=MAX_COUNT)
     """Fewer nodes of a class with a recent result: no fleet comparison."""
-    z_threshold: float = Field(default=3.5, gt=0)
+    z_threshold: float = Field(default=3.5, gt=0, le=1000)
     """Robust z-score (median / MAD) below which a result is an outlier..."""
     min_deviation: Fraction = 0.10
     """...provided it is also at least this fraction worse than the class median."""
@@ -260,26 +280,26 @@ class FleetSettings(_Section):
     """Fleet events: among each node's latest regular result in this window..."""
     event_share: float = Field(default=0.2, gt=0, le=1)
     """...this share flagged at once is a fleet event, not that many broken nodes..."""
-    event_recent: int = Field(default=12, ge=1)
+    event_recent: int = Field(default=12, ge=1, le=10_000)
     event_recent_share: float = Field(default=0.5, gt=0, le=1)
     """...as is this share of the ``event_recent`` newest results (a change seen as it starts)."""
-    event_min_nodes: int = Field(default=3, ge=1)
+    event_min_nodes: Count = 3
 
 
 class ConfirmSettings(_Section):
-    n: int = Field(default=2, ge=1)
-    m: int = Field(default=3, ge=1)
+    n: int = Field(default=2, ge=1, le=1000)
+    m: int = Field(default=3, ge=1, le=1000)
     """A finding counts when it is seen in ``n`` of the node's last ``m`` judged results."""
     window_s: PositiveSeconds = 86400.0
     request_timeout_s: PositiveSeconds = 1800.0
     """A confirmation or localisation re-probe not run by then is given up (asked again if needed)."""
-    partners: int = Field(default=8, ge=1)
+    partners: int = Field(default=8, ge=1, le=1000)
     """Known-good partners offered to the planner per re-probe of a multi-node probe."""
-    recheck_interval_s: float = Field(default=120.0, ge=0)
+    recheck_interval_s: float = Field(default=120.0, ge=0, le=366 * 86400)
     """A node with a confirmed finding is re-probed (while idle) this often, instead of at its probe's
     interval, so that a repair is seen within minutes and the finding, its alert and recommendation
     clear; 0: only at the probe's interval."""
-    error_streak: int = Field(default=3, ge=1)
+    error_streak: int = Field(default=3, ge=1, le=1000)
     """A node whose probe errored this many times in a row while at most ``error_class_share`` of its
     class errs gets an ``error`` verdict with reason ``repeated_errors`` (a finding; never a drain)."""
     error_class_share: Fraction = 0.2
@@ -298,10 +318,10 @@ class JudgeSettings(_Section):
     """Also use the packaged floor table (``healthd/judge/floors.toml``)."""
     noise_band: Fraction = 0.03
     """Expected run-to-run spread; no deviation smaller than twice this is ever flagged."""
-    false_drains_per_1000_node_days: float = Field(default=0.1, gt=0)
+    false_drains_per_1000_node_days: float = Field(default=0.1, gt=0, le=1000)
     """The false drains healthd may make, on average, per 1,000 node-days: each threshold is at least
     k x the series' noise, k derived from this and the number of tests (``healthd.judge.noise``)."""
-    runs_per_node_day: float = Field(default=48.0, gt=0)
+    runs_per_node_day: float = Field(default=48.0, gt=0, le=100000)
     """Judged runs of one probe per node and day (about 86400 / the probes' ``interval_s``, plus re-probes)."""
     baseline: BaselineSettings = BaselineSettings()
     fleet: FleetSettings = FleetSettings()
@@ -326,34 +346,35 @@ class SweepSettings(_Section):
     probe: Literal["nccl"] = "nccl"
     interval_s: PositiveSeconds = 86400.0
     """Each node count is measured again after this long."""
-    max_nodes: int = Field(default=16, ge=2)
+    max_nodes: int = Field(default=16, ge=2, le=MAX_COUNT)
     max_share: float = Field(default=0.5, gt=0, le=1)
     """At most this share of a class's probeable nodes is taken by one sweep job."""
     timeout_s: PositiveSeconds = 600.0
     args: list[str] = Field(default_factory=lambda: ["--collectives", "all_reduce", "--scope", "group"])
-    ranks_per_node: int | None = Field(default=None, ge=1)
+    ranks_per_node: int | None = Field(default=None, ge=1, le=4096)
 
 
 class RemediationSettings(_Section):
     mode: Literal["observe", "recommend", "enforce"] = "recommend"
-    reason_prefix: str = Field(default="healthd:", pattern=r"^\S+:$")
+    reason_prefix: str = Field(default="healthd:", pattern=r"^[A-Za-z0-9._/-]{1,32}:$")
+    """Starts every drain reason healthd writes, and marks the drains it owns (``NHC:`` is NHC's)."""
     act_on: list[Literal["fail", "degraded"]] = Field(default_factory=lambda: _ACT_ON_DEFAULT.copy())
     """Confirmed outcomes that are recommended for a drain (and drained in ``enforce``)."""
-    max_actions_per_hour: int = Field(default=10, ge=0)
+    max_actions_per_hour: int = Field(default=10, ge=0, le=MAX_COUNT)
     breaker_window_s: PositiveSeconds = 21600.0
     breaker_class_share: float = Field(default=0.10, gt=0, le=1)
-    breaker_class_min_nodes: int = Field(default=3, ge=1)
-    breaker_max_nodes: int = Field(default=50, ge=1)
-    breaker_cooldown_s: float = Field(default=21600.0, ge=0)
+    breaker_class_min_nodes: Count = 3
+    breaker_max_nodes: Count = 50
+    breaker_cooldown_s: float = Field(default=21600.0, ge=0, le=MAX_SECONDS)
     """An open breaker closes by itself after this long (0: only ``healthd breaker --reset``)."""
     max_evidence_age_s: PositiveSeconds = 3600.0
     """Only act on recommendations whose evidence is this fresh (no replay of stale findings)."""
-    undrain_after_passes: int = Field(default=0, ge=0)
+    undrain_after_passes: int = Field(default=0, ge=0, le=10_000)
     """Undrain healthd's own drains after this many consecutive passes (0: never)."""
     recheck_drained: bool = False
     """Ask the planner to probe healthd-drained idle nodes (needs a cluster that runs jobs on them)."""
     repeat_window_s: PositiveSeconds = 7 * 86400.0
-    repeat_max_drains: int = Field(default=2, ge=1)
+    repeat_max_drains: int = Field(default=2, ge=1, le=10_000)
     """A node drained this often within ``repeat_window_s`` is left to humans: recommend only."""
 
 
@@ -370,6 +391,7 @@ class Settings(BaseSettings):
         env_nested_delimiter="__",
         extra="forbid",
         frozen=True,
+        allow_inf_nan=False,
     )
 
     backend: Literal["auto", "local", "slurm"] = "auto"
@@ -471,8 +493,16 @@ def load_settings(path: str | Path | None = None) -> tuple[Settings, Path | None
             raise ConfigError(f"{config_path}: is a directory, not a config file") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{config_path}: not valid TOML: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{config_path}: not valid TOML: not UTF-8 at byte {exc.start}") from None
+        except RecursionError:
+            raise ConfigError(f"{config_path}: not valid TOML: nested too deeply") from None
+        except OSError as exc:
+            raise ConfigError(f"{config_path}: cannot read the config file: {exc.strerror or exc}") from None
     try:
         settings = Settings(**data)
     except ValidationError as exc:
         raise ConfigError(_format_errors(source, exc)) from None
+    except RecursionError:
+        raise ConfigError(f"{source}: a value is nested too deeply") from None
     return settings, config_path

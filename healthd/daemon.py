@@ -37,6 +37,7 @@ from healthd.remediation import Remediator, recommendations_document
 from healthd.sdnotify import Notifier
 from healthd.store import Store
 from healthd.store.rows import RunRow
+from healthd.webconfig import BasicAuth, WebConfig, load_web_config
 
 log = get_logger(__name__)
 _Output = TypeVar("_Output")
@@ -58,6 +59,7 @@ class Daemon:
         self.notifier = Notifier()
         if problem := results_dir_problem(settings.results_dir):
             raise ConfigError(problem)
+        web = load_web_config(settings.http.web_config_file) if settings.http.web_config_file else WebConfig()
         try:
             settings.results_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
         except OSError as exc:
@@ -82,8 +84,12 @@ class Daemon:
             on_error=lambda kind: self.metrics.errors.labels(kind).inc(),
         )
         routes = {"/api/v1/recommendations": lambda: recommendations_document(self.store, self.settings.remediation)}
-        self.http = HttpServer(HttpApp(self.registry, self.store, self.healthy, routes), settings.http.host,
-                               settings.http.port)
+        self.http = HttpServer(
+            HttpApp(self.registry, self.store, self.healthy, routes, auth=BasicAuth(web.users) if web.users else None),
+            settings.http.host, settings.http.port, tls=web.tls.context() if web.tls else None,
+            workers=settings.http.workers, request_timeout_s=settings.http.request_timeout_s,
+            max_connections=settings.http.max_connections,
+        )
         self.scheduler = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(max_workers=4)},
             job_defaults={"coalesce": True, "max_instances": 1,
@@ -323,13 +329,29 @@ class Daemon:
         try:
             new, _ = load_settings(self.config_path)
         except ConfigError as exc:
-            self.metrics.errors.labels("config_reload").inc()
-            log.error("config_reload_refused", error=str(exc))
-            self.notifier.ready(status="config reload refused; old config in force")
+            self._reload_refused(str(exc))
+            return
+        except Exception as exc:  # whatever a hostile file does to the parsers, the old config stays
+            self._reload_refused(f"{type(exc).__name__}: {exc}")
             return
         for key in ("http", "store", "backend", "state_dir"):
             if getattr(new, key) != getattr(self.settings, key):
                 log.warning("config_change_needs_restart", key=key)
+        old = self.settings
+        try:
+            self._apply(new)
+        except Exception as exc:
+            log.exception("config_apply_failed")
+            try:
+                self._apply(old)
+            except Exception:
+                log.exception("config_restore_failed")
+            self._reload_refused(f"{type(exc).__name__}: {exc}")
+            return
+        log.info("config_reloaded", config=str(self.config_path))
+        self.notifier.ready(status="config reloaded")
+
+    def _apply(self, new: Settings) -> None:
         self.settings = new
         self.collector.pending_timeout_s = new.slurm.pending_timeout_s
         self.judge.reconfigure(new.judge)
@@ -339,8 +361,11 @@ class Daemon:
                                ("collect", new.scheduler.collect_interval_s),
                                ("housekeeping", new.scheduler.housekeeping_interval_s)):
             self.scheduler.reschedule_job(name, trigger="interval", seconds=interval)
-        log.info("config_reloaded", config=str(self.config_path))
-        self.notifier.ready(status="config reloaded")
+
+    def _reload_refused(self, error: str) -> None:
+        self.metrics.errors.labels("config_reload").inc()
+        log.error("config_reload_refused", error=error)
+        self.notifier.ready(status="config reload refused; old config in force")
 
     def stop(self) -> None:
         """Stop within ``STOP_DEADLINE_S``: no new ticks, local probes killed, HTTP closed, store closed."""

@@ -181,8 +181,8 @@ def _reason(reason: str) -> str:
     text = reason.strip()
     if not text:
         raise ValueError("a drain reason must not be empty")
-    if any(c in text for c in "\n\r\0"):
-        raise ValueError(f"a drain reason must be one line: {reason!r}")
+    if not text.isprintable():
+        raise ValueError(f"a drain reason must be one line of printable characters: {reason!r}")
     return text
 
 

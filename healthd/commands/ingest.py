@@ -1,16 +1,19 @@
 """``healthd ingest`` (store other tools' output as runs) and ``healthd parse`` (print it, store nothing).
 
 ``ingest`` prints one line per stored run (normally one per file) on stdout and one line per
-file it could not use on stderr; it exits 1 when a file could not be read, held unreadable
-output (stored as an ``error`` run when a node is known) or could not be attributed to a
-node, else 0, whatever the outcomes of the runs it stored.
+file it could not use on stderr, and goes on to the next file whatever went wrong; it exits 1
+when a file could not be read, held unreadable output (stored as an ``error`` run when a node
+is known), could not be attributed to a node or could not be stored, else 0, whatever the
+outcomes of the runs it stored.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sqlite3
+import stat
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -67,10 +70,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _read(path: Path) -> tuple[bytes, float]:
-    """The file's bytes (at most one more than ``MAX_FILE_BYTES``) and its modification time."""
-    with path.open("rb") as fh:
-        mtime = os.fstat(fh.fileno()).st_mtime
-        return fh.read(MAX_FILE_BYTES + 1), mtime
+    """The file's bytes (at most one more than ``MAX_FILE_BYTES``) and its modification time.
+
+    :raises OSError: also for anything but a regular file (a FIFO would block, a device never end).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        return fh.read(MAX_FILE_BYTES + 1), st.st_mtime
 
 
 def _where(nodes: tuple[str, ...] | list[str]) -> str:
@@ -115,23 +124,32 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     try:
         for path in args.files:
             try:
-                data, mtime = _read(path)
-            except OSError as exc:
-                print(f"{path}: cannot read: {exc.strerror or exc}", file=sys.stderr)
+                trouble = not _ingest_file(store, path, args) or trouble
+            except Exception as exc:  # one bad file never stops the others
+                print(f"{path}: not stored: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
                 trouble = True
-                continue
-            try:
-                prepared = prepare(data, tool=args.tool, node=args.node, at=args.time or mtime, name=str(path))
-            except IngestError as exc:
-                print(str(exc), file=sys.stderr)
-                trouble = True
-                continue
-            for item in prepared:
-                print(_store_one(store, item, path), flush=True)
-                trouble = trouble or not item.readable
     finally:
         store.close()
     return EXIT_TROUBLE if trouble else EXIT_OK
+
+
+def _ingest_file(store: Store, path: Path, args: argparse.Namespace) -> bool:
+    """Store the runs of one file; whether it was fully usable (messages printed here)."""
+    try:
+        data, mtime = _read(path)
+    except OSError as exc:
+        print(f"{path}: cannot read: {exc.strerror or exc}", file=sys.stderr)
+        return False
+    try:
+        prepared = prepare(data, tool=args.tool, node=args.node, at=args.time or mtime, name=str(path))
+    except IngestError as exc:
+        print(str(exc), file=sys.stderr)
+        return False
+    usable = True
+    for item in prepared:
+        print(_store_one(store, item, path), flush=True)
+        usable = usable and item.readable
+    return usable
 
 
 def _summary(result: ProbeResult) -> list[str]:

@@ -48,6 +48,8 @@ def call_backend(cluster: DrainCapability, call: BackendCall) -> CallResult:
         return CallResult("refused", str(exc))
     except BackendError as exc:
         return CallResult("failed", str(exc))
+    except ValueError as exc:  # an argument the Slurm argv builders refuse: never a crashed tick
+        return CallResult("refused", str(exc))
     return DONE
 
 

@@ -128,7 +128,13 @@ def drain_reason(prefix: str, rec: RecommendationRow) -> str:
     run_ids = rec.evidence.get("run_ids")
     if isinstance(run_ids, list) and run_ids:
         parts.append(f"run {run_ids[-1]}")
-    return " ".join(parts)[:MAX_REASON]
+    return one_line_reason(" ".join(parts))
+
+
+def one_line_reason(text: str) -> str:
+    """What may reach ``scontrol update Reason=``: printable characters only (a newline, tab or other
+    control character becomes a space), at most ``MAX_REASON`` of them."""
+    return "".join(c if c.isprintable() else " " for c in text).strip()[:MAX_REASON]
 
 
 def pass_streak(marks: Sequence[JudgedMark], probe: str) -> int:
@@ -374,7 +380,7 @@ def drain_by_hand(name: str, text: str, *, actor: str, nodes: Mapping[str, Node]
         why = ("already drained by healthd" if current.owned_by(settings.reason_prefix)
                else f"drained or marked by someone else (reason: {current.reason!r}); not touching it")
         return refuse_by_hand("drain", name, why, actor=actor)
-    reason = f"{settings.reason_prefix} {ReasonCode.MANUAL.value} {text}".strip()[:MAX_REASON]
+    reason = one_line_reason(f"{settings.reason_prefix} {ReasonCode.MANUAL.value} {text}")
     b = _Builder(results or {})
     result = b.call(BackendCall("drain", name, reason))
     if result.result != "done":

@@ -38,6 +38,7 @@ class Database:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.RLock()
+        self._commits = 0
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=BUSY_TIMEOUT_S)
@@ -50,6 +51,11 @@ class Database:
             self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_POLL_S * 1000)}")
         except (sqlite3.Error, OSError) as exc:
             raise StoreError(f"cannot open the state store {path}: {exc}") from None
+
+    def data_version(self) -> tuple[int, int]:
+        """Differs after any commit, by this object or by another process (SQLite's ``data_version``)."""
+        with self._lock:
+            return self._commits, int(self._db.execute("PRAGMA data_version").fetchone()[0])
 
     @property
     def schema_version(self) -> int:
@@ -67,6 +73,7 @@ class Database:
             try:
                 yield self._db
                 self._db.execute("COMMIT")
+                self._commits += 1
             except BaseException as exc:
                 self._rollback()
                 if isinstance(exc, sqlite3.Error) and not isinstance(exc, sqlite3.IntegrityError):
