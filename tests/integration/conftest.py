@@ -127,9 +127,11 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> obje
 
 @pytest.fixture
 def cluster(slurm_cluster: SlurmTestCluster) -> Iterator[SlurmTestCluster]:
-    """All nodes idle and undrained before and after the test (every job cancelled)."""
+    """All nodes idle and undrained before and after the test (every job cancelled, the tests'
+    reservation deleted)."""
     def reset() -> None:
         slurm_cluster.command("scancel", "--user=root")
+        slurm_cluster.command("scontrol", "delete", "reservation=hd_test")
         for node in slurm_cluster.nodes:
             slurm_cluster.command("scontrol", "update", f"nodename={node}", "state=resume")
         wait_for(lambda: set(slurm_cluster.command("sinfo", "-h", "-N", "-p", "batch", "-o", "%t").stdout.split())

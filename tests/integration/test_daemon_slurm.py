@@ -10,7 +10,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -81,25 +81,6 @@ def wait(predicate: Callable[[], object], timeout: float, what: str, daemon: Dae
         time.sleep(0.5)
     log = daemon.log_path.read_text()[-4000:] if daemon else ""
     raise AssertionError(f"timed out waiting for {what}\n{log}")
-
-
-@pytest.fixture
-def cluster(slurm_cluster: SlurmTestCluster) -> Iterator[SlurmTestCluster]:
-    """The cluster, all idle before and after the test (jobs cancelled, drains and reservations removed)."""
-    def reset() -> None:
-        ours = [line.split()[0] for line in slurm_cluster.command("squeue", "-h", "-o", "%i %j").stdout.splitlines()
-                if line.split()[1].startswith(("healthd.", "user-job", "user-training"))]
-        if ours:
-            slurm_cluster.command("scancel", *ours)
-        slurm_cluster.command("scontrol", "delete", "reservation=hd_test")
-        for node in slurm_cluster.nodes:
-            slurm_cluster.command("scontrol", "update", f"nodename={node}", "state=resume")
-        wait(lambda: set(slurm_cluster.command("sinfo", "-h", "-N", "-p", "batch", "-o", "%t").stdout.split())
-             == {"idle"}, 60, "all nodes idle")
-
-    reset()
-    yield slurm_cluster
-    reset()
 
 
 def start(tmp_path: Path, config: Path, port: int, env: dict[str, str]) -> DaemonProc:

@@ -21,10 +21,9 @@ from healthd.jobs import DEFAULT_NICE, LaunchSettings
 from healthd.model import ProbeJob
 from tests.integration.conftest import SlurmTestCluster
 from tests.integration.daemons import free_port
-from tests.integration.test_daemon_slurm import cluster, runs, start, wait, write_config
+from tests.integration.test_daemon_slurm import runs, start, wait, write_config
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-__all__ = ["cluster"]
 
 
 def start_time(cluster: SlurmTestCluster, job_id: str) -> float | None:
