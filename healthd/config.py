@@ -155,8 +155,9 @@ class LocalSettings(_Section):
     node_name: str = Field(default_factory=lambda: socket.gethostname().split(".")[0])
     python: Path = Field(default_factory=lambda: Path(sys.executable))
     """The Python that runs ``-m probes`` (needs torch: ``healthd[probes]``; checked at start)."""
-    ranks: int = Field(default=2, ge=1, le=4096)
-    """Local ranks for distributed probes (``--nproc``)."""
+    ranks: int | None = Field(default=None, ge=1, le=4096)
+    """Local ranks for distributed probes (``--nproc``); default: every GPU of the machine (the probes'
+    launcher counts them, honouring ``CUDA_VISIBLE_DEVICES``), 2 on a machine without GPUs."""
     max_concurrent: int = Field(default=1, ge=1, le=4096)
 
     @field_validator("node_name")

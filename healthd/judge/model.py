@@ -159,6 +159,7 @@ class CheckInput:
     detail: str
     node: str | None = None
     gpu: int | None = None
+    gpu_uuid: str | None = None
 
 
 @dataclass(frozen=True)
