@@ -241,6 +241,9 @@ def _default_series() -> list[SeriesSelector]:
         SeriesSelector(probe="nccl", name="busbw_bytes_per_second", sizes="largest", required=True),
         SeriesSelector(probe="ddp", name="throughput_samples_per_second", required=True),
         SeriesSelector(probe="ddp", name="scaling_efficiency_ratio"),
+        SeriesSelector(probe="ddp", name="model_flop_per_second"),
+        SeriesSelector(probe="compute", name="mlp_flop_per_second", required=True),
+        SeriesSelector(probe="compute", name="embedding_bag_bytes_per_second"),
     ]
 
 

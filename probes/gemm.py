@@ -170,7 +170,7 @@ def _native_cpu_bf16() -> bool:
     return bool(supported()) if supported is not None else True
 
 
-def _time_each(ctx: ProbeContext, fn: Any, count: int) -> list[float]:
+def time_each(ctx: ProbeContext, fn: Any, count: int) -> list[float]:
     """Seconds of each of ``count`` calls of ``fn(i)``: CUDA events on GPU, host clock on CPU."""
     import torch
 
@@ -217,7 +217,7 @@ def _gemm(ctx: ProbeContext, dtype: str, n: int, warmup: int, iters: int) -> Gem
         ctx.sync()
     ctx.barrier()
     ctx.mark(f"gemm.{dtype}.timed")
-    times = _time_each(ctx, step, iters)
+    times = time_each(ctx, step, iters)
     ctx.mark(f"gemm.{dtype}.check")
     last = (iters - 1) % sets
     c = ops.c[last]
@@ -246,7 +246,7 @@ def _copy_bandwidth(ctx: ProbeContext, nbytes: int, iters: int) -> float:
         dst.copy_(src)
     ctx.sync()
     ctx.barrier()
-    times = _time_each(ctx, lambda _: dst.copy_(src), iters)
+    times = time_each(ctx, lambda _: dst.copy_(src), iters)
     return 2 * elems * 4 / median(times)
 
 

@@ -72,6 +72,7 @@ def test_ddp_two_ranks() -> None:
         ("step_seconds", "0.9"),
         ("single_rank_throughput_samples_per_second", None),
         ("scaling_efficiency_ratio", None),
+        ("model_flop_per_second", None),
     }
     batch = result.params["batch_size"]
     assert batch == 4 and result.params["steps"] == 4
@@ -87,7 +88,14 @@ def test_ddp_two_ranks() -> None:
     assert [(c.name, c.ok, c.detail) for c in result.checks] == [
         ("ddp.parameters_identical", True, "0 parameter elements differ across ranks")
     ]
-    assert result.params["parameters"] > 0
+    assert result.params["parameters"] == 136_960  # by hand in tests/probes/test_model_flops.py
+    flops = m[("model_flop_per_second", None)]
+    assert flops.labels == {"dtype": "fp32"}
+    tokens = batch * result.params["seq_len"]
+    assert flops.value == pytest.approx(6 * 136_960 * tokens / p50)
+    step_p50 = {r: v for r, v in enumerate(m[("step_seconds", "0.5")].per_rank or [])}
+    assert flops.per_rank == pytest.approx([6 * 136_960 * tokens / step_p50[r] for r in range(2)])
+    assert result.params["flop_per_token"] == 6 * 136_960
 
 
 def test_ddp_differing_parameters_fail() -> None:
