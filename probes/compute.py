@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from probes.catalogue import ProbeName
 from probes.context import ProbeContext, ProbeOutput
-from probes.gemm import time_each
+from probes.gemm import set_tf32, time_each
 from probes.result import Check, Measurement, ProbeResult
 from probes.timing import median
 
@@ -94,7 +94,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def shapes(args: argparse.Namespace, cuda: bool) -> tuple[MlpShape, EmbShape]:
     mlp, emb = (GPU_MLP, GPU_EMB) if cuda else (CPU_MLP, CPU_EMB)
     width = args.hidden_size or mlp.layers[0]
-    layers = (width,) * ((args.layer_num if args.layer_num is not None else len(mlp.layers) - 2) + 2)
+    hidden = args.layer_num if args.layer_num is not None else len(mlp.layers) - 2
+    if hidden < 0:
+        raise ValueError("--layer-num must be >= 0")
+    layers = (width,) * (hidden + 2)
     out_mlp = MlpShape(layers=layers, batch=args.batch_size or mlp.batch)
     out_emb = EmbShape(features=args.features or emb.features, dim=args.embdim or emb.dim,
                        nnz=args.nnz or emb.nnz, batch=args.bags or emb.batch)
@@ -110,17 +113,6 @@ def support(dtype: str, device_type: str, capability: tuple[int, int] | None) ->
     if dtype in ("tf32", "bf16") and (capability or (0, 0)) < (8, 0):
         return "not supported on this device (needs compute capability 8.0)"
     return None
-
-
-def set_tf32(dtype: str, device_type: str) -> bool:
-    """Allow TF32 matmuls for ``tf32`` (and forbid them otherwise) on CUDA; whether TF32 is now on."""
-    if device_type != "cuda":
-        return False
-    import torch
-
-    torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
-    torch.backends.cudnn.allow_tf32 = dtype == "tf32"
-    return bool(torch.backends.cuda.matmul.allow_tf32)
 
 
 def torch_dtype(dtype: str) -> torch.dtype:
