@@ -90,12 +90,14 @@ class SeriesKey(NamedTuple):
         return SeriesKey(self.probe, self.name, tuple(kv for kv in self.labels if kv[0] not in keys))
 
     def describe(self) -> str:
-        """``gpu 3 flop_per_second{dtype=bf16}``: the GPU first, so one slow GPU is named."""
+        """``gpu 3 flop_per_second{dtype=bf16}``: the GPU first, so one slow GPU is named (with its UUID
+        where a failed check gave it: ``gpu 3 (GPU-5e1a…) check:gemm.bf16.result``)."""
         labels = dict(self.labels)
         gpu = labels.pop("gpu", None)
+        uuid = labels.pop("gpu_uuid", None)
         inner = ",".join(f"{k}={_short_size(k, v)}" for k, v in sorted(labels.items()))
         text = f"{self.name}{{{inner}}}" if inner else self.name
-        return f"gpu {gpu} {text}" if gpu is not None else text
+        return f"gpu {gpu}{f' ({uuid})' if uuid else ''} {text}" if gpu is not None else text
 
 
 def _short_size(key: str, value: str) -> str:

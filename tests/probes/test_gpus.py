@@ -11,6 +11,8 @@ from healthd.config import JudgeSettings
 from healthd.judge.engine import Judge
 from healthd.judge.model import CheckInput, RunInput
 from healthd.model import Node, Outcome
+from healthd.remediation.decide import drain_reason
+from healthd.store.rows import RecommendationRow
 from probes.dist import LaunchError
 from probes.gpus import NodeGpu, gpu_slot, name_check_gpus, node_gpus, parse_nvidia_smi_list
 from probes.result import Check, DeviceInfo, RankInfo
@@ -91,6 +93,12 @@ def test_a_fault_on_local_device_0_is_reported_and_drained_as_gpu_3(fake_nvidia_
     (verdict,) = out.verdicts
     assert f"gpu 3 ({UUIDS[3]}) check gemm.bf16.result failed" in verdict.reason
     assert "gpu 0" not in verdict.reason
+    top = dict(verdict.evidence)
+    assert top["series"] == f"gpu 3 ({UUIDS[3]}) check:gemm.bf16.result" and top["gpu"] == "3"
+    row = RecommendationRow(1, "n1", "gemm", "fail", "check_failed", verdict.reason,
+                            {"findings": [top], "run_ids": ["r1"]}, 0.0, 0.0, "active", None, "", False, "")
+    reason = drain_reason("healthd:", row)
+    assert reason.startswith(f"healthd: check_failed gemm gpu 3 ({UUIDS[3]}) check:gemm.bf16.result")
 
 
 def test_the_local_backend_runs_one_rank_per_gpu_by_default() -> None:
