@@ -144,8 +144,9 @@ class Finding:
 CONFIRMED = "confirmed"
 """``stage`` in a verdict's evidence: its finding is confirmed (seen in n of the last m runs), the state a
 recommendation and the ``healthd_node_finding`` metrics stand on; absent while a re-probe is awaited."""
-EVIDENCE_LABELS = ("gpu", "dtype", "collective")
-"""Labels of a finding's series that its evidence names (which GPU, dtype or collective is bad)."""
+EVIDENCE_LABELS = ("gpu", "dtype", "collective", "gpu_uuid")
+"""Labels of a finding's series that its evidence names (which GPU, dtype or collective is bad; the GPU's UUID
+where a failed check gave it)."""
 
 
 class MeasurementInput(NamedTuple):

@@ -95,6 +95,7 @@ def test_a_fault_on_local_device_0_is_reported_and_drained_as_gpu_3(fake_nvidia_
     assert "gpu 0" not in verdict.reason
     top = dict(verdict.evidence)
     assert top["series"] == f"gpu 3 ({UUIDS[3]}) check:gemm.bf16.result" and top["gpu"] == "3"
+    assert top["gpu_uuid"] == UUIDS[3]  # a label of healthd_node_finding once confirmed
     row = RecommendationRow(1, "n1", "gemm", "fail", "check_failed", verdict.reason,
                             {"findings": [top], "run_ids": ["r1"]}, 0.0, 0.0, "active", None, "", False, "")
     reason = drain_reason("healthd:", row)
