@@ -443,6 +443,22 @@ def node_detail() -> dash.Dashboard:
     d = d.with_panel(ts(
         "DDP scaling efficiency", "Samples/s per rank with DDP divided by samples/s of one rank alone (1 = perfect).",
         [query(f"healthd_ddp_scaling_efficiency_ratio{{{n}}}", "efficiency")], "percentunit", w=8, minimum=0))
+    d = d.with_panel(measured_vs_reference(
+        "DDP model FLOP/s per GPU vs baseline and floor",
+        "6 x parameters x tokens/s per GPU of the DDP step (attention FLOPs not included); dashed: baseline; "
+        "red dots: floor.", "healthd_ddp_model_flop_per_second", n, "{{dtype}}", "flops"))
+    d = d.with_panel(ts(
+        "DDP MFU", "Model FLOPs utilisation: model FLOP/s per GPU over the node class's dense peak for the dtype "
+        "(healthd/judge/peaks.toml); no line for a class without a peak.",
+        [query(f"healthd_ddp_mfu_ratio{{{n}}}", "{{dtype}}")], "percentunit", minimum=0))
+
+    d = d.with_row(row("Compute per GPU (optional compute probe)"))
+    d = d.with_panel(measured_vs_reference(
+        "MLP training FLOP/s vs baseline", "PARAM-style Linear stack, 6 x batch x sum(in x out) / step, per GPU.",
+        "healthd_compute_mlp_flop_per_second", n, "GPU {{gpu}} {{dtype}}", "flops"))
+    d = d.with_panel(measured_vs_reference(
+        "EmbeddingBag bytes/s vs baseline", "PARAM-style EmbeddingBag lookups: rows read per second, per GPU.",
+        "healthd_compute_embedding_bag_bytes_per_second", n, "GPU {{gpu}}", "Bps"))
     return d
 
 

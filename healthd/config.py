@@ -155,8 +155,9 @@ class LocalSettings(_Section):
     node_name: str = Field(default_factory=lambda: socket.gethostname().split(".")[0])
     python: Path = Field(default_factory=lambda: Path(sys.executable))
     """The Python that runs ``-m probes`` (needs torch: ``healthd[probes]``; checked at start)."""
-    ranks: int = Field(default=2, ge=1, le=4096)
-    """Local ranks for distributed probes (``--nproc``)."""
+    ranks: int | None = Field(default=None, ge=1, le=4096)
+    """Local ranks for distributed probes (``--nproc``); default: every GPU of the machine (the probes'
+    launcher counts them, honouring ``CUDA_VISIBLE_DEVICES``), 2 on a machine without GPUs."""
     max_concurrent: int = Field(default=1, ge=1, le=4096)
 
     @field_validator("node_name")
@@ -240,6 +241,9 @@ def _default_series() -> list[SeriesSelector]:
         SeriesSelector(probe="nccl", name="busbw_bytes_per_second", sizes="largest", required=True),
         SeriesSelector(probe="ddp", name="throughput_samples_per_second", required=True),
         SeriesSelector(probe="ddp", name="scaling_efficiency_ratio"),
+        SeriesSelector(probe="ddp", name="model_flop_per_second"),
+        SeriesSelector(probe="compute", name="mlp_flop_per_second", required=True),
+        SeriesSelector(probe="compute", name="embedding_bag_bytes_per_second"),
     ]
 
 

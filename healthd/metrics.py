@@ -17,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector
 
 import healthd
+from healthd.judge.peaks import mfu
 from healthd.model import Outcome, Verdict
 from healthd.store.rows import Snapshot
 
@@ -32,6 +33,9 @@ MEASUREMENT_HELP = {
     "single_rank_throughput_samples_per_second": "Samples per second of the same model without DDP on one rank",
     "step_seconds": "DDP training step time at a quantile",
     "scaling_efficiency_ratio": "DDP samples/s per rank divided by single-rank samples/s",
+    "model_flop_per_second": "Model FLOP/s per GPU of the DDP step: 6 x parameters x tokens/s (attention excluded)",
+    "mlp_flop_per_second": "MLP training rate per GPU and dtype, 6 x batch x sum(in x out) / step (PARAM's linear)",
+    "embedding_bag_bytes_per_second": "EmbeddingBag rows read per second per GPU (PARAM's emb benchmark)",
     "visible_gpus": "GPUs visible to the probe on the node",
 }
 
@@ -104,6 +108,7 @@ class StoreCollector(Collector):
         yield verdict_family(snap.verdicts)
 
         yield from self._measurements(snap)
+        yield mfu_family(snap)
 
         runs = CounterMetricFamily("healthd_probe_runs", "Probe runs finished, by probe and the outcome the probe"
                                    " reported (before judgement: see healthd_node_verdict)",
@@ -187,8 +192,9 @@ class StoreCollector(Collector):
             rows = series[family_name]
             keys = ["node", *sorted({k for labels, _ in rows for k in labels} - {"node"})]
             suffix = family_name.split("_", 2)[2]
-            help_text = next((text for key, text in MEASUREMENT_HELP.items() if suffix.endswith(key)),
-                             f"Last measured {suffix.replace('_', ' ')}")
+            help_text = MEASUREMENT_HELP.get(suffix) or next(
+                (text for key, text in MEASUREMENT_HELP.items() if suffix.endswith(key)),
+                f"Last measured {suffix.replace('_', ' ')}")
             if "quantile" in keys:
                 # Only a summary may carry a "quantile" label (promtool check metrics); these are the last
                 # run's quantiles, without _sum and _count.
@@ -201,6 +207,24 @@ class StoreCollector(Collector):
             for labels, value in rows:
                 family.add_metric([labels.get(k, "") for k in keys], value)
             yield family
+
+
+def mfu_family(snap: Snapshot) -> GaugeMetricFamily:
+    """``healthd_ddp_mfu_ratio{node,dtype}``: the last DDP model FLOP/s per GPU over the node class's peak for
+    the dtype (``healthd/judge/peaks.toml``); one series per node, none for a class without a peak."""
+    family = GaugeMetricFamily("healthd_ddp_mfu_ratio", "Model FLOPs utilisation of the DDP step probe: model"
+                               " FLOP/s per GPU over the node class's dense peak for the dtype (last probe run)",
+                               labels=["node", "dtype"])
+    classes = {n.name: n.node_class for n in snap.nodes}
+    for m in snap.latest:
+        cls = classes.get(m.node or "")
+        if m.probe != "ddp" or m.name != "model_flop_per_second" or not cls:
+            continue
+        dtype = m.labels.get("dtype", "")
+        ratio = mfu(m.value, cls, dtype)
+        if ratio is not None:
+            family.add_metric([m.node or "", dtype], ratio)
+    return family
 
 
 class DaemonMetrics:

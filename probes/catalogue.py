@@ -20,6 +20,7 @@ class ProbeName(StrEnum):
     GEMM = "gemm"
     DDP = "ddp"
     NCCL_TESTS = "nccl_tests"
+    COMPUTE = "compute"
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ CATALOGUE: Mapping[ProbeName, ProbeSpec] = MappingProxyType({spec.name: spec for
     ProbeSpec(ProbeName.GEMM),
     ProbeSpec(ProbeName.DDP, local_ranks=True),
     ProbeSpec(ProbeName.NCCL_TESTS, torch=False),
+    ProbeSpec(ProbeName.COMPUTE),
 )})
 
 PROBE_NAMES: tuple[str, ...] = tuple(name.value for name in CATALOGUE)

@@ -45,6 +45,8 @@ class ProbeContext:
     """A gloo process group over all ranks for metadata (object gathers, barriers)."""
     deadline_at: float
     """Unix time at which this rank gives up (its watchdog fires)."""
+    gpu_uuid: str | None = None
+    """This rank's GPU's UUID as the node reports it (``None`` on CPU or when unknown)."""
 
     @property
     def rank(self) -> int:

@@ -11,6 +11,13 @@ single-rank throughput, and the scaling efficiency is per-rank DDP throughput ov
 - ``step_seconds`` with ``quantile`` 0.5 and 0.9;
 - ``single_rank_throughput_samples_per_second``: mean over ranks of ``batch / median`` without DDP;
 - ``scaling_efficiency_ratio``: ``throughput / world_size / single_rank_throughput``;
+- ``model_flop_per_second`` (label ``dtype``: ``bf16`` under autocast, else ``fp32``), per GPU:
+  ``6 * parameters * tokens_per_second_per_gpu`` with ``tokens = batch * seq_len`` per rank and
+  step and the p50 step time (``per_rank``: each rank's median). 6 FLOPs per parameter and token:
+  2 forward, 4 backward, the formula of the LLaMA/Megatron benchmarks and Kaplan et al. Attention's
+  own FLOPs (``12 * n_layer * seq_len * n_embd`` per token, forward and backward: PaLM's extra
+  term) are not included; ``params.attention_flop_per_token`` gives them for who wants them.
+  healthd divides it by the node class's peak for the dtype (``healthd/judge/peaks.toml``): MFU;
 - check ``ddp.parameters_identical``: after the steps every rank holds bit-identical
   parameters (an element-wise MAX and MIN all-reduce agree everywhere); a rank whose
   parameter digest differs from the majority is named.
@@ -133,6 +140,28 @@ def build_model(cfg: ModelConfig) -> torch.nn.Module:
     return model
 
 
+FLOP_PER_PARAMETER_TOKEN = 6
+"""Forward (2) and backward (4) multiply-adds-as-2-FLOPs per parameter and token."""
+
+
+def model_flop_per_second(parameters: int, tokens_per_second: float) -> float:
+    """``6 * N * tokens/s``; attention's own FLOPs are not included (see :func:`attention_flop_per_token`).
+
+    >>> model_flop_per_second(124_000_000, 100_000)
+    74400000000000.0
+    """
+    return float(FLOP_PER_PARAMETER_TOKEN * parameters * tokens_per_second)
+
+
+def attention_flop_per_token(cfg: ModelConfig) -> int:
+    """The causal-attention score and value products, forward and backward, per token (PaLM, appendix B)."""
+    return 12 * cfg.n_layer * cfg.seq_len * cfg.n_embd
+
+
+def compute_dtype(autocast_bf16: bool) -> str:
+    return "bf16" if autocast_bf16 else "fp32"
+
+
 def _train(
     ctx: ProbeContext, model: torch.nn.Module, cfg: ModelConfig, warmup: int, steps: int, phase: str
 ) -> list[float]:
@@ -210,6 +239,7 @@ def run(ctx: ProbeContext) -> ProbeOutput:
     )
     ddp_times = _train(ctx, ddp, cfg, warmup, steps, "ddp")
 
+    bf16 = cuda and torch.cuda.is_bf16_supported()
     ctx.mark("ddp.check")
     flat = _flat_params(model)
     if "corrupt" in ctx.faults:
@@ -232,22 +262,28 @@ def run(ctx: ProbeContext) -> ProbeOutput:
             "parameters": n_params,
             "warmup": warmup,
             "steps": steps,
-            "autocast": "bf16" if cuda and torch.cuda.is_bf16_supported() else None,
+            "autocast": "bf16" if bf16 else None,
             "optimizer": "AdamW",
+            "flop_per_token": FLOP_PER_PARAMETER_TOKEN * n_params,
+            "attention_flop_per_token": attention_flop_per_token(cfg),
         }
     )
     if ctx.rank != 0:
         return out
-    return summarize(ctx, cfg.batch_size, gathered, differing, out)
+    return summarize(ctx, cfg, n_params, compute_dtype(bf16), gathered, differing, out)
 
 
 def summarize(
     ctx: ProbeContext,
-    batch: int,
+    cfg: ModelConfig,
+    parameters: int,
+    dtype: str,
     gathered: list[Any],
     differing: int,
     out: ProbeOutput,
 ) -> ProbeOutput:
+    batch = cfg.batch_size
+    tokens = batch * cfg.seq_len
     world = len(gathered)
     nodes = {ctx.node_of(r) for r in range(world)}
     node = next(iter(nodes)) if len(nodes) == 1 else None
@@ -273,6 +309,13 @@ def summarize(
             name="single_rank_throughput_samples_per_second", value=single, node=node, per_rank=single_per_rank
         ),
         Measurement(name="scaling_efficiency_ratio", value=throughput / world / single, node=node),
+        Measurement(
+            name="model_flop_per_second",
+            value=model_flop_per_second(parameters, tokens / p50),
+            labels={"dtype": dtype},
+            node=node,
+            per_rank=[model_flop_per_second(parameters, tokens / median(d)) for _, d, _ in gathered],
+        ),
     ]
     digests = [g for _, _, g in gathered]
     majority, votes = Counter(digests).most_common(1)[0]
@@ -304,7 +347,7 @@ def format_table(result: ProbeResult) -> str:
         f"batch {p.get('batch_size')} per rank; {p.get('warmup')} warm-up + {p.get('steps')} timed steps"
     ]
     for m in result.measurements:
-        label = f"{m.name}" + (f"{{quantile={m.labels['quantile']}}}" if "quantile" in m.labels else "")
+        label = m.name + "".join(f"{{{k}={m.labels[k]}}}" for k in ("quantile", "dtype") if k in m.labels)
         per = "" if not m.per_rank else "  per rank: " + " ".join(f"{v:.4g}" for v in m.per_rank)
         lines.append(f"  {label:<52} {m.value:>12.4g}{per}")
     return "\n".join(lines)

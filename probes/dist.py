@@ -289,32 +289,6 @@ def resolve_backend(requested: str, device: DeviceType) -> Backend:
     return requested  # type: ignore[return-value]
 
 
-@dataclass(frozen=True)
-class GpuSlot:
-    ordinal: int
-    """The CUDA device ordinal this rank uses (as seen by this process)."""
-    physical: int
-    """The GPU's local index on the node, used as the ``gpu`` label."""
-
-
-def gpu_slot(local_rank: int, local_world_size: int, visible: int, environ: Mapping[str, str]) -> GpuSlot:
-    """Which GPU a rank uses. With all of the node's GPUs visible (torchrun, standalone) rank
-    ``l`` takes ordinal ``l``; with one GPU per task (``srun --gpus-per-task=1``) it takes the
-    only one and its local index is the local rank."""
-    if visible <= 0:
-        raise LaunchError("no CUDA device is visible")
-    if visible >= local_world_size:
-        ordinal = local_rank
-        cvd = [d.strip() for d in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-        physical = int(cvd[ordinal]) if ordinal < len(cvd) and cvd[ordinal].isdigit() else ordinal
-        return GpuSlot(ordinal=ordinal, physical=physical)
-    if visible == 1:
-        return GpuSlot(ordinal=0, physical=local_rank)
-    raise LaunchError(
-        f"{local_world_size} ranks on this node but {visible} GPUs visible to rank {local_rank}: use one GPU per rank"
-    )
-
-
 def init_process_group(
     backend: Backend,
     store: Any,

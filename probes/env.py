@@ -99,8 +99,9 @@ def _pci_bus_id(props: Any) -> str | None:
     return f"{int(dom or 0):08x}:{int(bus):02x}:{int(dev):02x}.0".upper()
 
 
-def cuda_devices(physical_of: dict[int, int] | None = None) -> list[DeviceInfo]:
-    """The CUDA devices this process sees; ``physical_of`` maps ordinals to node-local indices."""
+def cuda_devices(physical_of: dict[int, int] | None = None, uuid_of: dict[int, str] | None = None) -> list[DeviceInfo]:
+    """The CUDA devices this process sees; ``physical_of`` maps ordinals to node indices, ``uuid_of`` to the
+    UUIDs the node reports (used where torch and NVML give none)."""
     import torch
 
     if not torch.cuda.is_available():
@@ -109,7 +110,7 @@ def cuda_devices(physical_of: dict[int, int] | None = None) -> list[DeviceInfo]:
     devices: list[DeviceInfo] = []
     for ordinal in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(ordinal)
-        uuid: str | None = None
+        uuid: str | None = (uuid_of or {}).get(ordinal)
         raw_uuid = getattr(props, "uuid", None)
         if raw_uuid is not None:
             uuid = str(raw_uuid)

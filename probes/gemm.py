@@ -12,7 +12,8 @@ the cores), all at the same time, dtype by dtype:
 - ``--warmup`` untimed matmuls (and, on GPU, at least 0.2 s of them so clocks and cuBLAS
   heuristics settle), then ``--iters`` timed ones, each timed on its own (CUDA events on GPU,
   the host clock on CPU, where the op is synchronous); the median is used:
-  ``flop_per_second = 2*M*N*K / median``, PARAM's formula;
+  ``flop_per_second = 2*M*N*K / median``, PARAM's formula; on CPU fp32 and bf16 by default,
+  fp16 and fp8 when ``--dtypes`` asks (recent torch runs them, emulated), tf32 never (a CUDA mode);
 - a result check: sampled rows of the last product against a float64 reference from the
   same operands, ``max|C - ref| / sqrt(K)`` within the dtype's tolerance (:data:`TOLERANCE`);
   a failure names the GPU and fails the probe;
@@ -79,10 +80,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+CPU_DEFAULT_DTYPES = ("fp32", "bf16")
+"""The dtypes a CPU run measures unless ``--dtypes`` names others: fp16 and fp8 run on CPU in recent
+torch, emulated at well under 1 GFLOP/s (ask for them with ``--dtypes``; tests do)."""
+CPU_EMULATED_SIZE = 128
+"""Default size of fp16 and fp8 on CPU (emulated, ~0.3 GFLOP/s)."""
+
+
+def cpu_support(dtype: str) -> str | None:
+    """``None`` if this torch can multiply ``dtype`` on the CPU (tried on a tiny matrix), else why not."""
+    if dtype in ("fp32", "bf16"):
+        return None
+    if dtype == "tf32":
+        return "not supported on this device (tf32 is a CUDA matmul mode)"
+    import torch
+
+    try:
+        ops = _operands(dtype, 4, 1, torch.device("cpu"), seed=0)
+        ops.step(0)
+    except (RuntimeError, AttributeError, TypeError, NotImplementedError) as exc:
+        return f"not supported on this device ({type(exc).__name__}: {str(exc)[:120]})"
+    return None
+
+
+def set_tf32(dtype: str, device_type: str) -> bool:
+    """On CUDA, allow TF32 matmuls (cuBLAS and cuDNN) exactly when ``dtype`` is ``tf32``; whether they are on."""
+    if device_type != "cuda":
+        return False
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+    torch.backends.cudnn.allow_tf32 = dtype == "tf32"
+    return bool(torch.backends.cuda.matmul.allow_tf32)
+
+
 def support(dtype: str, device_type: str, capability: tuple[int, int] | None) -> str | None:
     """``None`` if ``dtype`` can be measured on this device, else why not."""
     if device_type == "cpu":
-        return None if dtype in ("fp32", "bf16") else "not supported on this device"
+        return cpu_support(dtype)
     cap = capability or (0, 0)
     if dtype in ("tf32", "bf16") and cap < (8, 0):
         return "not supported on this device (needs compute capability 8.0)"
@@ -160,6 +195,8 @@ def default_size(dtype: str, device_type: str) -> int:
         return 8192
     if dtype == "bf16" and not _native_cpu_bf16():
         return CPU_EMULATED_BF16_SIZE
+    if dtype in ("fp16", "fp8"):
+        return CPU_EMULATED_SIZE
     return 1024
 
 
@@ -170,7 +207,7 @@ def _native_cpu_bf16() -> bool:
     return bool(supported()) if supported is not None else True
 
 
-def _time_each(ctx: ProbeContext, fn: Any, count: int) -> list[float]:
+def time_each(ctx: ProbeContext, fn: Any, count: int) -> list[float]:
     """Seconds of each of ``count`` calls of ``fn(i)``: CUDA events on GPU, host clock on CPU."""
     import torch
 
@@ -197,9 +234,7 @@ def _gemm(ctx: ProbeContext, dtype: str, n: int, warmup: int, iters: int) -> Gem
 
     elem = 1 if dtype == "fp8" else (2 if dtype in ("bf16", "fp16") else 4)
     sets = operand_sets(n, elem, ctx.device_type)
-    if ctx.device_type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
-        torch.backends.cudnn.allow_tf32 = dtype == "tf32"
+    set_tf32(dtype, ctx.device_type)
     ops = _operands(dtype, n, sets, ctx.device, seed=1000 + ctx.rank)
     step = ops.step
 
@@ -217,7 +252,7 @@ def _gemm(ctx: ProbeContext, dtype: str, n: int, warmup: int, iters: int) -> Gem
         ctx.sync()
     ctx.barrier()
     ctx.mark(f"gemm.{dtype}.timed")
-    times = _time_each(ctx, step, iters)
+    times = time_each(ctx, step, iters)
     ctx.mark(f"gemm.{dtype}.check")
     last = (iters - 1) % sets
     c = ops.c[last]
@@ -246,7 +281,7 @@ def _copy_bandwidth(ctx: ProbeContext, nbytes: int, iters: int) -> float:
         dst.copy_(src)
     ctx.sync()
     ctx.barrier()
-    times = _time_each(ctx, lambda _: dst.copy_(src), iters)
+    times = time_each(ctx, lambda _: dst.copy_(src), iters)
     return 2 * elems * 4 / median(times)
 
 
@@ -261,7 +296,7 @@ def run(ctx: ProbeContext) -> ProbeOutput:
     if n < 1 or iters < 1 or args.warmup < 0:
         raise ValueError("--size and --iters must be >= 1, --warmup >= 0")
     capability = torch.cuda.get_device_capability(ctx.device) if cuda else None
-    wanted: list[str] = args.dtypes or list(DTYPES)
+    wanted: list[str] = args.dtypes or list(DTYPES if cuda else CPU_DEFAULT_DTYPES)
     skipped = {d: why for d in wanted if (why := support(d, ctx.device_type, capability))}
     # The ranks measure in lock-step (a barrier per dtype): agree on the dtypes first.
     for other in ctx.gather(skipped):

@@ -60,7 +60,7 @@ def checks_table(result: ProbeResult) -> str:
         return ""
     lines = ["# checks"]
     for c in result.checks:
-        where = " ".join(x for x in (c.node and f"node={c.node}", c.gpu is not None and f"gpu={c.gpu}") if x)
+        where = c.where()
         lines.append(f"  {'OK  ' if c.ok else 'FAIL'}  {c.name:<44} {where:<24} {c.detail}")
     return "\n".join(lines)
 

@@ -75,7 +75,16 @@ class Check(_Frozen):
     detail: str = ""
     node: str | None = None
     gpu: int | None = None
+    """The GPU's index on the node (``nvidia-smi`` order), not the rank's CUDA ordinal."""
     rank: int | None = None
+    gpu_uuid: str | None = None
+    """The GPU's UUID, from the environment record of the rank that used it."""
+
+    def where(self) -> str:
+        """``node=n1 gpu=3 uuid=GPU-…``: the parts the check names."""
+        parts = (self.node and f"node={self.node}", self.gpu is not None and f"gpu={self.gpu}",
+                 self.gpu_uuid and f"uuid={self.gpu_uuid}")
+        return " ".join(x for x in parts if x)
 
 
 class DeviceInfo(_Frozen):

@@ -29,12 +29,12 @@ from probes.dist import (
     Backend,
     DeviceType,
     LaunchInfo,
-    gpu_slot,
     init_process_group,
     resolve_backend,
     resolve_device,
 )
 from probes.faults import CRASH_EXIT_CODE, active_faults
+from probes.gpus import gpu_slot, name_check_gpus, node_gpus
 from probes.liveness import Liveness, diagnose, prefixed_client, tcp_store
 from probes.report import emit, render, reserve_stdout
 from probes.result import Check, Environment, Outcome, ProbeResult, RankInfo
@@ -257,17 +257,19 @@ def _run(session: RankSession) -> int:
     if before_init is not None:
         before_init(args, backend)
     if device_type == "cuda":
-        slot = gpu_slot(launch.local_rank, launch.local_world_size, torch.cuda.device_count(), os.environ)
+        slot = gpu_slot(launch.local_rank, launch.local_world_size, torch.cuda.device_count(), os.environ,
+                        node_gpus())
         torch.cuda.set_device(slot.ordinal)
         device = torch.device("cuda", slot.ordinal)
         gpu = slot.physical
         physical_of = {slot.ordinal: slot.physical}
+        uuid_of = {slot.ordinal: slot.uuid} if slot.uuid else {}
     else:
         if not os.environ.get("OMP_NUM_THREADS"):
             torch.set_num_threads(_cpu_threads(launch.local_world_size))
         device = torch.device("cpu")
         gpu = launch.local_rank
-        physical_of = {}
+        physical_of, uuid_of = {}, {}
     faults = active_faults(launch.rank, node=launch.node, local_rank=launch.local_rank)
 
     session.stage = f"start-up: connecting to the store at {launch.master_addr}:{launch.master_port}"
@@ -308,7 +310,7 @@ def _run(session: RankSession) -> int:
     if device_type == "cuda":
         from probes.env import cuda_devices
 
-        devices = cuda_devices(physical_of)
+        devices = cuda_devices(physical_of, uuid_of)
     else:
         devices = []
     mine = env_probe.rank_info(launch, str(device), devices)
@@ -329,6 +331,7 @@ def _run(session: RankSession) -> int:
         device_type=device_type,
         backend=backend,
         gpu=gpu,
+        gpu_uuid=next((d.uuid for d in devices if d.index == gpu), None),
         ranks=session.ranks,
         faults=faults,
         mark=liveness.mark,
@@ -349,6 +352,7 @@ def _run(session: RankSession) -> int:
     dist.barrier(group=meta)  # every rank got through the probe before a document says so
     env_checks, expected = env_probe.gpu_count_checks(session.ranks, args.expect_gpus, device_type)
     output.checks[:0] = env_checks
+    output.checks = name_check_gpus(output.checks, session.ranks)
     if expected:
         output.params.setdefault("expected_gpus_per_node", expected)
     measure_end = time.time()

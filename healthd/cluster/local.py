@@ -36,13 +36,15 @@ _NO_TORCH = 3
 _FIND_TORCH = f"import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('torch') else {_NO_TORCH})"
 
 
-def probe_argv(python: Path | str, job: ProbeJob, result_path: Path | None, *, ranks: int) -> list[str]:
-    """The argv that runs ``job`` on this machine (pure); no ``result_path``: the result goes to stdout."""
+def probe_argv(python: Path | str, job: ProbeJob, result_path: Path | None, *, ranks: int | None) -> list[str]:
+    """The argv that runs ``job`` on this machine (pure); no ``result_path``: the result goes to stdout.
+    No ``ranks`` (nor ``job.ranks_per_node``): the probes' launcher starts one rank per visible GPU."""
     argv = [str(python), "-m", "probes", job.probe, "--run-id", job.run_id, "--timeout", f"{job.timeout_s:g}"]
     if result_path is not None:
         argv += ["--output", str(result_path)]
-    if (spec := probe_spec(job.probe)) is not None and spec.local_ranks:
-        argv += ["--nproc", str(job.ranks_per_node or ranks)]
+    nproc = job.ranks_per_node or ranks
+    if (spec := probe_spec(job.probe)) is not None and spec.local_ranks and nproc is not None:
+        argv += ["--nproc", str(nproc)]
     return argv + list(job.args)
 
 
@@ -102,7 +104,9 @@ class _Running:
 class LocalBackend:
     name = "local"
 
-    def __init__(self, *, node_name: str, python: Path, ranks: int = 2, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, *, node_name: str, python: Path, ranks: int | None = None, env: dict[str, str] | None = None
+    ) -> None:
         self.node_name = node_name
         self.python = python
         self.ranks = ranks

@@ -174,7 +174,7 @@ def _summary(result: ProbeResult) -> list[str]:
         lines.append(f"  ... {len(shown) - SUMMARY_LINES} more series (--json prints every value)")
     for c in result.checks:
         if not c.ok:
-            where = " ".join(x for x in (c.node and f"node={c.node}", c.gpu is not None and f"gpu={c.gpu}") if x)
+            where = c.where()
             lines.append(f"  FAIL {c.name} {where} {c.detail}".rstrip())
     return lines
 

@@ -421,8 +421,10 @@ class Judge:
         checks = list(run.failed_checks) or [CheckInput(name="probe", detail=run.reason or "the probe failed")]
         for c in checks:
             labels = {"gpu": str(c.gpu)} if c.gpu is not None else {}
+            if labels and c.gpu_uuid:
+                labels["gpu_uuid"] = c.gpu_uuid
             key = SeriesKey.of(run.probe, f"check:{c.name}", labels)
-            where = f"gpu {c.gpu} " if c.gpu is not None else ""
+            where = f"gpu {c.gpu}{f' ({c.gpu_uuid})' if c.gpu_uuid else ''} " if c.gpu is not None else ""
             missing = c.name == GPU_COUNT_CHECK
             f = Finding(ReasonCode.GPUS_MISSING if missing else ReasonCode.CHECK_FAILED, Severity.FAIL, key, 0.0,
                         1.0, 1.0, f"{where}check {c.name} failed: {c.detail}".strip(), event_proof=not missing)

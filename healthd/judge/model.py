@@ -90,12 +90,14 @@ class SeriesKey(NamedTuple):
         return SeriesKey(self.probe, self.name, tuple(kv for kv in self.labels if kv[0] not in keys))
 
     def describe(self) -> str:
-        """``gpu 3 flop_per_second{dtype=bf16}``: the GPU first, so one slow GPU is named."""
+        """``gpu 3 flop_per_second{dtype=bf16}``: the GPU first, so one slow GPU is named (with its UUID
+        where a failed check gave it: ``gpu 3 (GPU-5e1a…) check:gemm.bf16.result``)."""
         labels = dict(self.labels)
         gpu = labels.pop("gpu", None)
+        uuid = labels.pop("gpu_uuid", None)
         inner = ",".join(f"{k}={_short_size(k, v)}" for k, v in sorted(labels.items()))
         text = f"{self.name}{{{inner}}}" if inner else self.name
-        return f"gpu {gpu} {text}" if gpu is not None else text
+        return f"gpu {gpu}{f' ({uuid})' if uuid else ''} {text}" if gpu is not None else text
 
 
 def _short_size(key: str, value: str) -> str:
@@ -142,8 +144,9 @@ class Finding:
 CONFIRMED = "confirmed"
 """``stage`` in a verdict's evidence: its finding is confirmed (seen in n of the last m runs), the state a
 recommendation and the ``healthd_node_finding`` metrics stand on; absent while a re-probe is awaited."""
-EVIDENCE_LABELS = ("gpu", "dtype", "collective")
-"""Labels of a finding's series that its evidence names (which GPU, dtype or collective is bad)."""
+EVIDENCE_LABELS = ("gpu", "dtype", "collective", "gpu_uuid")
+"""Labels of a finding's series that its evidence names (which GPU, dtype or collective is bad; the GPU's UUID
+where a failed check gave it)."""
 
 
 class MeasurementInput(NamedTuple):
@@ -159,6 +162,7 @@ class CheckInput:
     detail: str
     node: str | None = None
     gpu: int | None = None
+    gpu_uuid: str | None = None
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,8 @@ def run_from_collected(c: Collected, now: float) -> RunInput:
     failed: tuple[CheckInput, ...] = ()
     if result is not None:
         measurements = tuple(MeasurementInput(m.name, m.value, dict(m.labels), m.node) for m in result.measurements)
-        failed = tuple(CheckInput(ch.name, ch.detail, ch.node, ch.gpu) for ch in result.checks if not ch.ok)
+        failed = tuple(CheckInput(ch.name, ch.detail, ch.node, ch.gpu, ch.gpu_uuid)
+                       for ch in result.checks if not ch.ok)
     return RunInput(c.run_id, c.probe, tuple(c.nodes), c.outcome, c.reason,
                     result.finished_at if result is not None else now, measurements, failed, c.kind)
 

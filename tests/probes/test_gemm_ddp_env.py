@@ -33,11 +33,43 @@ def test_gemm_per_rank_on_cpu() -> None:
     assert checks[(0, "gemm.fp32.result")].detail.endswith("(tolerance 0.001)")
     assert result.params["size"] == 256
     assert result.params["dtypes"] == ["fp32", "bf16"]
-    assert result.params["skipped_dtypes"] == {
-        "tf32": "not supported on this device",
-        "fp16": "not supported on this device",
-        "fp8": "not supported on this device",
-    }
+    assert result.params["skipped_dtypes"] == {}  # fp16/fp8 run on CPU only when asked (emulated, slow)
+
+
+def test_gemm_fp16_fp8_and_tf32_paths_on_cpu() -> None:
+    """fp16 matmul runs on CPU in recent torch, fp8 where ``torch._scaled_mm`` has a CPU kernel; tf32 is a
+    CUDA matmul mode and is skipped with the reason (its flag path: ``test_tf32_is_a_cuda_flag``)."""
+    run = run_probe(["gemm", "--dtypes", "fp16,fp8,tf32", "--size", "64", "--iters", "2", "--warmup", "0",
+                     "--copy-bytes", "1M", "--nproc", "1"])
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = run.result
+    assert result.outcome is Outcome.PASS, dump(result)
+    skipped = result.params["skipped_dtypes"]
+    assert skipped["tf32"] == "not supported on this device (tf32 is a CUDA matmul mode)"
+    measured = {m.labels["dtype"]: m.value for m in result.measurements if m.name == "flop_per_second"}
+    assert "fp16" in measured and measured["fp16"] > 0
+    checks = {c.name: c for c in result.checks if c.name.startswith("gemm.")}
+    assert checks["gemm.fp16.result"].ok and checks["gemm.fp16.result"].detail.endswith("(tolerance 0.02)")
+    if "fp8" in skipped:
+        pytest.skip(f"fp8 cannot run here: {skipped['fp8']}")
+    assert measured["fp8"] > 0 and checks["gemm.fp8.result"].ok
+
+
+def test_tf32_is_a_cuda_flag() -> None:
+    import torch
+
+    from probes.gemm import set_tf32
+
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        assert set_tf32("tf32", "cuda") is True
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+        assert set_tf32("fp32", "cuda") is False
+        assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert set_tf32("tf32", "cpu") is False and torch.backends.cuda.matmul.allow_tf32  # CPU: left alone
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
 
 
 def test_gemm_wrong_result_names_the_gpu() -> None:
@@ -72,6 +104,7 @@ def test_ddp_two_ranks() -> None:
         ("step_seconds", "0.9"),
         ("single_rank_throughput_samples_per_second", None),
         ("scaling_efficiency_ratio", None),
+        ("model_flop_per_second", None),
     }
     batch = result.params["batch_size"]
     assert batch == 4 and result.params["steps"] == 4
@@ -87,7 +120,14 @@ def test_ddp_two_ranks() -> None:
     assert [(c.name, c.ok, c.detail) for c in result.checks] == [
         ("ddp.parameters_identical", True, "0 parameter elements differ across ranks")
     ]
-    assert result.params["parameters"] > 0
+    assert result.params["parameters"] == 136_960  # by hand in tests/probes/test_model_flops.py
+    flops = m[("model_flop_per_second", None)]
+    assert flops.labels == {"dtype": "fp32"}
+    tokens = batch * result.params["seq_len"]
+    assert flops.value == pytest.approx(6 * 136_960 * tokens / p50)
+    step_p50 = {r: v for r, v in enumerate(m[("step_seconds", "0.5")].per_rank or [])}
+    assert flops.per_rank == pytest.approx([6 * 136_960 * tokens / step_p50[r] for r in range(2)])
+    assert result.params["flop_per_token"] == 6 * 136_960
 
 
 def test_ddp_differing_parameters_fail() -> None:

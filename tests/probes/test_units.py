@@ -19,7 +19,6 @@ from probes.dist import (
     detect_launch,
     expand_hostlist,
     expand_hostlist_simple,
-    gpu_slot,
     parse_tasks_per_node,
     resolve_backend,
     resolve_device,
@@ -292,15 +291,6 @@ def test_device_and_backend_choice() -> None:
     assert resolve_backend("gloo", "cuda") == "gloo"
     with pytest.raises(LaunchError, match="needs CUDA"):
         resolve_backend("nccl", "cpu")
-
-
-def test_gpu_slot() -> None:
-    assert gpu_slot(3, 8, 8, {}).ordinal == 3
-    assert gpu_slot(1, 2, 2, {"CUDA_VISIBLE_DEVICES": "4,6"}).physical == 6
-    one = gpu_slot(5, 8, 1, {"CUDA_VISIBLE_DEVICES": "0"})
-    assert (one.ordinal, one.physical) == (0, 5)
-    with pytest.raises(LaunchError, match="one GPU per rank"):
-        gpu_slot(0, 4, 2, {})
 
 
 # -- faults, liveness -------------------------------------------------------------------------

@@ -18,7 +18,7 @@ def busbw(scope: str, size: int = GIB, collective: str = "all_reduce") -> Series
 
 def test_packaged_table_is_valid_and_every_number_has_a_source() -> None:
     rules = packaged_floors()
-    assert len(rules) == 11
+    assert len(rules) == 14
     for rule in rules:
         assert rule.value > 0
         assert len(rule.source) > 40, rule

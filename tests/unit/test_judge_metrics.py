@@ -115,7 +115,7 @@ def test_a_confirmed_finding_is_exported_from_confirmation_until_it_clears(tmp_p
 
     fleet.feed([fleet.gemm("n3", {5: 350e12}, priority=True)])
     found = finding_samples(fleet.store)
-    labels = (("collective", ""), ("dtype", "bf16"), ("gpu", "5"), ("node", "n3"), ("probe", "gemm"),
+    labels = (("collective", ""), ("dtype", "bf16"), ("gpu", "5"), ("gpu_uuid", ""), ("node", "n3"), ("probe", "gemm"),
               ("reason_code", "fleet_outlier"), ("reference", "peers"))  # the node's other GPUs
     assert found["healthd_node_finding"] == {labels: 1.0}
     value, reference = found["healthd_node_finding_value"][labels], found["healthd_node_finding_reference"][labels]
@@ -136,6 +136,6 @@ def test_a_failed_check_is_a_finding_without_a_figure() -> None:
     assert f is not None and (f.value, f.reference, f.drop) == (None, None, None)
     assert dict(zip(FINDING_LABELS, f.labels, strict=True)) == {
         "node": "n1", "probe": "env", "reason_code": "check_failed", "reference": "", "gpu": "", "dtype": "",
-        "collective": ""}
+        "collective": "", "gpu_uuid": ""}
     assert confirmed_finding(Verdict("n1", "env", Outcome.FAIL, "x", "check_failed", ("a",), {})) is None
     assert confirmed_finding(Verdict("n1", "env", Outcome.PASS, "ok", "ok", ("a",), {"stage": "confirmed"})) is None
