@@ -195,6 +195,9 @@ class SlurmSettings(_Section):
     qos: SlurmName | None = None
     account: SlurmName | None = None
     reservation: SlurmNames | None = None
+    recheck_reservation: str = Field(default="healthd_recheck", pattern=r"^healthd[A-Za-z0-9._-]{0,93}$")
+    """healthd's own reservation (created, extended and deleted by healthd only) that holds a node it drained
+    while ``remediation.recheck_drained`` re-probes it; the name starts with ``healthd``."""
     extra_sbatch_args: list[SbatchArg] = Field(default_factory=list)
     results_dir: Path | None = None
     """Directory shared between compute nodes and this host; default ``<state_dir>/results``."""
@@ -376,7 +379,8 @@ class RemediationSettings(_Section):
     undrain_after_passes: int = Field(default=0, ge=0, le=10_000)
     """Undrain healthd's own drains after this many consecutive passes (0: never)."""
     recheck_drained: bool = False
-    """Ask the planner to probe healthd-drained idle nodes (needs a cluster that runs jobs on them)."""
+    """Re-probe healthd's own drains (so ``undrain_after_passes`` can happen): on Slurm each recheck lifts the
+    drain for its probe while the node sits in ``slurm.recheck_reservation``, then drains it again."""
     repeat_window_s: PositiveSeconds = 7 * 86400.0
     repeat_max_drains: int = Field(default=2, ge=1, le=10_000)
     """A node drained this often within ``repeat_window_s`` is left to humans: recommend only."""

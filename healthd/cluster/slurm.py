@@ -5,6 +5,15 @@ Everything Slurm-specific in how commands are called and read lives in the ``Slu
 own jobs again by name prefix, derives node classes, and guards drains: it never drains a node
 that is already drained for a reason it did not set, and only undrains its own drains.
 
+Rechecks of healthd's own drains (``remediation.recheck_drained``): Slurm starts no job on a drained
+node, reservation or not. So a re-probe of a node that healthd drained first puts the job's nodes into
+healthd's own reservation (``slurm.recheck_reservation``: for healthd's user alone, so no other job can
+start there), then lifts the drain and submits the probe with ``--reservation``. When the collector
+has closed the job (``forget``) the node is drained again with its old reason and leaves the
+reservation (deleted once empty); remediation then undrains it after ``undrain_after_passes``. What was
+lifted is written to ``<run_id>.lift.json`` in the results directory first, so a restarted daemon
+restores it (``adopt``). Nodes drained by anyone else and reservations of other names are never touched.
+
 Per job it picks the launch environment and, for the ``nccl`` probe, the expected NCCL network
 (``--expect-transport``, judged by the daemon after parsing): a node class's setting overrides
 the probe's (:class:`LaunchChoices`).
@@ -12,6 +21,9 @@ the probe's (:class:`LaunchChoices`).
 
 from __future__ import annotations
 
+import json
+import os
+import pwd
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -20,10 +32,10 @@ import probes
 from healthd.cluster.base import BackendTraits
 from healthd.cluster.slurm_cli import SlurmCli, SlurmClient
 from healthd.config import LauncherSettings, NodeClassRule, Settings
-from healthd.errors import PolicyRefused, SlurmError
-from healthd.jobs import Launcher, LaunchSettings, render_batch_script
+from healthd.errors import BackendError, PolicyRefused, SlurmError
+from healthd.jobs import Launcher, LaunchSettings, render_batch_script, run_id_from_job_name
 from healthd.logging import get_logger
-from healthd.model import JobStatus, Node, ProbeJob, validate_node_name
+from healthd.model import JobStatus, Node, ProbeJob, RunKind, validate_node_name
 from healthd.node_class import class_of
 from probes.catalogue import probe_spec
 
@@ -114,8 +126,16 @@ class SlurmBackend:
         node_classes: Sequence[NodeClassRule] = (),
         ranks_per_node: int | None = None,
         choices: LaunchChoices | None = None,
+        recheck_reservation: str = "healthd_recheck",
+        user: str | None = None,
     ) -> None:
         self.client = client
+        self.recheck_reservation = recheck_reservation
+        self.user = user or pwd.getpwuid(os.geteuid()).pw_name
+        self._lifted: dict[str, str] = {}
+        """Job id → run id of the rechecks whose drains are lifted."""
+        self._closed: set[str] = set()
+        """Of those, the jobs the collector closed whose drains are not restored yet."""
         self.launch = launch
         self.reason_prefix = reason_prefix
         self.node_classes = tuple(node_classes)
@@ -141,7 +161,7 @@ class SlurmBackend:
             nice=s.nice,
         )
         return cls(client, launch, reason_prefix=settings.remediation.reason_prefix, node_classes=s.node_classes,
-                   choices=LaunchChoices.from_settings(settings))
+                   choices=LaunchChoices.from_settings(settings), recheck_reservation=s.recheck_reservation)
 
     def traits(self, settings: Settings) -> BackendTraits:
         s = settings.slurm
@@ -165,14 +185,96 @@ class SlurmBackend:
         gpus = min((self._gpus.get(n, 0) for n in job.nodes), default=0)
         ranks = job.ranks_per_node or self.ranks_per_node or max(gpus, 1)
         job, launch = choose_launch(job, self.launch, self.choices, self.job_class(job))
+        lifted = self._lift_own_drains(job) if job.kind is RunKind.REPROBE else False
+        if lifted:
+            launch = replace(launch, reservation=self.recheck_reservation)
         script = render_batch_script(job, launch, ranks_per_node=ranks, gpus_per_node=gpus)
         path = self.launch.results_dir / f"{job.run_id}.sbatch"
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(script)
-        except OSError as exc:
-            raise SlurmError(f"cannot write the batch script {path}: {exc}") from None
-        return self.client.submit(path)
+            _write(path, script, "the batch script")
+            job_id = self.client.submit(path)
+        except BackendError:
+            if lifted:
+                self._restore(job.run_id)
+            raise
+        if lifted:
+            self._lifted[job_id] = job.run_id
+        return job_id
+
+    # -- rechecks of own drains -------------------------------------------------------------------
+    def _lift_path(self, run_id: str) -> Path:
+        return self.launch.results_dir / f"{run_id}.lift.json"
+
+    def _lift_own_drains(self, job: ProbeJob) -> bool:
+        """Put ``job``'s nodes in the recheck reservation and lift healthd's own drains among them;
+        whether there were any (then the job must run in the reservation)."""
+        current = [self._node(n) for n in job.nodes]
+        own = {n.name: n.reason for n in current if n.drained and n.owned_by(self.reason_prefix)}
+        if not own:
+            return False
+        if busy := [n.name for n in current if n.state not in ("idle", "drained")]:
+            raise SlurmError(f"not rechecking: {', '.join(busy)} still running jobs")
+        _write(self._lift_path(job.run_id), json.dumps({"nodes": list(job.nodes), "reasons": own}), "the lift record")
+        try:
+            self._reserve(job.nodes)
+            for name in own:
+                self.client.undrain(name)
+        except (BackendError, PolicyRefused):
+            self._restore(job.run_id)
+            raise
+        log.info("recheck_drain_lifted", nodes=sorted(own), reservation=self.recheck_reservation, run_id=job.run_id)
+        return True
+
+    def _reserve(self, nodes: Sequence[str]) -> None:
+        name = self.recheck_reservation
+        held = self.client.reservation(name)
+        if held is None:
+            self.client.reserve(name, self.user, nodes)
+            return
+        if held.users != (self.user,):
+            raise PolicyRefused(f"reservation {name} is for {','.join(held.users) or 'nobody'}, not {self.user}: "
+                                "not healthd's, not touching it")
+        if not set(nodes) <= set(held.nodes):
+            self.client.set_reservation_nodes(name, sorted(set(held.nodes) | set(nodes)))
+
+    def _release(self, nodes: Sequence[str]) -> None:
+        name = self.recheck_reservation
+        held = self.client.reservation(name)
+        if held is None or held.users != (self.user,):
+            return
+        rest = sorted(set(held.nodes) - set(nodes))
+        if rest:
+            if rest != sorted(held.nodes):
+                self.client.set_reservation_nodes(name, rest)
+        else:
+            self.client.delete_reservation(name)
+
+    def _restore(self, run_id: str) -> None:
+        """Drain again (with its old reason) each node a recheck lifted, unless someone drained it since,
+        then take the job's nodes out of the reservation, and forget the lift."""
+        path = self._lift_path(run_id)
+        try:
+            lift = json.loads(path.read_text())
+            nodes, reasons = [str(n) for n in lift["nodes"]], {str(k): str(v) for k, v in lift["reasons"].items()}
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise SlurmError(f"unreadable lift record {path}: {exc}") from None
+        for name, reason in sorted(reasons.items()):
+            current = self._node(name)
+            if not current.drained and not current.reason:
+                self.client.drain(name, reason)
+        self._release(nodes)
+        path.unlink(missing_ok=True)
+        log.info("recheck_drain_restored", nodes=sorted(reasons), run_id=run_id)
+
+    def _restore_quietly(self, run_id: str) -> bool:
+        try:
+            self._restore(run_id)
+        except (BackendError, ValueError) as exc:
+            log.warning("recheck_restore_failed", run_id=run_id, error=str(exc))
+            return False
+        return True
 
     def _ours(self) -> list[JobStatus]:
         return [
@@ -186,10 +288,26 @@ class SlurmBackend:
         return {j.job_id: j for j in self._ours() if j.job_id in wanted}
 
     def adopt(self) -> list[JobStatus]:
-        return self._ours()
+        """healthd's jobs; rechecks whose job is gone (the daemon stopped meanwhile) are restored now."""
+        jobs = self._ours()
+        live = {run_id_from_job_name(self.launch.job_name_prefix, j.name or ""): j.job_id
+                for j in jobs if not j.state.finished}
+        for path in sorted(self.launch.results_dir.glob("*.lift.json")):
+            run_id = path.name.removesuffix(".lift.json")
+            if run_id in live:
+                self._lifted[live[run_id]] = run_id
+            else:
+                self._restore_quietly(run_id)
+        return jobs
 
     def forget(self, job_ids: Sequence[str]) -> None:
-        pass
+        """Restore the drains lifted for these (closed) jobs; one that cannot be restored now is tried again
+        at the next ``forget``."""
+        self._closed |= {j for j in job_ids if j in self._lifted}
+        for job_id in sorted(self._closed):
+            if self._restore_quietly(self._lifted[job_id]):
+                self._closed.discard(job_id)
+                del self._lifted[job_id]
 
     def cancel(self, job_ids: Sequence[str]) -> None:
         if job_ids:
@@ -216,3 +334,11 @@ class SlurmBackend:
 
     def close(self) -> None:
         pass
+
+
+def _write(path: Path, text: str, what: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    except OSError as exc:
+        raise SlurmError(f"cannot write {what} {path}: {exc}") from None

@@ -19,11 +19,16 @@ from healthd.model import validate_node_name
 __all__ = [
     "DATA_PARSER",
     "JSON_DIALECTS",
+    "RESERVATION_PREFIX",
     "SINFO_TEXT_FIELDS",
     "SQUEUE_TEXT_FIELDS",
     "JsonDialect",
     "Release",
     "drain_argv",
+    "reservation_create_argv",
+    "reservation_delete_argv",
+    "reservation_show_argv",
+    "reservation_update_argv",
     "sbatch_argv",
     "scancel_argv",
     "scontrol_node_argv",
@@ -34,6 +39,7 @@ __all__ = [
     "squeue_text_argv",
     "undrain_argv",
     "validate_job_id",
+    "validate_reservation_name",
     "version_argv",
 ]
 
@@ -95,6 +101,9 @@ JSON_DIALECTS: dict[Release, JsonDialect] = {
     (26, 5): JsonDialect((26, 5), "scontrol", DATA_PARSER, squeue_filters=True),
 }
 """The JSON dialect of each Slurm release healthd was tested against (22.05.8, 24.11.5, 26.05.5)."""
+
+RESERVATION_PREFIX = "healthd"
+"""Every reservation healthd creates, changes or deletes has a name starting with this; no other."""
 
 _DATA_PARSER = re.compile(r"^v[0-9]+\.[0-9]+\.[0-9]+$")
 _JOB_ID = re.compile(r"^[0-9]{1,12}(?:_[0-9]{1,9})?(?:\+[0-9]{1,4})?$")
@@ -199,3 +208,43 @@ def undrain_argv(scontrol: Sequence[str], node: str) -> list[str]:
 def scontrol_node_argv(scontrol: Sequence[str], node: str | None = None) -> list[str]:
     """One line per node (``-o``); all nodes, or only ``node``."""
     return [*scontrol, "--oneliner", "show", "node", *([validate_node_name(node)] if node is not None else [])]
+
+
+_RESERVATION = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
+_USER = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}\$?$")
+
+
+def validate_reservation_name(name: str) -> str:
+    """``name`` if it is a reservation healthd may manage (it starts with ``RESERVATION_PREFIX``), else raise."""
+    if not isinstance(name, str) or not _RESERVATION.match(name) or not name.startswith(RESERVATION_PREFIX):
+        raise ValueError(f"{name!r} is not a reservation name of healthd's (letters, digits, '._-', "
+                         f"starting with {RESERVATION_PREFIX!r})")
+    return name
+
+
+def _node_list(nodes: Sequence[str]) -> str:
+    if isinstance(nodes, str) or not nodes:
+        raise ValueError("a reservation needs a sequence of at least one node")
+    return ",".join(validate_node_name(n) for n in sorted(set(nodes)))
+
+
+def reservation_show_argv(scontrol: Sequence[str], name: str) -> list[str]:
+    return [*scontrol, "--oneliner", "show", "reservation", validate_reservation_name(name)]
+
+
+def reservation_create_argv(scontrol: Sequence[str], name: str, user: str, nodes: Sequence[str]) -> list[str]:
+    """A reservation of ``nodes`` for ``user`` only, from now on with no end: no other user's job starts
+    on them while they are in it. ``IGNORE_JOBS``: a job still ending there does not refuse it."""
+    if not isinstance(user, str) or not _USER.match(user):
+        raise ValueError(f"{user!r} is not a user name")
+    return [*scontrol, "create", "reservation", f"ReservationName={validate_reservation_name(name)}",
+            f"Users={user}", f"Nodes={_node_list(nodes)}", "StartTime=now", "Duration=infinite", "Flags=IGNORE_JOBS"]
+
+
+def reservation_update_argv(scontrol: Sequence[str], name: str, nodes: Sequence[str]) -> list[str]:
+    """Set the reservation's nodes to exactly ``nodes``."""
+    return [*scontrol, "update", f"ReservationName={validate_reservation_name(name)}", f"Nodes={_node_list(nodes)}"]
+
+
+def reservation_delete_argv(scontrol: Sequence[str], name: str) -> list[str]:
+    return [*scontrol, "delete", f"ReservationName={validate_reservation_name(name)}"]

@@ -112,6 +112,21 @@ class SlurmClient(Protocol):
         """``State=UNDRAIN``: clear a drain, leave the base state (a DOWN node stays DOWN)."""
         ...
 
+    def reservation(self, name: str) -> parse.Reservation | None:
+        """The reservation ``name`` (one of healthd's: the name starts with ``healthd``), or ``None``."""
+        ...
+
+    def reserve(self, name: str, user: str, nodes: Sequence[str]) -> None:
+        """Create the reservation ``name`` of ``nodes`` for ``user`` alone, active now, with no end."""
+        ...
+
+    def set_reservation_nodes(self, name: str, nodes: Sequence[str]) -> None:
+        """The reservation ``name`` holds exactly ``nodes`` from now on (at least one)."""
+        ...
+
+    def delete_reservation(self, name: str) -> None:
+        ...
+
 
 @dataclass(frozen=True)
 class SlurmCommands:
@@ -369,6 +384,25 @@ class SlurmCli:
 
     def undrain(self, node: str) -> None:
         self._run("scontrol", argv.undrain_argv(self.commands.scontrol, node), _nothing)
+
+    def reservation(self, name: str) -> parse.Reservation | None:
+        def read(done: Completed) -> parse.Reservation | None:
+            if done.returncode != 0:
+                if parse.RESERVATION_NOT_FOUND.search(done.stderr + done.stdout):
+                    return None
+                raise SlurmError(f"scontrol exited {done.returncode}: {_tail(done.stderr or done.stdout)}")
+            return _text(parse.parse_reservation, done.stdout)
+
+        return self._run("scontrol", argv.reservation_show_argv(self.commands.scontrol, name), read, check=False)
+
+    def reserve(self, name: str, user: str, nodes: Sequence[str]) -> None:
+        self._run("scontrol", argv.reservation_create_argv(self.commands.scontrol, name, user, nodes), _nothing)
+
+    def set_reservation_nodes(self, name: str, nodes: Sequence[str]) -> None:
+        self._run("scontrol", argv.reservation_update_argv(self.commands.scontrol, name, nodes), _nothing)
+
+    def delete_reservation(self, name: str) -> None:
+        self._run("scontrol", argv.reservation_delete_argv(self.commands.scontrol, name), _nothing)
 
 
 def _nothing(done: Completed) -> None:

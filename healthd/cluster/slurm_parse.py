@@ -800,3 +800,31 @@ def parse_scontrol_nodes(text: str, tz: tzinfo | None = None) -> list[Node]:
 
         nodes.append(_in_line(number, "scontrol", node))
     return nodes
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """One reservation as ``scontrol -o show reservation NAME`` prints it (the fields healthd reads)."""
+
+    name: str
+    nodes: tuple[str, ...]
+    users: tuple[str, ...]
+
+
+RESERVATION_NOT_FOUND = re.compile(r"Reservation \S+ not found|Invalid reservation name", re.IGNORECASE)
+
+
+def parse_reservation(text: str) -> Reservation:
+    """The reservation of ``scontrol -o show reservation NAME`` (one line; 22.05, 24.11 and 26.05 alike)."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if len(lines) != 1:
+        raise ParseError(f"scontrol show reservation: expected one line, got {len(lines)}")
+    pairs = {k: v.strip() for k, v in _PAIR.findall(lines[0])}
+    if "ReservationName" not in pairs or "Nodes" not in pairs:
+        raise ParseError("scontrol show reservation: expected ReservationName= and Nodes=")
+    users = pairs.get("Users", "(null)")
+    return Reservation(
+        name=pairs["ReservationName"],
+        nodes=expand_nodes(pairs["Nodes"]),
+        users=() if users == "(null)" else tuple(u for u in users.split(",") if u),
+    )

@@ -203,6 +203,8 @@ class Judge:
         if nodes:
             self.drained = {n.name for n in nodes if n.drained}
         touched: set[tuple[str, str]] = set()
+        rates_before = {k: (v[0], v[1]) for k, v in self.flag_rates.items()}
+        seen: set[tuple[str, str]] = set()
         if resets:
             touched |= self._apply_resets(resets)
         self._expire(now, out)
@@ -212,6 +214,7 @@ class Judge:
             if run.outcome is Outcome.SKIPPED or self._seen(run):
                 continue
             touched.update((n, run.probe) for n in run.nodes)
+            seen.update((n, run.probe) for n in run.nodes)
             if run.outcome is Outcome.ERROR:
                 for n in run.nodes:
                     self.status[(n, run.probe)] = _Status("error", run.at, run.run_id, run.reason or "probe error")
@@ -265,6 +268,8 @@ class Judge:
             self._conclude(name, probe, attributions.get(probe), suspects.get(probe, {}), now, out,
                            erring.get((self.node_class(name), probe), 1.0))
         self._request(attributions, now, out)
+        out.flag_rates = {k: (v[0], v[1]) for k, v in self.flag_rates.items() if rates_before.get(k) != (v[0], v[1])}
+        out.error_streaks = {k: self.error_streak.get(k, 0) for k in sorted(seen)}
         return out
 
     def _seen(self, run: RunInput) -> bool:
@@ -939,6 +944,11 @@ class Judge:
                 self.verdicts[(verdict.node, verdict.probe)] = verdict
             for name, at in state.resets:
                 self.resets[name] = max(self.resets.get(name, float("-inf")), at)
+            for cls, probe, group, flagged, judged in state.flag_rates:
+                self.flag_rates[(cls, probe, group)] = [flagged, judged]
+            for name, probe, streak in state.error_streaks:
+                if streak > 0:
+                    self.error_streak[(name, probe)] = streak
 
 
 def _may_confirm(last: Sequence[Mark], flagged: int, need: int, window: int) -> bool:

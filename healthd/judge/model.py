@@ -286,6 +286,10 @@ class JudgeOutput:
     """Series whose state changed (for the store)."""
     satisfied: list[tuple[str, str]] = field(default_factory=list)
     """(node, probe) whose pending re-probe was answered or given up."""
+    flag_rates: dict[tuple[str, str, bool], tuple[int, int]] = field(default_factory=dict)
+    """(class, probe, group results) → (flagged, judged) regular results, where this evaluation changed them."""
+    error_streaks: dict[tuple[str, str], int] = field(default_factory=dict)
+    """(node, probe) → its consecutive error runs, for each pair this evaluation saw (0: no streak)."""
 
 
 @dataclass
@@ -321,3 +325,7 @@ class JudgeState:
     """The current verdict of each (node, probe)."""
     resets: tuple[tuple[str, float], ...] = ()
     """(node, when healthd last undrained it): its evidence from before no longer counts."""
+    flag_rates: tuple[tuple[str, str, bool, int, int], ...] = ()
+    """(class, probe, group results, flagged, judged): how often the class flags a result by chance."""
+    error_streaks: tuple[tuple[str, str, int], ...] = ()
+    """(node, probe, consecutive error runs)."""

@@ -111,6 +111,8 @@ class Remediator:
             drains_since=drains_since(settings, now),
             marks=settings.mode == "enforce" and settings.undrain_after_passes > 0)
         nodes = None
+        if {m.node for m in output.marks} & {d.node for d in snap.open_drains}:
+            self._nodes = None  # a recheck of an own drain: the backend lifted and restored it meanwhile
         if needs_nodes(snap, output, settings, now):
             try:
                 nodes = self._cluster_nodes(now)

@@ -196,13 +196,22 @@ class JudgementStore(Database):
                 [(n, r.probe, r.kind, json.dumps(list(r.nodes)), r.requested_at, r.reason)
                  for r in output.requests for n in r.nodes],
             )
+            db.executemany(
+                "INSERT OR REPLACE INTO judge_flag_rates (node_class, probe, grouped, flagged, judged)"
+                " VALUES (?, ?, ?, ?, ?)",
+                [(c, p, int(g), f, j) for (c, p, g), (f, j) in output.flag_rates.items()])
+            db.executemany("DELETE FROM judge_error_streaks WHERE node = ? AND probe = ?",
+                           [k for k, n in output.error_streaks.items() if n <= 0])
+            db.executemany("INSERT OR REPLACE INTO judge_error_streaks (node, probe, streak) VALUES (?, ?, ?)",
+                           [(*k, n) for k, n in output.error_streaks.items() if n > 0])
             if keep_s is not None:
                 db.execute("DELETE FROM judge_marks WHERE at < ?", (output.at - keep_s,))
                 db.execute("DELETE FROM judge_groups WHERE at < ?", (output.at - keep_s,))
 
     def load_judgement(self, *, since: float) -> JudgeState:
         """What ``Judge.restore`` needs: every series, marks and group records since ``since``,
-        active fleet events, pending re-probes, current verdicts and undrain times."""
+        active fleet events, pending re-probes, current verdicts, undrain times, chance-flag counters and
+        error streaks."""
         with self._lock:
             return JudgeState(
                 series=tuple(_series(r) for r in self._query("SELECT * FROM judge_series")),
@@ -214,6 +223,10 @@ class JudgementStore(Database):
                 pending=tuple(_pending(r) for r in self._query("SELECT * FROM judge_requests")),
                 verdicts=tuple(self.current_verdicts()),
                 resets=tuple(self.judge_resets().items()),
+                flag_rates=tuple((r[0], r[1], bool(r[2]), r[3], r[4]) for r in self._query(
+                    "SELECT node_class, probe, grouped, flagged, judged FROM judge_flag_rates")),
+                error_streaks=tuple((r[0], r[1], r[2]) for r in self._query(
+                    "SELECT node, probe, streak FROM judge_error_streaks")),
             )
 
     def judge_resets(self) -> dict[str, float]:

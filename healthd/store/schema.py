@@ -217,6 +217,28 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE runs ADD COLUMN judged INTEGER NOT NULL DEFAULT 1;
     CREATE INDEX runs_unjudged ON runs (judged) WHERE judged = 0
     """,
+    # 5-8: taken by parallel branches (metrics, store compaction); placeholders until they are merged
+    "",
+    "",
+    "",
+    "",
+    # 9: the judge's chance-flag counters and error streaks (they survive a restart)
+    """
+    CREATE TABLE judge_flag_rates (
+        node_class TEXT NOT NULL,
+        probe      TEXT NOT NULL,
+        grouped    INTEGER NOT NULL,
+        flagged    INTEGER NOT NULL,
+        judged     INTEGER NOT NULL,
+        PRIMARY KEY (node_class, probe, grouped)
+    );
+    CREATE TABLE judge_error_streaks (
+        node   TEXT NOT NULL,
+        probe  TEXT NOT NULL,
+        streak INTEGER NOT NULL,
+        PRIMARY KEY (node, probe)
+    )
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -9,6 +9,9 @@ state the way the Slurm commands do:
   ``pending`` until the test starts it.
 - ``drain`` sets the DRAIN flag and the reason (with who and when), replacing an earlier reason;
   ``undrain`` clears the flag and, unless the node is DOWN, the reason.
+- ``reserve``/``set_reservation_nodes``/``delete_reservation`` keep reservations; a job starts
+  (``start_all``) only on undrained idle nodes, and on a reserved node only when it was submitted
+  with that ``--reservation``; a reservation with an unfinished job is "in use" and not deleted.
 - ``outage`` set: every call raises ``SlurmError`` (controller unreachable) or ``SlurmTimeout``.
 
 Operators' own actions (a drain with their reason, a user's job) go through ``admin_drain`` and
@@ -25,7 +28,7 @@ from pathlib import Path
 from typing import Literal
 
 from healthd.cluster.slurm import SlurmBackend
-from healthd.cluster.slurm_parse import expand_nodes
+from healthd.cluster.slurm_parse import Reservation, expand_nodes
 from healthd.errors import SlurmError, SlurmTimeout
 from healthd.jobs import LaunchSettings
 from healthd.model import JobState, JobStatus, Node, validate_node_name
@@ -41,6 +44,7 @@ class FakeJob:
     nodes: tuple[str, ...]
     script: Path
     partition: str | None = None
+    reservation: str | None = None
     result_path: Path | None = None
     """The probe's ``--output`` in the script's command line (where the probe writes its result)."""
     state: JobState = JobState.PENDING
@@ -74,9 +78,11 @@ class FakeSlurmClient:
         self.user = user
         self.release = release
         self.outage: Outage | None = None
+        self.reservations: dict[str, Reservation] = {}
         self.commands: list[tuple[str, ...]] = []
         """healthd's commands that changed something, in order: ``("sbatch", job_id)``,
-        ``("scancel", *ids)``, ``("drain", node, reason)``, ``("undrain", node)``."""
+        ``("scancel", *ids)``, ``("drain", node, reason)``, ``("undrain", node)``, ``("reserve", name, *nodes)``,
+        ``("reservation_nodes", name, *nodes)``, ``("delete_reservation", name)``."""
         self._next_id = 1000
 
     # --- the test drives the cluster ----------------------------------------------------------
@@ -105,7 +111,7 @@ class FakeSlurmClient:
         """Start every pending job whose nodes are free; returns the jobs started."""
         started = []
         for job in list(self.jobs_by_id.values()):
-            if job.state is JobState.PENDING and all(self.node_map[n].state == "idle" for n in job.nodes):
+            if job.state is JobState.PENDING and all(self._may_start(job, n) for n in job.nodes):
                 self.start(job.job_id)
                 started.append(job)
         return started
@@ -166,7 +172,8 @@ class FakeSlurmClient:
                              "Invalid node name specified")
         self._next_id += 1
         job = FakeJob(str(self._next_id), options.get("job-name", script.name), nodes, script,
-                      partition=options.get("partition"), result_path=_probe_output(text))
+                      partition=options.get("partition"), reservation=options.get("reservation"),
+                      result_path=_probe_output(text))
         self.jobs_by_id[job.job_id] = job
         self.commands.append(("sbatch", job.job_id))
         return job.job_id
@@ -197,7 +204,42 @@ class FakeSlurmClient:
                                       reason_user=current.reason_user if keep_reason else None,
                                       reason_time=current.reason_time if keep_reason else None)
 
+    def reservation(self, name: str) -> Reservation | None:
+        self._reachable("scontrol")
+        return self.reservations.get(name)
+
+    def reserve(self, name: str, user: str, nodes: Sequence[str]) -> None:
+        self._reachable("scontrol")
+        if name in self.reservations:
+            raise SlurmError("scontrol exited 1: Error creating the reservation: Reservation request overlaps")
+        for n in nodes:
+            self._known(n)
+        self.commands.append(("reserve", name, *sorted(nodes)))
+        self.reservations[name] = Reservation(name, tuple(sorted(nodes)), (user,))
+
+    def set_reservation_nodes(self, name: str, nodes: Sequence[str]) -> None:
+        self._reachable("scontrol")
+        if name not in self.reservations or not nodes:
+            raise SlurmError(f"scontrol exited 1: Error updating the reservation {name}")
+        self.commands.append(("reservation_nodes", name, *sorted(nodes)))
+        self.reservations[name] = replace(self.reservations[name], nodes=tuple(sorted(nodes)))
+
+    def delete_reservation(self, name: str) -> None:
+        self._reachable("scontrol")
+        if any(j.reservation == name and not j.state.finished for j in self.jobs_by_id.values()):
+            raise SlurmError(f"scontrol exited 1: delete_reservation ReservationName={name}: "
+                             "Requested reservation is in use")
+        if self.reservations.pop(name, None) is None:
+            raise SlurmError(f"scontrol exited 1: Reservation {name} not found")
+        self.commands.append(("delete_reservation", name))
+
     # --- inside -------------------------------------------------------------------------------
+
+    def _may_start(self, job: FakeJob, node: str) -> bool:
+        current = self.node_map[node]
+        held = {r.name for r in self.reservations.values() if node in r.nodes}
+        return current.state == "idle" and not current.drained and (job.reservation in held if held or
+                                                                     job.reservation else True)
 
     def _reachable(self, command: str) -> None:
         if self.outage == "timeout":

@@ -120,3 +120,61 @@ def test_a_node_drained_by_someone_else_is_left_alone(cluster: SlurmTestCluster,
     assert (undrain.result, undrain.reason) == ("refused", "drained by someone else (reason: 'hw: bad PSU ticket 42');"
                                                            " not undraining")
     assert rig.node("node2") == (True, "hw: bad PSU ticket 42")
+
+
+def reservation(cluster: SlurmTestCluster) -> str:
+    shown = cluster.command("scontrol", "--oneliner", "show", "reservation", "healthd_recheck")
+    return shown.stdout.strip() if shown.returncode == 0 else ""
+
+
+def test_own_drain_rechecked_in_healthds_reservation_then_undrained_after_passes(
+    cluster: SlurmTestCluster, tmp_path: Path
+) -> None:
+    """The whole way on a plain cluster: drained for a fault, the fault removed, each recheck lifts the drain
+    while node3 sits in healthd's reservation (a user's job waits), drains it again with its reason, and
+    after two passes healthd undrains node3 and its reservation is gone; node5, drained by an admin, and
+    the admin's reservation are never touched."""
+    admin = cluster.command("scontrol", "update", "nodename=node5", "state=drain", "reason=hw: bad PSU ticket 42")
+    assert admin.returncode == 0, admin.stderr
+    made = cluster.command("scontrol", "create", "reservation", "ReservationName=hd_test", "Users=root",
+                           "Nodes=node4", "StartTime=now", "Duration=60")
+    assert made.returncode == 0, made.stderr
+    rig = Rig(cluster, tmp_path, undrain_after_passes=2, recheck_drained=True)
+    rig.probe("node3", faulty=True)
+    out = rig.probe("node3", faulty=True, priority=True)
+    assert ("drain", "node3", "done") in [(a.action, a.node, a.result) for a in rig.remediator.apply(out)]
+    drained, reason = rig.node("node3")
+    assert drained and reason is not None and reason.startswith("healthd: check_failed gemm")
+    assert rig.remediator.recheck_nodes() == {"node3": ("gemm",)}
+
+    actions = []
+    for attempt in range(2):
+        nodes = rig.good.list_nodes()
+        now = time.time()
+        requests = rig.judge.priority_requests(rig.remediator.recheck_nodes(), PROBES, {}, now)
+        assert [(r.nodes, r.allow_drained) for r in requests] == [(("node3",), True)]
+        (job,) = plan(nodes, probes=PROBES, last_attempts={(n.name, "gemm"): now for n in nodes}, busy_nodes=(),
+                      in_flight=0, now=now, limits=PlanLimits(), priority=requests)
+        assert job.kind is RunKind.REPROBE and job.nodes == ("node3",)
+        collector = Collector(rig.store, rig.good, rig.results)
+        assert collector.launch(job) is not None
+        assert "Nodes=node3 " in reservation(cluster) and "Users=root" in reservation(cluster)
+        user = cluster.command("sbatch", "--parsable", "-w", "node3", "-t", "1", "--wrap", "sleep 1")
+        assert user.returncode == 0, user.stderr
+        done = wait_for(collector.collect, 150, f"recheck {attempt + 1} on node3")
+        assert [c.outcome for c in done] == [Outcome.PASS]  # type: ignore[attr-defined]
+        state = cluster.command("squeue", "-h", "-j", user.stdout.strip(), "-o", "%T").stdout.strip()
+        assert state == "PENDING", f"a user's job ran on node3 during healthd's recheck: {state}"
+        cluster.command("scancel", user.stdout.strip())
+        if attempt == 0:
+            assert rig.node("node3") == (True, reason)  # drained again with its reason between rechecks
+            assert reservation(cluster) == ""
+        out = judge_collected(rig.judge, rig.store, done, now=time.time())  # type: ignore[arg-type]
+        actions = rig.remediator.apply(out)
+    assert ("undrain", "node3", "done") in [(a.action, a.node, a.result) for a in actions]
+    assert rig.node("node3") == (False, None)
+    assert reservation(cluster) == ""
+    assert rig.remediator.recheck_nodes() == {}
+    assert rig.node("node5") == (True, "hw: bad PSU ticket 42")
+    assert "Nodes=node4 " in cluster.command("scontrol", "-o", "show", "reservation", "hd_test").stdout
+    assert list(rig.results.glob("*.lift.json")) == []

@@ -414,3 +414,35 @@ def test_a_confirmed_node_in_service_is_rechecked_soon_and_clears_after_a_repair
     fleet.feed([fleet.gemm("n3", priority=True)], advance=every)
     assert verdict(fleet, "n3") == ("pass", "ok")
     assert fleet.judge.confirmed_findings() == {}
+
+
+def test_chance_flag_counters_and_error_streaks_survive_a_restart(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    fleet = Fleet([f"n{i}" for i in range(10)])
+    fleet.store = store
+    fleet.healthy_gemm_rounds()
+    fleet.feed([fleet.gemm(n, scale=0.6 if n == "n7" else 1.0) for n in fleet.names], advance=60)  # flagged
+    for _ in range(2):
+        err = RunInput(fleet.rid(False), "gemm", ("n1",), Outcome.ERROR, "NCCL communicator init timed out", fleet.t)
+        fleet.feed([err] + [fleet.gemm(n) for n in fleet.names if n != "n1"])
+    original = fleet.judge
+    assert original.error_streak == {("n1", "gemm"): 2}
+    assert original.flag_rates[(CLASS, "gemm", False)][0] >= 1
+
+    restored = load_judge(store, original.settings, now=fleet.t)
+    assert dict(restored.flag_rates) == dict(original.flag_rates)
+    assert restored.error_streak == original.error_streak
+    assert restored.retests(CLASS, "gemm", group=False) == original.retests(CLASS, "gemm", group=False)
+
+    err = RunInput(fleet.rid(False), "gemm", ("n1",), Outcome.ERROR, "NCCL communicator init timed out", fleet.t)
+    runs = [err] + [fleet.gemm(n) for n in fleet.names if n != "n1"]
+    a = original.evaluate(runs, fleet.nodes, now=fleet.t)
+    b = restored.evaluate(runs, fleet.nodes, now=fleet.t)
+    assert a == b and b.error_streaks[("n1", "gemm")] == 3
+    assert restored.verdicts[("n1", "gemm")].reason_code == "repeated_errors"  # the third error in a row
+
+    store.save_judgement(b)
+    fleet.t += 900
+    fleet.feed([fleet.gemm(n) for n in fleet.names])  # n1 passes: its streak ends, in the store too
+    assert load_judge(store, original.settings, now=fleet.t).error_streak == {}
+    store.close()

@@ -182,6 +182,24 @@ def test_undrain_after_consecutive_passes_of_the_drained_probe(tmp_path: Path) -
     assert rig.store.judge_resets() == {"n01": rig.now}  # the judge forgets the evidence from before
 
 
+def test_the_undrain_after_a_recheck_reads_the_nodes_fresh(tmp_path: Path) -> None:
+    """The Slurm backend lifts an own drain while its recheck runs and restores it when the run is collected;
+    a node list cached during the recheck must not make remediation think the drain changed hands."""
+    rig = Rig(tmp_path, undrain_after_passes=1)
+    rig.recommend("n01")
+    rig.slurm.undrain("n01")  # the recheck runs: the drain is lifted
+    rig.now += 5
+    rig.slurm.admin_drain("n02", "hw: fan")
+    assert rig.recommend("n02")[-1] == ("drain", "n02", "refused")  # the node list is cached meanwhile
+    rig.slurm.drain("n01", DRAIN_REASON)  # the recheck was collected: its drain is back
+    rig.now += 5
+    mark = Mark("rp0000000000000c", "n01", "gemm", rig.now, Severity.NONE, ReasonCode.OK, "", False)
+    rig.store.save_judgement(JudgeOutput(at=rig.now, marks=[mark]))
+    actions = rig.remediator.apply(JudgeOutput(at=rig.now, evaluated={("n01", "gemm")}, marks=[mark]))
+    assert ("undrain", "n01", "done") in [(a.action, a.node, a.result) for a in actions]
+    assert rig.reason("n01") is None
+
+
 def test_no_undrain_when_the_drain_reason_changed_hands(tmp_path: Path) -> None:
     rig = Rig(tmp_path, undrain_after_passes=1)
     rig.recommend("n01")
