@@ -25,14 +25,24 @@ from healthd.cluster import ClusterBackend, make_backend
 from healthd.cluster.base import BackendTraits, ObservedBackend
 from healthd.collector import Collected, Collector, results_dir_problem
 from healthd.config import Settings, load_settings
+from healthd.coverage import CoverageCollector, CoverageInputs
 from healthd.errors import BackendError, ConfigError, HealthdError, SlurmError, StoreError
 from healthd.http import HttpApp, HttpServer
 from healthd.judge.metrics import JudgeCollector
 from healthd.judge.persist import judge_ingested, judge_runs, load_judge, run_from_collected
 from healthd.logging import get_logger, setup_logging
 from healthd.metrics import DaemonMetrics, StoreCollector
-from healthd.model import RunKind
-from healthd.planning import PlanLimits, plan, plan_sweep
+from healthd.model import Node, ProbeJob, RunKind
+from healthd.planning import (
+    DAY_S,
+    PlanLimits,
+    ProbeBudget,
+    budget_limit_gpu_s,
+    plan,
+    plan_sweep,
+    run_cost_gpu_s,
+    within_budget,
+)
 from healthd.remediation import Remediator, recommendations_document
 from healthd.sdnotify import Notifier
 from healthd.store import Store
@@ -75,6 +85,7 @@ class Daemon:
         self.observed = ObservedBackend(self.backend, self._backend_call_ok)
         self.registry.register(StoreCollector(self._snapshot, lambda: self.backend.name))
         self.registry.register(JudgeCollector(self.store))
+        self.registry.register(CoverageCollector(self._coverage_inputs))
         self.judge = load_judge(self.store, settings.judge, now=time.time())
         self._judge_stale = False
         self.remediator = Remediator(self.store, self.backend, settings.remediation)
@@ -101,6 +112,15 @@ class Daemon:
     # -- health -----------------------------------------------------------------------------
     def _snapshot(self) -> Any:
         return self.store.snapshot()
+
+    def _coverage_inputs(self) -> CoverageInputs:
+        now, s = time.time(), self.settings
+        return CoverageInputs(
+            now=now, nodes=tuple(self.store.nodes()),
+            enabled_probes=tuple(name for name, p in s.probes.items() if p.enabled),
+            last_judged=self.store.last_judged(), spent_gpu_s=self.store.gpu_seconds_since(now - DAY_S),
+            max_gpu_hours_per_day=s.budget.max_gpu_hours_per_day, max_share=s.budget.max_share,
+        )
 
     def alive(self) -> tuple[bool, str]:
         """Whether the scheduler ticks (systemd's watchdog): a restart would help only when it does not."""
@@ -218,8 +238,25 @@ class Daemon:
                 now=now,
                 limits=limits,
             )[: limits.max_jobs_in_flight - in_flight - len(jobs)]
-        for job in jobs:
+        for job in self._within_budget(jobs, known, runs, now):
             self.collector.launch(job)
+
+    def _within_budget(self, jobs: list[ProbeJob], known: list[Node], runs: list[RunRow], now: float) -> list[ProbeJob]:
+        """The planned jobs the probe budget (``[budget]``) leaves: see ``planning.within_budget``."""
+        b, probes = self.settings.budget, self.settings.probes
+        gpus = {n.name: n.gpus for n in known}
+        limit = budget_limit_gpu_s(b.max_gpu_hours_per_day, b.max_share, sum(gpus.values()))
+        if limit is None:
+            return jobs
+        durations = self.store.mean_durations(now - DAY_S)
+        in_flight = sum(run_cost_gpu_s(r.probe, r.nodes, gpus, durations,
+                                       probes[r.probe].timeout_s if r.probe in probes else 0.0) for r in runs)
+        budget = ProbeBudget(limit, self.store.gpu_seconds_since(now - DAY_S) + in_flight)
+        kept = within_budget(jobs, budget=budget, gpus=gpus, duration_s=durations)
+        if len(kept) < len(jobs):
+            log.info("plan_over_budget", held=len(jobs) - len(kept), limit_gpu_s=limit,
+                     committed_gpu_s=round(budget.committed_gpu_s))
+        return kept
 
     def collect(self) -> None:
         self._judge(self.collector.collect())

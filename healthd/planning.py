@@ -273,3 +273,70 @@ def plan_sweep(
                                      ranks_per_node=settings.ranks_per_node, kind=RunKind.SWEEP))
             break
     return jobs
+
+
+DAY_S = 86400.0
+
+
+@dataclass(frozen=True)
+class ProbeBudget:
+    """GPU-seconds probing may take in a rolling 24 h window and what is committed of it.
+
+    ``committed_gpu_s``: runs finished in the window plus the estimate of the runs in flight.
+    ``limit_gpu_s`` ``None``: no limit.
+    """
+
+    limit_gpu_s: float | None
+    committed_gpu_s: float
+
+    @property
+    def left_gpu_s(self) -> float | None:
+        return None if self.limit_gpu_s is None else max(0.0, self.limit_gpu_s - self.committed_gpu_s)
+
+
+def budget_limit_gpu_s(max_gpu_hours_per_day: float | None, max_share: float | None, cluster_gpus: int) -> float | None:
+    """The 24 h limit in GPU-seconds: the lower of the absolute one and ``max_share`` of the cluster's
+    GPU-seconds in a day; ``None`` when neither is set."""
+    limits = []
+    if max_gpu_hours_per_day is not None:
+        limits.append(max_gpu_hours_per_day * 3600.0)
+    if max_share is not None:
+        limits.append(max_share * cluster_gpus * DAY_S)
+    return min(limits) if limits else None
+
+
+def run_cost_gpu_s(probe: str, nodes: Iterable[str], gpus: Mapping[str, int], duration_s: Mapping[str, float],
+                   default_s: float) -> float:
+    """Estimated GPU-seconds of a run: its probe's expected wall time (``duration_s``, else
+    ``default_s``) times the GPUs of its nodes."""
+    return duration_s.get(probe, default_s) * sum(gpus.get(n, 0) for n in nodes)
+
+
+def within_budget(
+    jobs: Sequence[ProbeJob], *, budget: ProbeBudget, gpus: Mapping[str, int], duration_s: Mapping[str, float],
+) -> list[ProbeJob]:
+    """The jobs of a plan that fit in the budget, in plan order (pure).
+
+    Re-probes (``RunKind.REPROBE``) are always kept and their cost counted: confirming a suspected
+    fault is worth more than the budget. Regular probes and sweeps are kept while their estimated
+    cost (``run_cost_gpu_s``: ``duration_s`` per probe from recent runs, else the job's timeout)
+    fits in what is left; the first that does not fit ends the plan, so that a cheap probe never
+    overtakes a node that has waited longer.
+    """
+    left = budget.left_gpu_s
+    if left is None:
+        return list(jobs)
+    kept: list[ProbeJob] = []
+    blocked = False
+    for job in jobs:
+        cost = run_cost_gpu_s(job.probe, job.nodes, gpus, duration_s, job.timeout_s)
+        if job.kind is RunKind.REPROBE:
+            kept.append(job)
+            left -= cost
+            continue
+        if blocked or cost > left:
+            blocked = True
+            continue
+        kept.append(job)
+        left -= cost
+    return kept
