@@ -36,11 +36,15 @@ from healthd.model import Node, ProbeJob, RunKind
 from healthd.planning import (
     DAY_S,
     PlanLimits,
+    PriorityRequest,
     ProbeBudget,
     budget_limit_gpu_s,
     plan,
+    plan_requests,
     plan_sweep,
     run_cost_gpu_s,
+    why_not_probeable,
+    why_refused,
     within_budget,
 )
 from healthd.remediation import Remediator, recommendations_document
@@ -53,6 +57,8 @@ log = get_logger(__name__)
 _Output = TypeVar("_Output")
 
 STOP_DEADLINE_S = 8.0
+ON_DEMAND_WAIT_S = 600.0
+"""An on-demand probe request whose node is not free (healthd's own probe on it, no partner) this long expires."""
 FAILING_TICKS = 3
 """Consecutive failures of one tick after which ``/healthz`` answers 503."""
 
@@ -216,6 +222,9 @@ class Daemon:
         runs = self.store.unfinished_runs()
         in_flight = sum(1 for r in runs if not waiting_for_nodes(r, now, s.scheduler.plan_interval_s))
         limits = plan_limits(self.traits, s)
+        if self._launch_requests(known, runs, limits, now):
+            runs = self.store.unfinished_runs()
+            in_flight = sum(1 for r in runs if not waiting_for_nodes(r, now, s.scheduler.plan_interval_s))
         last_attempts = self.store.last_attempts()
         priority = self.judge.priority_requests(self.remediator.recheck_nodes(), s.probes, last_attempts, now)
         jobs = plan(
@@ -240,6 +249,40 @@ class Daemon:
             )[: limits.max_jobs_in_flight - in_flight - len(jobs)]
         for job in self._within_budget(jobs, known, runs, now):
             self.collector.launch(job)
+
+    def _launch_requests(self, known: list[Node], runs: list[RunRow], limits: PlanLimits, now: float) -> int:
+        """Settle the pending on-demand probe requests (``healthd probe NAME --node N``): refuse those
+        ``why_refused`` refuses, launch those whose node is free, let the others wait (``seen_at``) up to
+        ``ON_DEMAND_WAIT_S``. Returns the number launched."""
+        pending = self.store.probe_requests()
+        if not pending:
+            return 0
+        by_name = {n.name: n for n in known}
+        held = {n for r in runs for n in r.nodes}
+        waiting = []
+        for r in pending:
+            why = why_refused(by_name.get(r.node), reason_prefix=self.settings.remediation.reason_prefix,
+                              limits=limits, held_by_healthd=r.node in held)
+            if why is not None:
+                self.store.settle_probe_request(r.id, "refused", at=now, detail=why)
+                log.info("probe_request_refused", node=r.node, probe=r.probe, why=why)
+            elif now - r.requested_at > ON_DEMAND_WAIT_S:
+                self.store.settle_probe_request(r.id, "expired", at=now,
+                                                detail=f"the node was not free within {ON_DEMAND_WAIT_S:.0f} s")
+            else:
+                waiting.append(r)
+        self.store.see_probe_requests([r.id for r in waiting], now)
+        partners = tuple(sorted(n.name for n in known if n.name not in held and why_not_probeable(n, limits) is None))
+        jobs = plan_requests(known, [PriorityRequest(r.probe, (r.node,), partners=partners, allow_drained=True)
+                                     for r in waiting], probes=self.settings.probes, busy_nodes=held, limits=limits)
+        launched = 0
+        for r, job in zip(waiting, jobs, strict=True):
+            if job is not None:
+                self.collector.launch(job)
+                self.store.settle_probe_request(r.id, "launched", at=now, run_id=job.run_id)
+                log.info("probe_request_launched", node=r.node, probe=r.probe, run_id=job.run_id, by=r.requested_by)
+                launched += 1
+        return launched
 
     def _within_budget(self, jobs: list[ProbeJob], known: list[Node], runs: list[RunRow], now: float) -> list[ProbeJob]:
         """The planned jobs the probe budget (``[budget]``) leaves: see ``planning.within_budget``."""

@@ -340,3 +340,49 @@ def within_budget(
         kept.append(job)
         left -= cost
     return kept
+
+
+def why_refused(node: Node | None, *, reason_prefix: str, limits: PlanLimits,
+                held_by_healthd: bool = False) -> str | None:
+    """Why an on-demand probe of ``node`` is refused, ``None`` if it may run (now or once healthd's own
+    probe on it, ``held_by_healthd``, has finished).
+
+    Refused: a node the cluster does not know, one drained by someone else (healthd's own drains,
+    whose reason starts with ``reason_prefix``, may be probed), one a job runs on, one down or
+    otherwise blocked, excluded by config or outside the probed partitions.
+    """
+    if node is None:
+        return "not a node of the cluster"
+    if node.drained and not node.owned_by(reason_prefix):
+        return f"drained by someone else (reason: {node.reason or 'none given'})"
+    if held_by_healthd:
+        return None
+    if node.state in ("allocated", "mixed", "draining", "completing") or "COMPLETING" in node.flags:
+        return f"busy: {node.state}, a job runs on it"
+    relaxed = Node(node.name, "idle" if node.state == "drained" else node.state, node.flags - DRAIN_FLAGS,
+                   node.partitions)
+    why = why_not_probeable(relaxed, limits)
+    return None if why is None else f"not probeable: {why}"
+
+
+def plan_requests(
+    nodes: Sequence[Node], requests: Sequence[PriorityRequest], *, probes: Mapping[str, ProbeSettings],
+    busy_nodes: Iterable[str], limits: PlanLimits, make_run_id: Callable[[], str] = new_run_id,
+) -> list[ProbeJob | None]:
+    """One job per on-demand request, in order (``None``: it waits: its nodes, or partners enough for
+    a multi-node probe, are not free now). Not held by the in-flight cap, the idle share or the probe
+    budget: an admin asked for these nodes (the runs count in all three once submitted)."""
+    by_name = {n.name: n for n in nodes}
+    busy = set(busy_nodes)
+    free = {n.name for n in nodes if n.name not in busy and why_not_probeable(n, limits) is None}
+    taken: set[str] = set()
+    out: list[ProbeJob | None] = []
+    for request in requests:
+        settings = probes.get(request.probe, ProbeSettings())
+        group = _priority_group(request, settings, by_name, free, taken, busy, limits)
+        if group is None:
+            out.append(None)
+            continue
+        out.append(_job(request.probe, tuple(by_name[n] for n in group), settings, make_run_id))
+        taken.update(group)
+    return out
