@@ -262,7 +262,8 @@ class Daemon:
         waiting = []
         for r in pending:
             why = why_refused(by_name.get(r.node), reason_prefix=self.settings.remediation.reason_prefix,
-                              limits=limits, held_by_healthd=r.node in held)
+                              limits=limits, held_by_healthd=r.node in held,
+                              jobs_on_drained=self.traits.runs_jobs_on_drained)
             if why is not None:
                 self.store.settle_probe_request(r.id, "refused", at=now, detail=why)
                 log.info("probe_request_refused", node=r.node, probe=r.probe, why=why)

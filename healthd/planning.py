@@ -342,19 +342,23 @@ def within_budget(
     return kept
 
 
-def why_refused(node: Node | None, *, reason_prefix: str, limits: PlanLimits,
-                held_by_healthd: bool = False) -> str | None:
+def why_refused(node: Node | None, *, reason_prefix: str, limits: PlanLimits, held_by_healthd: bool = False,
+                jobs_on_drained: bool = True) -> str | None:
     """Why an on-demand probe of ``node`` is refused, ``None`` if it may run (now or once healthd's own
     probe on it, ``held_by_healthd``, has finished).
 
     Refused: a node the cluster does not know, one drained by someone else (healthd's own drains,
-    whose reason starts with ``reason_prefix``, may be probed), one a job runs on, one down or
-    otherwise blocked, excluded by config or outside the probed partitions.
+    whose reason starts with ``reason_prefix``, may be probed where the backend runs jobs on drained
+    nodes, ``jobs_on_drained``; plain Slurm does not), one a job runs on, one down or otherwise
+    blocked, excluded by config or outside the probed partitions.
     """
     if node is None:
         return "not a node of the cluster"
     if node.drained and not node.owned_by(reason_prefix):
         return f"drained by someone else (reason: {node.reason or 'none given'})"
+    if node.drained and not jobs_on_drained:
+        return (f"drained by healthd ({node.reason}), and this cluster starts no job on a drained node: "
+                f"`healthd undrain {node.name}` first, or run `healthd probe NAME` on the node and `healthd ingest`")
     if held_by_healthd:
         return None
     if node.state in ("allocated", "mixed", "draining", "completing") or "COMPLETING" in node.flags:

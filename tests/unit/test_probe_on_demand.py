@@ -21,14 +21,20 @@ from tests.fakes.slurm import FakeSlurmClient, fake_backend, gpu_node
 PREFIX = "healthd:"
 
 
-def refused(node: Node | None, limits: PlanLimits | None = None, held: bool = False) -> str | None:
-    return why_refused(node, reason_prefix=PREFIX, limits=limits or PlanLimits(), held_by_healthd=held)
+def refused(node: Node | None, limits: PlanLimits | None = None, held: bool = False,
+            jobs_on_drained: bool = True) -> str | None:
+    return why_refused(node, reason_prefix=PREFIX, limits=limits or PlanLimits(), held_by_healthd=held,
+                       jobs_on_drained=jobs_on_drained)
 
 
 def test_idle_nodes_and_healthds_own_drains_may_be_probed() -> None:
     assert refused(Node("a", "idle")) is None
     assert refused(Node("a", "idle", frozenset({"DRAIN"}), reason="healthd: below_floor gemm")) is None
     assert refused(Node("a", "drained", frozenset({"DRAIN"}), reason="healthd: manual")) is None
+    # plain Slurm starts no job on a drained node: said, not left to pend
+    why = refused(Node("a", "idle", frozenset({"DRAIN"}), reason="healthd: manual"), jobs_on_drained=False)
+    assert why is not None and why.startswith("drained by healthd (healthd: manual), and this cluster starts no job")
+    assert "`healthd undrain a` first" in why
 
 
 def test_busy_nodes_are_refused_unless_healthd_holds_them() -> None:
@@ -81,7 +87,7 @@ def test_requested_nodes_expand_hostlists_and_check_names() -> None:
 
 @pytest.fixture
 def fake() -> FakeSlurmClient:
-    return FakeSlurmClient([gpu_node(f"n{i}") for i in range(1, 5)])
+    return FakeSlurmClient([gpu_node(f"n{i}") for i in range(1, 7)])
 
 
 @pytest.fixture
@@ -100,26 +106,29 @@ def test_the_plan_tick_settles_requests(daemon: Daemon, fake: FakeSlurmClient) -
     fake.occupy("n1")
     fake.admin_drain("n2", "hw: fan")
     fake.admin_drain("n3", "healthd: manual replaced GPU")
-    ids = daemon.store.add_probe_requests("gemm", ["n1", "n2", "n3", "n4", "n9"], at=time.time(), by="admin")
+    ids = daemon.store.add_probe_requests("gemm", ["n1", "n2", "n3", "n4", "n5", "n9"], at=time.time(), by="admin")
     daemon.plan_and_launch()
     rows = {r.node: r for r in daemon.store.probe_requests(ids)}
     assert {n: (r.state, r.detail) for n, r in rows.items()} == {
         "n1": ("refused", "busy: allocated, a job runs on it"),
         "n2": ("refused", "drained by someone else (reason: hw: fan)"),
-        "n3": ("launched", ""),
+        "n3": ("refused", "drained by healthd (healthd: manual replaced GPU), and this cluster starts no job on a"
+               " drained node: `healthd undrain n3` first, or run `healthd probe NAME` on the node and"
+               " `healthd ingest`"),
         "n4": ("launched", ""),
+        "n5": ("launched", ""),
         "n9": ("refused", "not a node of the cluster"),
     }
-    # launched past the in-flight cap of 1 and a budget already spent: an admin asked for them
-    assert sorted(n for j in fake.jobs_by_id.values() for n in j.nodes) == ["n3", "n4"]
+    # launched past the in-flight cap of 1 and a budget they exceed; the regular probe of idle n6 waits
+    assert sorted(n for j in fake.jobs_by_id.values() for n in j.nodes) == ["n4", "n5"]
     assert daemon.store.probe_requests() == []
     for job in fake.start_all():
         fake.finish(job.job_id, JobState.COMPLETED)
     daemon.collect()
     report = [request_report(daemon.store, r) for r in daemon.store.probe_requests(ids)]
     by_node = {r["node"]: r for r in report}
-    assert by_node["n3"]["run_id"] == rows["n3"].run_id and by_node["n3"]["outcome"] == "error"
-    assert by_node["n3"]["verdict"] is not None
+    assert by_node["n4"]["run_id"] == rows["n4"].run_id and by_node["n4"]["outcome"] == "error"
+    assert by_node["n4"]["verdict"] is not None
     text = format_report(report)
     assert "n2 gemm: refused: drained by someone else (reason: hw: fan)" in text
     assert f"run {rows['n4'].run_id}" in text
