@@ -342,6 +342,7 @@ class Daemon:
         cutoff = time.time() - self.settings.store.retention_days * 86400
         deleted = self.store.prune(cutoff)
         self.store.prune_judgement(cutoff)
+        self.store.prune_probe_requests(cutoff)
         if deleted:
             log.info("store_pruned", runs=deleted)
 

@@ -42,6 +42,12 @@ class RequestsStore(Database):
                 (state, at, at, run_id, detail, request_id),
             ).rowcount == 1
 
+    def prune_probe_requests(self, older_than: float) -> int:
+        """Delete settled requests older than ``older_than`` (housekeeping)."""
+        with self._tx() as db:
+            return int(db.execute("DELETE FROM probe_requests WHERE state != 'pending' AND requested_at < ?",
+                                  (older_than,)).rowcount)
+
     def run_judged(self, run_id: str) -> bool:
         """Whether the run has finished and its judgement is saved."""
         rows = self._query("SELECT 1 FROM runs WHERE run_id = ? AND state = 'finished' AND judged = 1", (run_id,))

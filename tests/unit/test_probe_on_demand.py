@@ -158,3 +158,15 @@ def test_cli_without_a_store_says_so(tmp_path: Path, capsys: pytest.CaptureFixtu
     config.write_text(f'backend = "local"\nstate_dir = "{tmp_path / "none"}"\n')
     assert main(["probe", "gemm", "--node", "n1", "--config", str(config)]) == 1
     assert "no store at" in capsys.readouterr().err
+
+
+def test_settled_requests_are_pruned_pending_ones_kept(tmp_path: Path) -> None:
+    from healthd.store import Store
+
+    store = Store(tmp_path / "s.sqlite")
+    old, pending = store.add_probe_requests("gemm", ["a", "b"], at=100.0, by="admin")
+    assert store.settle_probe_request(old, "refused", at=101.0, detail="busy")
+    assert not store.settle_probe_request(old, "launched", at=102.0, run_id="r1")  # settled once
+    assert store.prune_probe_requests(1000.0) == 1
+    assert [r.id for r in store.probe_requests()] == [pending]
+    store.close()
