@@ -29,7 +29,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_config_option(p)
     p.add_argument("name", choices=PROBE_NAMES)
     p.add_argument("--json", action="store_true", help="print the result document (verdicts with --node) as JSON")
-    p.add_argument("--timeout", type=float, default=None, help="seconds (default: the probe's timeout_s)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds (default: the probe's timeout_s); with --node: how long to wait for the verdicts")
     p.add_argument("--node", action="append", default=[], metavar="N",
                    help="ask the daemon to probe node N now (repeatable)")
     p.add_argument("--nodes", default="", metavar="HOSTLIST", help="nodes as a Slurm hostlist: gpu[01-04],gpu09")
