@@ -386,6 +386,20 @@ class RemediationSettings(_Section):
     """A node drained this often within ``repeat_window_s`` is left to humans: recommend only."""
 
 
+class BudgetSettings(_Section):
+    """``[budget]``: GPU-hours probing may take in a rolling 24 h window (both unset: no limit).
+
+    The planner stops submitting regular probes (and scaling sweeps) once the GPU-seconds of the runs
+    finished in the last 24 h plus the estimate of those in flight reach the limit. Re-probes that
+    confirm a suspected fault and on-demand probes (``healthd probe NAME --node N``) count against
+    the budget but are never held back by it: they may exceed it.
+    """
+
+    max_gpu_hours_per_day: float | None = Field(default=None, gt=0, le=1e9)
+    max_share: float | None = Field(default=None, gt=0, le=1)
+    """Share of the cluster's GPU-hours (every known node's GPUs times 24 h); with both set the lower wins."""
+
+
 class LoggingSettings(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["auto", "json", "console"] = "auto"
@@ -412,6 +426,7 @@ class Settings(BaseSettings):
     slurm: SlurmSettings = Field(default_factory=SlurmSettings)
     sweep: SweepSettings = SweepSettings()
     remediation: RemediationSettings = RemediationSettings()
+    budget: BudgetSettings = BudgetSettings()
     judge: JudgeSettings = JudgeSettings()
     logging: LoggingSettings = LoggingSettings()
 

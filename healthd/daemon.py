@@ -25,14 +25,28 @@ from healthd.cluster import ClusterBackend, make_backend
 from healthd.cluster.base import BackendTraits, ObservedBackend
 from healthd.collector import Collected, Collector, results_dir_problem
 from healthd.config import Settings, load_settings
+from healthd.coverage import CoverageCollector, CoverageInputs
 from healthd.errors import BackendError, ConfigError, HealthdError, SlurmError, StoreError
 from healthd.http import HttpApp, HttpServer
 from healthd.judge.metrics import JudgeCollector
 from healthd.judge.persist import judge_ingested, judge_runs, load_judge, run_from_collected
 from healthd.logging import get_logger, setup_logging
 from healthd.metrics import DaemonMetrics, StoreCollector
-from healthd.model import RunKind
-from healthd.planning import PlanLimits, plan, plan_sweep
+from healthd.model import Node, ProbeJob, RunKind
+from healthd.planning import (
+    DAY_S,
+    PlanLimits,
+    PriorityRequest,
+    ProbeBudget,
+    budget_limit_gpu_s,
+    plan,
+    plan_requests,
+    plan_sweep,
+    run_cost_gpu_s,
+    why_not_probeable,
+    why_refused,
+    within_budget,
+)
 from healthd.remediation import Remediator, recommendations_document
 from healthd.sdnotify import Notifier
 from healthd.store import Store
@@ -43,6 +57,8 @@ log = get_logger(__name__)
 _Output = TypeVar("_Output")
 
 STOP_DEADLINE_S = 8.0
+ON_DEMAND_WAIT_S = 600.0
+"""An on-demand probe request whose node is not free (healthd's own probe on it, no partner) this long expires."""
 FAILING_TICKS = 3
 """Consecutive failures of one tick after which ``/healthz`` answers 503."""
 
@@ -75,6 +91,7 @@ class Daemon:
         self.observed = ObservedBackend(self.backend, self._backend_call_ok)
         self.registry.register(StoreCollector(self._snapshot, lambda: self.backend.name))
         self.registry.register(JudgeCollector(self.store))
+        self.registry.register(CoverageCollector(self._coverage_inputs))
         self.judge = load_judge(self.store, settings.judge, now=time.time())
         self._judge_stale = False
         self.remediator = Remediator(self.store, self.backend, settings.remediation)
@@ -101,6 +118,15 @@ class Daemon:
     # -- health -----------------------------------------------------------------------------
     def _snapshot(self) -> Any:
         return self.store.snapshot()
+
+    def _coverage_inputs(self) -> CoverageInputs:
+        now, s = time.time(), self.settings
+        return CoverageInputs(
+            now=now, nodes=tuple(self.store.nodes()),
+            enabled_probes=tuple(name for name, p in s.probes.items() if p.enabled),
+            last_judged=self.store.last_judged(), spent_gpu_s=self.store.gpu_seconds_since(now - DAY_S),
+            max_gpu_hours_per_day=s.budget.max_gpu_hours_per_day, max_share=s.budget.max_share,
+        )
 
     def alive(self) -> tuple[bool, str]:
         """Whether the scheduler ticks (systemd's watchdog): a restart would help only when it does not."""
@@ -196,6 +222,9 @@ class Daemon:
         runs = self.store.unfinished_runs()
         in_flight = sum(1 for r in runs if not waiting_for_nodes(r, now, s.scheduler.plan_interval_s))
         limits = plan_limits(self.traits, s)
+        if self._launch_requests(known, runs, limits, now):
+            runs = self.store.unfinished_runs()
+            in_flight = sum(1 for r in runs if not waiting_for_nodes(r, now, s.scheduler.plan_interval_s))
         last_attempts = self.store.last_attempts()
         priority = self.judge.priority_requests(self.remediator.recheck_nodes(), s.probes, last_attempts, now)
         jobs = plan(
@@ -218,8 +247,60 @@ class Daemon:
                 now=now,
                 limits=limits,
             )[: limits.max_jobs_in_flight - in_flight - len(jobs)]
-        for job in jobs:
+        for job in self._within_budget(jobs, known, runs, now):
             self.collector.launch(job)
+
+    def _launch_requests(self, known: list[Node], runs: list[RunRow], limits: PlanLimits, now: float) -> int:
+        """Settle the pending on-demand probe requests (``healthd probe NAME --node N``): refuse those
+        ``why_refused`` refuses, launch those whose node is free, let the others wait (``seen_at``) up to
+        ``ON_DEMAND_WAIT_S``. Returns the number launched."""
+        pending = self.store.probe_requests()
+        if not pending:
+            return 0
+        by_name = {n.name: n for n in known}
+        held = {n for r in runs for n in r.nodes}
+        waiting = []
+        for r in pending:
+            why = why_refused(by_name.get(r.node), reason_prefix=self.settings.remediation.reason_prefix,
+                              limits=limits, held_by_healthd=r.node in held,
+                              jobs_on_drained=self.traits.runs_jobs_on_drained)
+            if why is not None:
+                self.store.settle_probe_request(r.id, "refused", at=now, detail=why)
+                log.info("probe_request_refused", node=r.node, probe=r.probe, why=why)
+            elif now - r.requested_at > ON_DEMAND_WAIT_S:
+                self.store.settle_probe_request(r.id, "expired", at=now,
+                                                detail=f"the node was not free within {ON_DEMAND_WAIT_S:.0f} s")
+            else:
+                waiting.append(r)
+        self.store.see_probe_requests([r.id for r in waiting], now)
+        partners = tuple(sorted(n.name for n in known if n.name not in held and why_not_probeable(n, limits) is None))
+        jobs = plan_requests(known, [PriorityRequest(r.probe, (r.node,), partners=partners, allow_drained=True)
+                                     for r in waiting], probes=self.settings.probes, busy_nodes=held, limits=limits)
+        launched = 0
+        for r, job in zip(waiting, jobs, strict=True):
+            if job is not None:
+                self.collector.launch(job)
+                self.store.settle_probe_request(r.id, "launched", at=now, run_id=job.run_id)
+                log.info("probe_request_launched", node=r.node, probe=r.probe, run_id=job.run_id, by=r.requested_by)
+                launched += 1
+        return launched
+
+    def _within_budget(self, jobs: list[ProbeJob], known: list[Node], runs: list[RunRow], now: float) -> list[ProbeJob]:
+        """The planned jobs the probe budget (``[budget]``) leaves: see ``planning.within_budget``."""
+        b, probes = self.settings.budget, self.settings.probes
+        gpus = {n.name: n.gpus for n in known}
+        limit = budget_limit_gpu_s(b.max_gpu_hours_per_day, b.max_share, sum(gpus.values()))
+        if limit is None:
+            return jobs
+        durations = self.store.mean_durations(now - DAY_S)
+        in_flight = sum(run_cost_gpu_s(r.probe, r.nodes, gpus, durations,
+                                       probes[r.probe].timeout_s if r.probe in probes else 0.0) for r in runs)
+        budget = ProbeBudget(limit, self.store.gpu_seconds_since(now - DAY_S) + in_flight)
+        kept = within_budget(jobs, budget=budget, gpus=gpus, duration_s=durations)
+        if len(kept) < len(jobs):
+            log.info("plan_over_budget", held=len(jobs) - len(kept), limit_gpu_s=limit,
+                     committed_gpu_s=round(budget.committed_gpu_s))
+        return kept
 
     def collect(self) -> None:
         self._judge(self.collector.collect())
@@ -261,6 +342,7 @@ class Daemon:
         cutoff = time.time() - self.settings.store.retention_days * 86400
         deleted = self.store.prune(cutoff)
         self.store.prune_judgement(cutoff)
+        self.store.prune_probe_requests(cutoff)
         if deleted:
             log.info("store_pruned", runs=deleted)
 

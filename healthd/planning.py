@@ -273,3 +273,120 @@ def plan_sweep(
                                      ranks_per_node=settings.ranks_per_node, kind=RunKind.SWEEP))
             break
     return jobs
+
+
+DAY_S = 86400.0
+
+
+@dataclass(frozen=True)
+class ProbeBudget:
+    """GPU-seconds probing may take in a rolling 24 h window and what is committed of it.
+
+    ``committed_gpu_s``: runs finished in the window plus the estimate of the runs in flight.
+    ``limit_gpu_s`` ``None``: no limit.
+    """
+
+    limit_gpu_s: float | None
+    committed_gpu_s: float
+
+    @property
+    def left_gpu_s(self) -> float | None:
+        return None if self.limit_gpu_s is None else max(0.0, self.limit_gpu_s - self.committed_gpu_s)
+
+
+def budget_limit_gpu_s(max_gpu_hours_per_day: float | None, max_share: float | None, cluster_gpus: int) -> float | None:
+    """The 24 h limit in GPU-seconds: the lower of the absolute one and ``max_share`` of the cluster's
+    GPU-seconds in a day; ``None`` when neither is set."""
+    limits = []
+    if max_gpu_hours_per_day is not None:
+        limits.append(max_gpu_hours_per_day * 3600.0)
+    if max_share is not None:
+        limits.append(max_share * cluster_gpus * DAY_S)
+    return min(limits) if limits else None
+
+
+def run_cost_gpu_s(probe: str, nodes: Iterable[str], gpus: Mapping[str, int], duration_s: Mapping[str, float],
+                   default_s: float) -> float:
+    """Estimated GPU-seconds of a run: its probe's expected wall time (``duration_s``, else
+    ``default_s``) times the GPUs of its nodes."""
+    return duration_s.get(probe, default_s) * sum(gpus.get(n, 0) for n in nodes)
+
+
+def within_budget(
+    jobs: Sequence[ProbeJob], *, budget: ProbeBudget, gpus: Mapping[str, int], duration_s: Mapping[str, float],
+) -> list[ProbeJob]:
+    """The jobs of a plan that fit in the budget, in plan order (pure).
+
+    Re-probes (``RunKind.REPROBE``) are always kept and their cost counted: confirming a suspected
+    fault is worth more than the budget. Regular probes and sweeps are kept while their estimated
+    cost (``run_cost_gpu_s``: ``duration_s`` per probe from recent runs, else the job's timeout)
+    fits in what is left; the first that does not fit ends the plan, so that a cheap probe never
+    overtakes a node that has waited longer.
+    """
+    left = budget.left_gpu_s
+    if left is None:
+        return list(jobs)
+    kept: list[ProbeJob] = []
+    blocked = False
+    for job in jobs:
+        cost = run_cost_gpu_s(job.probe, job.nodes, gpus, duration_s, job.timeout_s)
+        if job.kind is RunKind.REPROBE:
+            kept.append(job)
+            left -= cost
+            continue
+        if blocked or cost > left:
+            blocked = True
+            continue
+        kept.append(job)
+        left -= cost
+    return kept
+
+
+def why_refused(node: Node | None, *, reason_prefix: str, limits: PlanLimits, held_by_healthd: bool = False,
+                jobs_on_drained: bool = True) -> str | None:
+    """Why an on-demand probe of ``node`` is refused, ``None`` if it may run (now or once healthd's own
+    probe on it, ``held_by_healthd``, has finished).
+
+    Refused: a node the cluster does not know, one drained by someone else (healthd's own drains,
+    whose reason starts with ``reason_prefix``, may be probed where the backend runs jobs on drained
+    nodes, ``jobs_on_drained``; plain Slurm does not), one a job runs on, one down or otherwise
+    blocked, excluded by config or outside the probed partitions.
+    """
+    if node is None:
+        return "not a node of the cluster"
+    if node.drained and not node.owned_by(reason_prefix):
+        return f"drained by someone else (reason: {node.reason or 'none given'})"
+    if node.drained and not jobs_on_drained:
+        return (f"drained by healthd ({node.reason}), and this cluster starts no job on a drained node: "
+                f"`healthd undrain {node.name}` first, or run `healthd probe NAME` on the node and `healthd ingest`")
+    if held_by_healthd:
+        return None
+    if node.state in ("allocated", "mixed", "draining", "completing") or "COMPLETING" in node.flags:
+        return f"busy: {node.state}, a job runs on it"
+    relaxed = Node(node.name, "idle" if node.state == "drained" else node.state, node.flags - DRAIN_FLAGS,
+                   node.partitions)
+    why = why_not_probeable(relaxed, limits)
+    return None if why is None else f"not probeable: {why}"
+
+
+def plan_requests(
+    nodes: Sequence[Node], requests: Sequence[PriorityRequest], *, probes: Mapping[str, ProbeSettings],
+    busy_nodes: Iterable[str], limits: PlanLimits, make_run_id: Callable[[], str] = new_run_id,
+) -> list[ProbeJob | None]:
+    """One job per on-demand request, in order (``None``: it waits: its nodes, or partners enough for
+    a multi-node probe, are not free now). Not held by the in-flight cap, the idle share or the probe
+    budget: an admin asked for these nodes (the runs count in all three once submitted)."""
+    by_name = {n.name: n for n in nodes}
+    busy = set(busy_nodes)
+    free = {n.name for n in nodes if n.name not in busy and why_not_probeable(n, limits) is None}
+    taken: set[str] = set()
+    out: list[ProbeJob | None] = []
+    for request in requests:
+        settings = probes.get(request.probe, ProbeSettings())
+        group = _priority_group(request, settings, by_name, free, taken, busy, limits)
+        if group is None:
+            out.append(None)
+            continue
+        out.append(_job(request.probe, tuple(by_name[n] for n in group), settings, make_run_id))
+        taken.update(group)
+    return out

@@ -40,6 +40,8 @@ class BackendTraits:
         ``healthd_slurm_up`` (1 after a call that worked, 0 after a ``BackendError``).
     :param probes_in_daemon: probes run inside the daemon and die with it (:meth:`ClusterBackend.close`
         cancels them), so one more collect on stop records how they ended.
+    :param runs_jobs_on_drained: a job submitted to a drained node runs (plain Slurm never starts one),
+        so healthd's own drains can be probed on demand.
     """
 
     max_jobs_in_flight: int
@@ -47,6 +49,7 @@ class BackendTraits:
     partitions: frozenset[str] = frozenset()
     controller: bool = False
     probes_in_daemon: bool = False
+    runs_jobs_on_drained: bool = False
 
 
 @runtime_checkable

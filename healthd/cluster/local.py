@@ -117,7 +117,8 @@ class LocalBackend:
         self._gpus = count_local_gpus()
 
     def traits(self, settings: Settings) -> BackendTraits:
-        return BackendTraits(max_jobs_in_flight=settings.local.max_concurrent, probes_in_daemon=True)
+        return BackendTraits(max_jobs_in_flight=settings.local.max_concurrent, probes_in_daemon=True,
+                             runs_jobs_on_drained=True)
 
     def list_nodes(self) -> list[Node]:
         with self._lock:

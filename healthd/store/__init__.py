@@ -8,6 +8,8 @@ One module per aggregate, each a part of the ``Store`` facade over one connectio
 - ``judgement``: verdicts and the judge's saved state;
 - ``remediation``: recommendations, audit, drains, breaker state (it reads the judgement's marks);
 - ``sweeps``: scaling-sweep runs and the scaling table;
+- ``requests``: on-demand probe requests (``healthd probe NAME --node N``);
+- ``budget``: what probing cost and covered (GPU-seconds in a window, last judged run per node and probe);
 - ``rows``: the row types (pure; import these, not the store, for a dataclass).
 
 Readers that need only part of the store depend on a narrow Protocol of what they call.
@@ -17,9 +19,11 @@ from __future__ import annotations
 
 import time
 
+from healthd.store.budget import BudgetStore
 from healthd.store.judgement import JUDGEMENT_PRUNE, JudgementStore
 from healthd.store.nodes import NodesStore
 from healthd.store.remediation import REMEDIATION_PRUNE, RemediationStore
+from healthd.store.requests import RequestsStore
 from healthd.store.rows import (
     AuditRow,
     DrainRow,
@@ -49,7 +53,7 @@ __all__ = [
 ]
 
 
-class Store(SweepsStore, NodesStore, RemediationStore, JudgementStore):
+class Store(SweepsStore, NodesStore, RemediationStore, JudgementStore, BudgetStore, RequestsStore):
     """The whole store: every aggregate over one connection."""
 
     def snapshot(self, *, node_seen_since: float = 0.0) -> Snapshot:

@@ -12,6 +12,7 @@ from healthd.model import Node, Outcome, RunKind, Verdict
 RunState = Literal["submitted", "running", "finished"]
 RecommendationState = Literal["active", "cleared", "withdrawn", "dismissed"]
 AuditResult = Literal["done", "refused", "failed", "info"]
+ProbeRequestState = Literal["pending", "launched", "refused", "expired"]
 AuditAction = Literal["recommend", "clear", "withdraw", "drain", "undrain", "breaker_open", "breaker_close"]
 JudgedMark: TypeAlias = tuple[float, str, int, str]
 """(at, probe, severity, code) of one judged result a node took part in."""
@@ -89,6 +90,23 @@ class Snapshot:
     run_timings: tuple[RunTiming, ...] = ()
     scaling: tuple[tuple[str, int, float, MeasurementRow], ...] = ()
 
+
+
+@dataclass(frozen=True)
+class ProbeRequestRow:
+    """An on-demand probe of one node (``healthd probe NAME --node N``): ``pending`` until the daemon's
+    plan tick launches it (``run_id``), refuses it or gives up (``detail`` says why)."""
+
+    id: int
+    probe: str
+    node: str
+    requested_at: float
+    requested_by: str
+    state: ProbeRequestState
+    seen_at: float | None
+    settled_at: float | None
+    run_id: str | None
+    detail: str
 
 
 @dataclass(frozen=True)

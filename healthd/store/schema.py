@@ -239,6 +239,23 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (node, probe)
     )
     """,
+    # 10: on-demand probe requests (`healthd probe NAME --node N`), picked up by the daemon's plan tick
+    """
+    CREATE TABLE probe_requests (
+        id           INTEGER PRIMARY KEY,
+        probe        TEXT NOT NULL,
+        node         TEXT NOT NULL,
+        requested_at REAL NOT NULL,
+        requested_by TEXT NOT NULL,
+        state        TEXT NOT NULL DEFAULT 'pending'
+            CHECK (state IN ('pending', 'launched', 'refused', 'expired')),
+        seen_at      REAL,
+        settled_at   REAL,
+        run_id       TEXT,
+        detail       TEXT NOT NULL DEFAULT ''
+    );
+    CREATE INDEX probe_requests_pending ON probe_requests (state) WHERE state = 'pending'
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

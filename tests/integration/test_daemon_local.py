@@ -142,3 +142,20 @@ def test_sigkill_mid_probe_then_restart_loses_and_duplicates_nothing(tmp_path: P
     assert probe_processes(str(run["run_id"])) == []
     text = get(port, "/metrics")[1]
     assert 'healthd_probe_runs_total{outcome="error",probe="gemm"} 1.0' in text
+
+
+def test_probe_on_demand_through_the_local_daemon(tmp_path: Path, daemon_factory: object) -> None:
+    """``healthd probe env --node testnode`` asks the running local daemon (env is not in its plan);
+    an unknown node is refused."""
+    port = free_port()
+    config = write_config(tmp_path, port, extra="[probes.env]\nenabled = false\n")
+    daemon = daemon_factory(config, port)  # type: ignore[operator]
+    daemon.wait_http()
+    asked = subprocess.run([sys.executable, "-m", "healthd.cli", "probe", "env", "--node", "testnode", "--node",
+                            "elsewhere", "--config", str(config), "--json"], capture_output=True, text=True,
+                           timeout=400, check=False)
+    report = {r["node"]: r for r in json.loads(asked.stdout)}
+    assert report["elsewhere"]["detail"] == "not a node of the cluster", report
+    assert report["testnode"]["state"] == "launched" and report["testnode"]["outcome"] == "pass", report
+    runs = json.loads(get(port, "/api/v1/runs")[1])["runs"]
+    assert any(r["run_id"] == report["testnode"]["run_id"] and r["probe"] == "env" for r in runs)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from tests.integration.conftest import SlurmTestCluster
 from tests.integration.daemons import DaemonProc, free_port, get
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def write_config(tmp_path: Path, port: int, *, probes: str, slurm_extra: str = "", scheduler: str = "") -> Path:
@@ -286,5 +288,47 @@ def test_scaling_sweep_needs_two_idle_nodes(tmp_path: Path, cluster: SlurmTestCl
         time.sleep(6)  # several discover and plan ticks
         assert runs(port) == []
         assert "healthd." not in cluster.command("squeue", "-h", "-o", "%j").stdout
+    finally:
+        daemon.kill()
+
+
+def test_probe_on_demand(tmp_path: Path, cluster: SlurmTestCluster) -> None:
+    """``healthd probe gemm --nodes ...`` asks the running daemon: the idle nodes are probed through Slurm
+    (the probe is disabled for the regular plan) and their verdicts printed and stored; a busy node, one
+    drained by someone else and one drained by healthd (Slurm starts no job there) are refused, each
+    with its reason."""
+    user = cluster.command("sbatch", "--parsable", "-J", "user-training", "-w", "node1", "--exclusive",
+                           "-o", "/dev/null", "--wrap", "sleep 300")
+    assert user.returncode == 0, user.stderr
+    assert cluster.command("scontrol", "update", "nodename=node2", "state=drain",
+                           "reason=hw: bad PSU ticket 42").returncode == 0
+    assert cluster.command("scontrol", "update", "nodename=node3", "state=drain",
+                           "reason=healthd: manual replaced GPU").returncode == 0
+    wait(lambda: "alloc" in cluster.command("sinfo", "-h", "-n", "node1", "-o", "%t").stdout, 30, "user job running")
+    port = free_port()
+    config = write_config(tmp_path, port, probes="[probes.gemm]\nenabled = false\ntimeout_s = 120\n"
+                                                 "[probes.nccl]\nenabled = false\n")
+    daemon = start(tmp_path, config, port, cluster.env)
+    try:
+        asked = subprocess.run([sys.executable, "-m", "healthd.cli", "probe", "gemm", "--nodes", "node[1-4]",
+                                "--node", "node5", "--config", str(config), "--json"],
+                               env={**cluster.env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                               timeout=300, check=False)
+        assert asked.returncode == 1, asked.stderr  # refusals: not every verdict passes
+        report = {r["node"]: r for r in json.loads(asked.stdout)}
+        assert (report["node1"]["state"], report["node1"]["detail"]) == ("refused", "busy: allocated, a job runs on it")
+        assert report["node2"]["detail"] == "drained by someone else (reason: hw: bad PSU ticket 42)"
+        assert report["node3"]["state"] == "refused" and "drained by healthd" in report["node3"]["detail"]
+        for node in ("node4", "node5"):
+            assert report[node]["state"] == "launched" and report[node]["verdict"] == "pass", report[node]
+        stored = {str(r["run_id"]): r for r in runs(port)}
+        assert {str(report[n]["run_id"]) for n in ("node4", "node5")} == set(stored)
+        assert all(r["outcome"] == "pass" for r in stored.values())
+        assert "Reason=hw: bad PSU ticket 42" in cluster.command("scontrol", "-o", "show", "node", "node2").stdout
+        text = subprocess.run([sys.executable, "-m", "healthd.cli", "probe", "gemm", "--node", "node4", "--config",
+                               str(config)], env={**cluster.env, "PYTHONPATH": str(REPO)}, capture_output=True,
+                              text=True, timeout=300, check=False)
+        assert text.returncode == 0, text.stderr
+        assert text.stdout.startswith("node4 gemm: pass (run "), text.stdout
     finally:
         daemon.kill()

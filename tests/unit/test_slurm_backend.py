@@ -53,9 +53,11 @@ def test_traits_give_the_plan_limits_and_capabilities_of_each_backend(fake: Fake
                         slurm={"max_concurrent_jobs": 5, "max_idle_share": 0.5, "partitions": ["gpu"],
                                "exclude_nodes": ["n4"], "reservation": "maint"})
     slurm = fake_backend(fake, tmp_path).traits(settings)
-    assert slurm == BackendTraits(5, 0.5, frozenset({"gpu"}), controller=True, probes_in_daemon=False)
+    assert slurm == BackendTraits(5, 0.5, frozenset({"gpu"}), controller=True, probes_in_daemon=False,
+                                  runs_jobs_on_drained=False)
     local = LocalBackend(node_name="here", python=Path("python3")).traits(settings)
-    assert local == BackendTraits(2, 1.0, frozenset(), controller=False, probes_in_daemon=True)
+    assert local == BackendTraits(2, 1.0, frozenset(), controller=False, probes_in_daemon=True,
+                                  runs_jobs_on_drained=True)
     assert plan_limits(slurm, settings) == PlanLimits(5, 0.5, frozenset({"gpu"}), frozenset({"n4"}), "maint")
     assert plan_limits(local, settings) == PlanLimits(2, 1.0, frozenset(), frozenset({"n4"}), "maint")
 

@@ -1,0 +1,93 @@
+"""Coverage (nodes fully checked in the last 24 h), the last full check per node, and the budget
+figures: pure functions, the store's queries and the exported metrics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from healthd.coverage import Coverage, CoverageCollector, CoverageInputs, coverage, full_check_times
+from healthd.model import Node, Outcome, RunKind
+from healthd.store import Store
+
+DAY = 86400.0
+
+
+def test_full_check_is_the_oldest_newest_judged_run_of_every_enabled_probe() -> None:
+    judged = {("a", "gemm"): 500.0, ("a", "nccl"): 300.0, ("b", "gemm"): 900.0, ("c", "nccl"): 1.0}
+    assert full_check_times(["a", "b", "c"], ["gemm", "nccl"], judged) == {"a": 300.0}
+    assert full_check_times(["a", "b", "c"], ["gemm"], judged) == {"a": 500.0, "b": 900.0}
+    assert full_check_times(["a"], [], judged) == {}
+
+
+def test_coverage_per_class_and_in_all() -> None:
+    nodes = [Node("a", "idle", node_class="h100"), Node("b", "allocated", node_class="h100"),
+             Node("c", "idle", node_class="a100"), Node("d", "idle")]
+    now = 10 * DAY
+    checks = {"a": now - 3600, "b": now - 2 * DAY, "c": now - DAY + 1}
+    cov = coverage(nodes, checks, now)
+    assert cov[None] == Coverage(2, 4)
+    assert cov[None].ratio == 0.5
+    assert cov["h100"] == Coverage(1, 2)
+    assert cov["a100"].ratio == 1.0
+    assert cov[""].ratio == 0.0
+    assert coverage([], {}, now)[None].ratio == 0.0
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    s = Store(tmp_path / "s.sqlite")
+    s.upsert_nodes([Node("n1", "idle", gpus=8, node_class="h100x8"), Node("n2", "idle", gpus=8, node_class="h100x8"),
+                    Node("n3", "allocated", gpus=8, node_class="h100x8")], 1.0)
+    now = 10 * DAY
+    for run_id, probe, nodes, outcome, finished, kind in [
+        ("old", "gemm", ("n1",), Outcome.PASS, now - 2 * DAY, RunKind.PROBE),
+        ("g1", "gemm", ("n1",), Outcome.PASS, now - 600, RunKind.PROBE),
+        ("p1", "nccl", ("n1", "n2"), Outcome.FAIL, now - 500, RunKind.PROBE),
+        ("g2", "gemm", ("n2",), Outcome.DEGRADED, now - 400, RunKind.REPROBE),
+        ("e3", "gemm", ("n3",), Outcome.ERROR, now - 300, RunKind.PROBE),
+        ("sw", "nccl", ("n3", "n2"), Outcome.PASS, now - 200, RunKind.SWEEP),
+    ]:
+        s.add_run(run_id=run_id, probe=probe, nodes=nodes, backend="sim", job_id="1", submitted_at=finished - 100,
+                  result_path=None, kind=kind)
+        s.finish_run(run_id, outcome=outcome, reason="", finished_at=finished)
+    return s
+
+
+def test_store_spent_durations_and_last_judged(store: Store) -> None:
+    now = 10 * DAY
+    # g1 100 s x 8 + p1 100 s x 16 + g2 100 x 8 + e3 100 x 8 + sweep 100 x 16; "old" is outside the window
+    assert store.gpu_seconds_since(now - DAY) == 800 + 1600 + 800 + 800 + 1600
+    assert store.gpu_seconds_since(0.0) == 5600 + 800
+    assert store.mean_durations(now - DAY) == {"gemm": 100.0, "nccl": 100.0}
+    assert store.last_judged() == {("n1", "gemm"): now - 600, ("n1", "nccl"): now - 500,
+                                   ("n2", "nccl"): now - 500, ("n2", "gemm"): now - 400}
+
+
+def scrape(store: Store, *, max_share: float | None = None) -> dict[str, list[tuple[dict[str, str], float]]]:
+    now = 10 * DAY
+    reg = CollectorRegistry()
+    reg.register(CoverageCollector(lambda: CoverageInputs(
+        now=now, nodes=tuple(store.nodes()), enabled_probes=("gemm", "nccl"), last_judged=store.last_judged(),
+        spent_gpu_s=store.gpu_seconds_since(now - DAY), max_gpu_hours_per_day=None, max_share=max_share)))
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(generate_latest(reg).decode()):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return out
+
+
+def test_coverage_metrics(store: Store) -> None:
+    now = 10 * DAY
+    m = scrape(store, max_share=0.005)
+    assert m["healthd_node_last_full_check_timestamp_seconds"] == [({"node": "n1"}, now - 600),
+                                                                   ({"node": "n2"}, now - 500)]
+    assert m["healthd_probe_coverage_ratio"] == [({}, pytest.approx(2 / 3))]
+    assert m["healthd_probe_class_coverage_ratio"] == [({"node_class": "h100x8"}, pytest.approx(2 / 3))]
+    assert m["healthd_probe_budget_spent_gpu_seconds"] == [({}, 5600.0)]
+    assert m["healthd_probe_budget_spent_ratio"] == [({}, pytest.approx(5600.0 / (24 * DAY)))]
+    assert m["healthd_probe_budget_limit_gpu_seconds"] == [({}, pytest.approx(0.005 * 24 * DAY))]
+    assert "healthd_probe_budget_limit_gpu_seconds" not in scrape(store)
