@@ -157,7 +157,8 @@ class HttpApp:
     def _runs(self) -> Any:
         return {
             "runs": [
-                {"run_id": r.run_id, "probe": r.probe, "nodes": list(r.nodes), "state": r.state,
+                {"run_id": r.run_id, "kind": r.kind.value, "probe": r.probe, "nodes": list(r.nodes),
+                 "state": r.state,
                  "outcome": r.outcome.value if r.outcome else None, "reason": r.reason,
                  "submitted_at": r.submitted_at, "finished_at": r.finished_at, "duration_s": r.duration_s,
                  "job_id": r.job_id, "result_path": r.result_path}

@@ -375,7 +375,9 @@ def plan_requests(
 ) -> list[ProbeJob | None]:
     """One job per on-demand request, in order (``None``: it waits: its nodes, or partners enough for
     a multi-node probe, are not free now). Not held by the in-flight cap, the idle share or the probe
-    budget: an admin asked for these nodes (the runs count in all three once submitted)."""
+    budget: an admin asked for these nodes (the runs count in all three once submitted). A job on one
+    of healthd's own drains is a re-probe (``RunKind.REPROBE``): the recheck of that drain, which the
+    backend runs on the drained node (on Slurm through healthd's recheck reservation)."""
     by_name = {n.name: n for n in nodes}
     busy = set(busy_nodes)
     free = {n.name for n in nodes if n.name not in busy and why_not_probeable(n, limits) is None}
@@ -387,6 +389,10 @@ def plan_requests(
         if group is None:
             out.append(None)
             continue
-        out.append(_job(request.probe, tuple(by_name[n] for n in group), settings, make_run_id))
+        if any(by_name[n].drained for n in group):
+            out.append(_job(request.probe, tuple(by_name[n] for n in group), settings, new_priority_run_id,
+                            RunKind.REPROBE))
+        else:
+            out.append(_job(request.probe, tuple(by_name[n] for n in group), settings, make_run_id))
         taken.update(group)
     return out

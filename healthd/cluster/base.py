@@ -40,7 +40,8 @@ class BackendTraits:
         ``healthd_slurm_up`` (1 after a call that worked, 0 after a ``BackendError``).
     :param probes_in_daemon: probes run inside the daemon and die with it (:meth:`ClusterBackend.close`
         cancels them), so one more collect on stop records how they ended.
-    :param runs_jobs_on_drained: a job submitted to a drained node runs (plain Slurm never starts one),
+    :param runs_jobs_on_drained: a re-probe (``RunKind.REPROBE``) of one of healthd's own drains runs
+        (the local backend runs anything; Slurm lifts the drain inside healthd's recheck reservation),
         so healthd's own drains can be probed on demand.
     """
 

@@ -166,7 +166,8 @@ class SlurmBackend:
     def traits(self, settings: Settings) -> BackendTraits:
         s = settings.slurm
         return BackendTraits(max_jobs_in_flight=s.max_concurrent_jobs, max_idle_share=s.max_idle_share,
-                             partitions=frozenset(s.partitions), controller=True)
+                             partitions=frozenset(s.partitions), controller=True,
+                             runs_jobs_on_drained=True)
 
     def list_nodes(self) -> list[Node]:
         nodes = [replace(n, node_class=class_of(n, self.node_classes)) for n in self.client.nodes()]

@@ -294,9 +294,9 @@ def test_scaling_sweep_needs_two_idle_nodes(tmp_path: Path, cluster: SlurmTestCl
 
 def test_probe_on_demand(tmp_path: Path, cluster: SlurmTestCluster) -> None:
     """``healthd probe gemm --nodes ...`` asks the running daemon: the idle nodes are probed through Slurm
-    (the probe is disabled for the regular plan) and their verdicts printed and stored; a busy node, one
-    drained by someone else and one drained by healthd (Slurm starts no job there) are refused, each
-    with its reason."""
+    (the probe is disabled for the regular plan) and their verdicts printed and stored; healthd's own
+    drain is probed too (a recheck: its drain lifted inside healthd's reservation, restored after); a
+    busy node and one drained by someone else are refused, each with its reason."""
     user = cluster.command("sbatch", "--parsable", "-J", "user-training", "-w", "node1", "--exclusive",
                            "-o", "/dev/null", "--wrap", "sleep 300")
     assert user.returncode == 0, user.stderr
@@ -318,11 +318,15 @@ def test_probe_on_demand(tmp_path: Path, cluster: SlurmTestCluster) -> None:
         report = {r["node"]: r for r in json.loads(asked.stdout)}
         assert (report["node1"]["state"], report["node1"]["detail"]) == ("refused", "busy: allocated, a job runs on it")
         assert report["node2"]["detail"] == "drained by someone else (reason: hw: bad PSU ticket 42)"
-        assert report["node3"]["state"] == "refused" and "drained by healthd" in report["node3"]["detail"]
-        for node in ("node4", "node5"):
+        for node in ("node3", "node4", "node5"):
             assert report[node]["state"] == "launched" and report[node]["verdict"] == "pass", report[node]
         stored = {str(r["run_id"]): r for r in runs(port)}
-        assert {str(report[n]["run_id"]) for n in ("node4", "node5")} == set(stored)
+        assert {str(report[n]["run_id"]) for n in ("node3", "node4", "node5")} == set(stored)
+        assert stored[str(report["node3"]["run_id"])]["kind"] == "reprobe"
+        wait(lambda: "Reason=healthd: manual replaced GPU" in cluster.command("scontrol", "-o", "show", "node",
+                                                                              "node3").stdout,
+             30, "node3 drained again with its reason after the recheck")
+        assert "healthd_recheck" not in cluster.command("scontrol", "show", "reservation").stdout
         assert all(r["outcome"] == "pass" for r in stored.values())
         assert "Reason=hw: bad PSU ticket 42" in cluster.command("scontrol", "-o", "show", "node", "node2").stdout
         text = subprocess.run([sys.executable, "-m", "healthd.cli", "probe", "gemm", "--node", "node4", "--config",

@@ -74,7 +74,7 @@ def test_plan_requests_one_job_each_partners_for_pairs_and_waits() -> None:
     assert [(j.probe, j.nodes, j.kind) if j else None for j in jobs] == [
         ("gemm", ("a",), RunKind.PROBE),  # a disabled probe still runs on demand
         None,  # the node is taken by the first request
-        ("nccl", ("d", "b"), RunKind.PROBE),  # healthd's own drain, with a free partner
+        ("nccl", ("d", "b"), RunKind.REPROBE),  # a recheck of healthd's own drain, with a free partner
         None,  # busy: waits
     ]
 
@@ -112,15 +112,14 @@ def test_the_plan_tick_settles_requests(daemon: Daemon, fake: FakeSlurmClient) -
     assert {n: (r.state, r.detail) for n, r in rows.items()} == {
         "n1": ("refused", "busy: allocated, a job runs on it"),
         "n2": ("refused", "drained by someone else (reason: hw: fan)"),
-        "n3": ("refused", "drained by healthd (healthd: manual replaced GPU), and this cluster starts no job on a"
-               " drained node: `healthd undrain n3` first, or run `healthd probe NAME` on the node and"
-               " `healthd ingest`"),
+        "n3": ("launched", ""),  # healthd's own drain: rechecked in its reservation
         "n4": ("launched", ""),
         "n5": ("launched", ""),
         "n9": ("refused", "not a node of the cluster"),
     }
     # launched past the in-flight cap of 1 and a budget they exceed; the regular probe of idle n6 waits
-    assert sorted(n for j in fake.jobs_by_id.values() for n in j.nodes) == ["n4", "n5"]
+    assert sorted(n for j in fake.jobs_by_id.values() for n in j.nodes) == ["n3", "n4", "n5"]
+    assert fake.reservations["healthd_recheck"].nodes == ("n3",) and not fake.node_map["n3"].drained
     assert daemon.store.probe_requests() == []
     for job in fake.start_all():
         fake.finish(job.job_id, JobState.COMPLETED)

@@ -54,7 +54,7 @@ def test_traits_give_the_plan_limits_and_capabilities_of_each_backend(fake: Fake
                                "exclude_nodes": ["n4"], "reservation": "maint"})
     slurm = fake_backend(fake, tmp_path).traits(settings)
     assert slurm == BackendTraits(5, 0.5, frozenset({"gpu"}), controller=True, probes_in_daemon=False,
-                                  runs_jobs_on_drained=False)
+                                  runs_jobs_on_drained=True)
     local = LocalBackend(node_name="here", python=Path("python3")).traits(settings)
     assert local == BackendTraits(2, 1.0, frozenset(), controller=False, probes_in_daemon=True,
                                   runs_jobs_on_drained=True)
