@@ -27,10 +27,9 @@ from healthd.collector import Collected, Collector, results_dir_problem
 from healthd.config import Settings, load_settings
 from healthd.errors import BackendError, ConfigError, HealthdError, SlurmError, StoreError
 from healthd.http import HttpApp, HttpServer
-from healthd.judge.metrics import JudgeCollector
 from healthd.judge.persist import judge_ingested, judge_runs, load_judge, run_from_collected
 from healthd.logging import get_logger, setup_logging
-from healthd.metrics import DaemonMetrics, StoreCollector
+from healthd.metrics import DaemonMetrics, Exposition
 from healthd.model import RunKind
 from healthd.planning import PlanLimits, plan, plan_sweep
 from healthd.remediation import Remediator, recommendations_document
@@ -73,8 +72,7 @@ class Daemon:
         self.metrics.backend_up.labels(self.backend.name).set(1)
         self.metrics.slurm_up.set(0)
         self.observed = ObservedBackend(self.backend, self._backend_call_ok)
-        self.registry.register(StoreCollector(self._snapshot, lambda: self.backend.name))
-        self.registry.register(JudgeCollector(self.store))
+        self.exposition = Exposition(self.store, lambda: self.backend.name, settings.metrics.detail)
         self.judge = load_judge(self.store, settings.judge, now=time.time())
         self._judge_stale = False
         self.remediator = Remediator(self.store, self.backend, settings.remediation)
@@ -85,7 +83,8 @@ class Daemon:
         )
         routes = {"/api/v1/recommendations": lambda: recommendations_document(self.store, self.settings.remediation)}
         self.http = HttpServer(
-            HttpApp(self.registry, self.store, self.healthy, routes, auth=BasicAuth(web.users) if web.users else None),
+            HttpApp(self.registry, self.store, self.healthy, routes, auth=BasicAuth(web.users) if web.users else None,
+                    exposition=self.exposition),
             settings.http.host, settings.http.port, tls=web.tls.context() if web.tls else None,
             workers=settings.http.workers, request_timeout_s=settings.http.request_timeout_s,
             max_connections=settings.http.max_connections,
@@ -99,9 +98,6 @@ class Daemon:
         self.scheduler.add_listener(self._on_missed, EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES)
 
     # -- health -----------------------------------------------------------------------------
-    def _snapshot(self) -> Any:
-        return self.store.snapshot()
-
     def alive(self) -> tuple[bool, str]:
         """Whether the scheduler ticks (systemd's watchdog): a restart would help only when it does not."""
         if not self.scheduler.running:
@@ -356,6 +352,7 @@ class Daemon:
         self.collector.pending_timeout_s = new.slurm.pending_timeout_s
         self.judge.reconfigure(new.judge)
         self.remediator.settings = new.remediation
+        self.exposition.set_detail(new.metrics.detail)
         for name, interval in (("discover", new.scheduler.discover_interval_s),
                                ("plan", new.scheduler.plan_interval_s),
                                ("collect", new.scheduler.collect_interval_s),

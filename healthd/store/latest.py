@@ -1,14 +1,15 @@
 """The read side's current state: the newest value of every series (``latest``) and the newest run of every
 (node, probe) (``latest_runs``), both kept in the transaction that finishes a run, so that the metrics and the
 API read what is current without scanning the history. Every row carries the ``seq`` of its last change:
-``changed_nodes`` names the nodes whose state changed since a ``ChangeCursor``."""
+``changes`` gives the rows changed since a ``ChangeCursor``."""
 
 from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from healthd.model import Outcome, ProbeResult, Verdict
@@ -18,9 +19,17 @@ from healthd.store.rows import LastRun, MeasurementRow, RunTiming, canonical_lab
 _CHUNK = 500
 
 
+@lru_cache(maxsize=1 << 16)
+def labels_of(text: str) -> dict[str, str]:
+    """The labels of a stored canonical text, shared between the rows that have them (do not change it):
+    a fleet repeats few label sets."""
+    labels: dict[str, str] = json.loads(text)
+    return labels
+
+
 @dataclass(frozen=True)
 class ChangeCursor:
-    """Where ``changed_nodes`` stopped reading each table (its highest change mark)."""
+    """Where ``changes`` stopped reading each table (its highest change mark)."""
 
     latest: int = 0
     runs: int = 0
@@ -28,13 +37,12 @@ class ChangeCursor:
     series: int = 0
 
 
-_CHANGES = (
-    ("latest", "SELECT node, seq FROM latest WHERE seq > ?", "SELECT COALESCE(MAX(seq), 0) FROM latest"),
-    ("runs", "SELECT node, seq FROM latest_runs WHERE seq > ?", "SELECT COALESCE(MAX(seq), 0) FROM latest_runs"),
-    ("verdicts", "SELECT node, id FROM verdicts WHERE id > ?", "SELECT COALESCE(MAX(id), 0) FROM verdicts"),
+_MARKS = (
+    ("latest", "SELECT COALESCE(MAX(seq), 0) FROM latest"),
+    ("runs", "SELECT COALESCE(MAX(seq), 0) FROM latest_runs"),
+    ("verdicts", "SELECT COALESCE(MAX(id), 0) FROM verdicts"),
     # INSERT OR REPLACE gives a replaced judge series a new rowid above every other one
-    ("series", "SELECT node, rowid FROM judge_series WHERE rowid > ?",
-     "SELECT COALESCE(MAX(rowid), 0) FROM judge_series"),
+    ("series", "SELECT COALESCE(MAX(rowid), 0) FROM judge_series"),
 )
 
 
@@ -46,6 +54,37 @@ def _in(nodes: Sequence[str] | None, column: str = "node") -> Iterator[tuple[str
     for i in range(0, len(nodes), _CHUNK):
         part = list(nodes[i:i + _CHUNK])
         yield f"{column} IN ({','.join('?' * len(part))})", part
+
+
+def _verdict(r: Sequence[Any]) -> Verdict:
+    return Verdict(node=r[0], probe=r[1], outcome=Outcome(r[2]), reason=r[3], reason_code=r[4],
+                   run_ids=tuple(json.loads(r[5])), evidence=json.loads(r[6]), at=r[7])
+
+
+def _series_row(r: Sequence[Any]) -> dict[str, Any]:
+    """A judged series as ``judge_series`` gives it, from (probe, name, node, labels, last_value, last_at, floor,
+    baseline, spread)."""
+    return {"node": r[2], "probe": r[0], "name": r[1], "labels": labels_of(r[3]), "last_value": r[4],
+            "last_at": r[5], "floor": r[6], "baseline": r[7], "spread": r[8]}
+
+
+def _names(families: Collection[tuple[str, str]] | None) -> str:
+    """The SQL condition on ``name`` that narrows a read to ``families`` (its parameters: their sorted names)."""
+    if families is None:
+        return ""
+    return f" AND name IN ({','.join('?' * len({n for _, n in families}))})"
+
+
+@dataclass(frozen=True)
+class Changes:
+    """What changed after a ``ChangeCursor`` (``LatestStore.changes``): rows as they are now."""
+
+    latest: tuple[MeasurementRow, ...]
+    runs: tuple[tuple[LastRun, RunTiming], ...]
+    """The newest run of a (node, probe), and its timing (``gpus`` 0: the node's GPUs are the nodes table's)."""
+    verdicts: tuple[Verdict, ...]
+    """In the order they were saved: a later one replaces an earlier one of the same (node, probe)."""
+    series: tuple[dict[str, Any], ...]
 
 
 class LatestStore(Database):
@@ -91,19 +130,22 @@ class LatestStore(Database):
             [(node, probe, name, labels, value, at, run_id, seq) for (node, name, labels), value in rows.items()],
         )
 
-    def latest_measurements(self, nodes: Sequence[str] | None = None) -> list[MeasurementRow]:
-        """The newest value of every (probe, node, name, labels) series (of ``nodes``; of all with None).
+    def latest_measurements(self, nodes: Sequence[str] | None = None,
+                            families: Collection[tuple[str, str]] | None = None) -> list[MeasurementRow]:
+        """The newest value of every (probe, node, name, labels) series (of ``nodes``; of all with None; of the
+        (probe, name) ``families`` only, when given).
 
         A measurement of a multi-node group (``node`` NULL) counts once for each node of its run.
         """
-        out: list[MeasurementRow] = []
+        rows: list[tuple[Any, ...]] = []
         for where, params in _in(nodes):
-            out += [MeasurementRow(run_id=r[0], probe=r[1], node=r[2], name=r[3], labels=json.loads(r[4]),
-                                   value=r[5], at=r[6])
-                    for r in self._rows("SELECT run_id, probe, node, name, labels, value, at FROM latest"
-                                        f" WHERE {where}", params)]
-        out.sort(key=lambda m: (m.probe, m.node or "", m.name, canonical_labels(m.labels)))
-        return out
+            rows += self._rows(f"SELECT probe, node, name, labels, run_id, value, at FROM latest WHERE {where}"
+                               f"{_names(families)}", [*params, *sorted({n for _, n in families or ()})])
+        if families is not None:
+            rows = [r for r in rows if (r[0], r[2]) in families]
+        rows.sort()
+        return [MeasurementRow(run_id=r[4], probe=r[0], node=r[1], name=r[2], labels=labels_of(r[3]), value=r[5],
+                               at=r[6]) for r in rows]
 
     def last_runs(self, nodes: Sequence[str] | None = None) -> list[LastRun]:
         """Per (node, probe): the newest finished run that was not skipped, and when one last passed."""
@@ -129,12 +171,11 @@ class LatestStore(Database):
         out.sort(key=lambda t: (t.node, t.probe))
         return out
 
-    def current_verdicts_of(self, nodes: Sequence[str]) -> list[Verdict]:
-        """The current verdict of every probe of ``nodes`` (as ``current_verdicts``, without a scan of all)."""
+    def current_verdicts_of(self, nodes: Sequence[str] | None) -> list[Verdict]:
+        """The current verdict of every probe of ``nodes`` (of every node with None; as ``current_verdicts``)."""
         out: list[Verdict] = []
         for where, params in _in(nodes):
-            out += [Verdict(node=r[0], probe=r[1], outcome=Outcome(r[2]), reason=r[3], reason_code=r[4],
-                            run_ids=tuple(json.loads(r[5])), evidence=json.loads(r[6]), at=r[7])
+            out += [_verdict(r)
                     for r in self._rows(
                         "SELECT node, probe, outcome, reason, reason_code, run_ids, evidence, at FROM verdicts"
                         " WHERE id IN (SELECT (SELECT v.id FROM verdicts v WHERE v.node = p.node AND v.probe = p.probe"
@@ -143,33 +184,81 @@ class LatestStore(Database):
         out.sort(key=lambda v: (v.node, v.probe))
         return out
 
-    def judge_series_of(self, nodes: Sequence[str]) -> list[dict[str, Any]]:
-        """The judged series of ``nodes`` with their latest value, floor and baseline."""
-        out: list[dict[str, Any]] = []
+    def judge_series_of(self, nodes: Sequence[str],
+                        families: Collection[tuple[str, str]] | None = None) -> list[dict[str, Any]]:
+        """The judged series of ``nodes`` (of the (probe, name) ``families`` only, when given) with their latest
+        value, floor and baseline."""
+        rows: list[tuple[Any, ...]] = []
         for where, params in _in(nodes):
-            out += [{"node": r[0], "probe": r[1], "name": r[2], "labels": json.loads(r[3]), "last_value": r[4],
-                     "last_at": r[5], "floor": r[6], "baseline": r[7], "spread": r[8]}
-                    for r in self._rows("SELECT node, probe, name, labels, last_value, last_at, floor, baseline,"
-                                        f" spread FROM judge_series WHERE {where}", params)]
-        out.sort(key=lambda s: (s["probe"], s["name"], s["node"], canonical_labels(s["labels"])))
-        return out
+            rows += self._rows("SELECT probe, name, node, labels, last_value, last_at, floor, baseline, spread"
+                               f" FROM judge_series WHERE {where}{_names(families)}",
+                               [*params, *sorted({n for _, n in families or ()})])
+        if families is not None:
+            rows = [r for r in rows if (r[0], r[1]) in families]
+        rows.sort(key=lambda r: r[:4])
+        return [_series_row(r) for r in rows]
 
-    def changed_nodes(self, since: ChangeCursor) -> tuple[set[str], ChangeCursor]:
-        """The nodes whose measurements, runs, verdicts or judged series changed after ``since``, and the
-        cursor to pass next time. Raises ``LookupError`` when a table went back behind the cursor (rows
-        renumbered): read everything again."""
-        changed: set[str] = set()
-        marks: dict[str, int] = {}
+    def node_names(self, *, after: str = "", limit: int = 100, state: str | None = None,
+                   node_class: str | None = None, verdict: str | None = None) -> list[str]:
+        """Up to ``limit`` names after ``after``, in order, of the nodes known (discovered, or with a run) in
+        ``state`` and ``node_class`` whose current verdict for some probe is ``verdict`` (None: any)."""
+        where = ["name > ?"]
+        params: list[Any] = [after]
+        for column, value in (("state", state), ("node_class", node_class)):
+            if value is not None:
+                where.append(f"name IN (SELECT name FROM nodes WHERE {column} = ?)")
+                params.append(value)
+        if verdict is not None:
+            where.append("EXISTS (SELECT 1 FROM (SELECT DISTINCT probe FROM verdicts v WHERE v.node = name) p"
+                         " WHERE (SELECT v.outcome FROM verdicts v WHERE v.node = name AND v.probe = p.probe"
+                         " ORDER BY v.at DESC, v.id DESC LIMIT 1) = ?)")
+            params.append(verdict)
+        rows = self._rows(
+            "SELECT name FROM (SELECT name FROM nodes UNION SELECT DISTINCT node FROM latest_runs"
+            f" UNION SELECT DISTINCT node FROM verdicts) WHERE {' AND '.join(where)} ORDER BY name LIMIT ?",
+            [*params, limit])
+        return [r[0] for r in rows]
+
+    def changes(self, since: ChangeCursor,
+                families: Collection[tuple[str, str]] | None = None) -> tuple[Changes, ChangeCursor]:
+        """The rows of the current state written after ``since`` (every row for ``ChangeCursor()``), of the
+        (probe, name) ``families`` only for measurements and judged series, and the cursor to pass next time.
+        Raises ``LookupError`` when a table went back behind the cursor (rows renumbered): read everything
+        again from ``ChangeCursor()``."""
+        names = sorted({n for _, n in families or ()})
         with self._lock:
-            for key, query, top in _CHANGES:
-                mark = getattr(since, key)
-                high = int(self._db.execute(top).fetchone()[0])
-                if high < mark:
-                    raise LookupError(f"{key} went back from {mark} to {high}")
-                if high > mark:
-                    changed.update(r[0] for r in self._db.execute(query, (mark,)))
-                marks[key] = high
-        return changed, ChangeCursor(**marks)
+            marks = {key: int(self._db.execute(top).fetchone()[0]) for key, top in _MARKS}
+            for key, high in marks.items():
+                if high < getattr(since, key):
+                    raise LookupError(f"{key} went back from {getattr(since, key)} to {high}")
+            latest = self._rows("SELECT probe, node, name, labels, run_id, value, at FROM latest"
+                                f" WHERE seq > ? AND seq <= ?{_names(families)}",
+                                [since.latest, marks["latest"], *names])
+            runs = self._rows("SELECT node, probe, finished_at, outcome, reason, run_id, last_success_at,"
+                              " submitted_at, started_at, duration_s FROM latest_runs WHERE seq > ? AND seq <= ?",
+                              [since.runs, marks["runs"]])
+            if since.verdicts == 0:
+                verdicts = self.current_verdicts_of(None)
+            else:
+                verdicts = [_verdict(r) for r in self._rows(
+                    "SELECT node, probe, outcome, reason, reason_code, run_ids, evidence, at FROM verdicts"
+                    " WHERE id > ? AND id <= ? ORDER BY id", [since.verdicts, marks["verdicts"]])]
+            series = self._rows("SELECT probe, name, node, labels, last_value, last_at, floor, baseline, spread"
+                                f" FROM judge_series WHERE rowid > ? AND rowid <= ?{_names(families)}",
+                                [since.series, marks["series"], *names])
+        if families is not None:
+            latest = [r for r in latest if (r[0], r[2]) in families]
+            series = [r for r in series if (r[0], r[1]) in families]
+        return Changes(
+            latest=tuple(MeasurementRow(run_id=r[4], probe=r[0], node=r[1], name=r[2], labels=labels_of(r[3]),
+                                        value=r[5], at=r[6]) for r in latest),
+            runs=tuple((LastRun(node=r[0], probe=r[1], last_run_at=r[2], last_outcome=Outcome(r[3]),
+                                last_reason=r[4], last_run_id=r[5], last_success_at=r[6]),
+                        RunTiming(node=r[0], probe=r[1], queue_wait_s=max(0.0, (r[8] or r[7]) - r[7]),
+                                  duration_s=r[9] or 0.0, gpus=0)) for r in runs),
+            verdicts=tuple(verdicts),
+            series=tuple(_series_row(r) for r in series),
+        ), ChangeCursor(**marks)
 
     def _rows(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         with self._lock:

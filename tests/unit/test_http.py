@@ -110,15 +110,15 @@ def test_exposition_built_once_per_interval() -> None:
     counter = Counter("c_total", "c", registry=registry)
     now = [100.0]
     cache = ExpositionCache(registry, max_age_s=1.0, clock=lambda: now[0])
-    first, ctype = cache.get("", False)
+    first, ctype = cache.get(False)
     counter.inc()
-    assert cache.get("", False) == (first, ctype)
-    assert gzip.decompress(cache.get("", True)[0]) == first
+    assert cache.get(False) == (first, ctype)
+    assert gzip.decompress(cache.get(True)[0]) == first
     assert cache.builds == 1
     now[0] += 1.0
-    assert b"c_total 1.0" in cache.get("", False)[0]
+    assert b"c_total 1.0" in cache.get(False)[0]
     assert cache.builds == 2
-    assert cache.get("application/openmetrics-text; version=1.0.0", False)[1].startswith("application/openmetrics")
+    assert ctype.startswith("text/plain; version=0.0.4")
 
 
 def test_exposition_rebuilt_after_a_store_commit(tmp_path: Path) -> None:
@@ -127,16 +127,16 @@ def test_exposition_rebuilt_after_a_store_commit(tmp_path: Path) -> None:
     store = Store(tmp_path / "s.sqlite")
     try:
         cache = ExpositionCache(registry, max_age_s=3600.0, version=store.data_version)
-        assert b"c_total 0.0" in cache.get("", False)[0]
+        assert b"c_total 0.0" in cache.get(False)[0]
         counter.inc()
-        assert b"c_total 0.0" in cache.get("", False)[0]
+        assert b"c_total 0.0" in cache.get(False)[0]
         store.bump_counter("x", {})
-        assert b"c_total 1.0" in cache.get("", False)[0]
+        assert b"c_total 1.0" in cache.get(False)[0]
         other = Store(tmp_path / "s.sqlite")
         counter.inc()
         other.bump_counter("x", {})
         other.close()
-        assert b"c_total 2.0" in cache.get("", False)[0]
+        assert b"c_total 2.0" in cache.get(False)[0]
     finally:
         store.close()
 

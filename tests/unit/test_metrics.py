@@ -2,12 +2,15 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
 
-from healthd.metrics import DaemonMetrics, StoreCollector
+from healthd.http import ExpositionCache
+from healthd.metrics import DaemonMetrics, Detail, Exposition
 from healthd.model import Node, Outcome, Verdict
 from healthd.store import Store
 from probes.result import Measurement, ProbeResult
@@ -37,16 +40,27 @@ def store(tmp_path: Path) -> Store:
     return s
 
 
-def registry_for(store: Store) -> CollectorRegistry:
+def scrape(store: Store, detail: Detail = "full") -> bytes:
+    """What ``/metrics`` serves: the daemon's registry and the store's exposition."""
     reg = CollectorRegistry()
     DaemonMetrics(reg)
-    reg.register(StoreCollector(store.snapshot, lambda: "slurm"))
-    return reg
+    return ExpositionCache(reg, exposition=Exposition(store, lambda: "slurm", detail)).get(False)[0]
+
+
+def samples(text: bytes | str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    text = text.decode() if isinstance(text, bytes) else text
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def lookup(text: bytes | str) -> Callable[..., float | None]:
+    """``get_sample_value`` over an exposition text."""
+    found = samples(text)
+    return lambda name, labels=None: found.get((name, frozenset((labels or {}).items())))
 
 
 def test_values_from_the_store(store: Store) -> None:
-    reg = registry_for(store)
-    v = reg.get_sample_value
+    v = lookup(scrape(store))
     assert v("healthd_gemm_flop_per_second", {"node": "n1", "gpu": "1", "dtype": "bf16"}) == 7.4e14
     group = {"collective": "all_reduce", "size_bytes": "1073741824", "placement": "out_of_place", "scope": "group"}
     assert v("healthd_nccl_busbw_bytes_per_second", {"node": "n1", **group}) == 4.5e11
@@ -55,7 +69,7 @@ def test_values_from_the_store(store: Store) -> None:
     assert v("healthd_node_probe_last_success_timestamp_seconds", {"node": "n2", "probe": "gemm"}) is None
     assert v("healthd_node_probe_last_run_timestamp_seconds", {"node": "n2", "probe": "gemm"}) == 130.0
     assert v("healthd_node_probe_last_outcome", {"node": "n2", "probe": "gemm", "outcome": "error"}) == 1.0
-    assert v("healthd_node_probe_last_outcome", {"node": "n2", "probe": "gemm", "outcome": "pass"}) == 0.0
+    assert v("healthd_node_probe_last_outcome", {"node": "n2", "probe": "gemm", "outcome": "pass"}) is None
     assert v("healthd_probe_runs_total", {"probe": "gemm", "outcome": "pass"}) == 1.0
     assert v("healthd_probe_runs_total", {"probe": "gemm", "outcome": "error"}) == 1.0
     assert v("healthd_probe_seconds_total", {"probe": "nccl"}) == 30.0
@@ -73,22 +87,23 @@ def test_values_from_the_store(store: Store) -> None:
 
 
 def test_no_run_or_job_ids_in_labels(store: Store) -> None:
-    text = generate_latest(registry_for(store)).decode()
+    text = scrape(store).decode()
     for forbidden in ('run_id=', 'job_id=', '"g1"', '"p1"'):
         assert forbidden not in text
 
 
 def test_node_leaving_the_store_leaves_the_scrape(tmp_path: Path) -> None:
     empty = Store(tmp_path / "e.sqlite")
-    text = generate_latest(registry_for(empty)).decode()
+    text = scrape(empty).decode()
     assert 'node="' not in text
 
 
 @pytest.mark.promtool
-def test_promtool_accepts_the_scrape(store: Store) -> None:
+@pytest.mark.parametrize("detail", ["summary", "full"])
+def test_promtool_accepts_the_scrape(store: Store, detail: Detail) -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.skip("promtool not installed (Debian package 'prometheus'); scripts/test.sh installs it")
-    text = generate_latest(registry_for(store))
+    text = scrape(store, detail)
     done = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, timeout=30, check=False)
     assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
