@@ -35,7 +35,7 @@ from prometheus_client.exposition import gzip_accepted
 from healthd.errors import HealthdError, InvalidNodeName
 from healthd.judge.metrics import FINDING_LABELS, confirmed_finding
 from healthd.logging import get_logger
-from healthd.metrics import CONTENT_TYPE, OUTCOMES, Exposition, NodeView, headline, node_views
+from healthd.metrics import CONTENT_TYPE, HEADLINES, OUTCOMES, Exposition, NodeView, headline, node_views
 from healthd.model import validate_node_name
 from healthd.store import Store
 from healthd.store.rows import RunRow, Snapshot
@@ -146,7 +146,7 @@ def nodes_page(store: Store, query_string: str) -> dict[str, Any]:
     names = store.node_names(after=after, limit=limit + 1, state=_one(query, "state"),
                              node_class=_one(query, "node_class"), verdict=verdict)
     page, more = names[:limit], len(names) > limit
-    views = node_views(store.snapshot(nodes=page, fleet=False))
+    views = node_views(store.snapshot(nodes=page, fleet=False, families=HEADLINES.keys()))
     return {
         "taken_at": time.time(),
         "nodes": [node_document(views.get(name) or NodeView(name)) for name in page],

@@ -118,7 +118,14 @@ def family_name(probe: str, name: str) -> str:
 
 
 def _escape(value: str) -> str:
+    if "\\" not in value and "\n" not in value and '"' not in value:
+        return value
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _shown(node: Node) -> tuple[Any, ...]:
+    """What a node's own series show of its discovery (its state only counts in ``healthd_cluster_nodes``)."""
+    return node.node_class, node.gpu_type, node.gpus
 
 
 def _number(value: float) -> str:
@@ -379,6 +386,7 @@ class Exposition:
         self._order: list[str] = []
         self._chunk_of: dict[str, int] = {}
         self._pieces: dict[tuple[str, int], _Piece] = {}
+        self._chunk_families: dict[int, set[str]] = {}
         self._headers: dict[str, _Piece] = {}
         self._body = _Body()
         self.rendered_nodes = 0
@@ -411,13 +419,13 @@ class Exposition:
                 self._synced_at = time.monotonic()
             self._cursor = cursor
             changed |= self._apply(changes, full=families is None)
-            nodes = store.nodes()
-            seen = {n.name for n in nodes}
-            for n in nodes:
-                state = self._state.get(n.name)
-                if state is None or state.node != n:
-                    self._node_state(n.name).node = n
-                    changed.add(n.name)
+            nodes = store.node_summaries()
+            seen = {n[0] for n in nodes}
+            for name, _state, node_class, gpu_type, gpus in nodes:
+                state = self._node_state(name)
+                if state.node is None or _shown(state.node) != (node_class, gpu_type, gpus):
+                    state.node = Node(name, _state, gpus=gpus, gpu_type=gpu_type, node_class=node_class)
+                    changed.add(name)
             for name, state in self._state.items():
                 if state.node is not None and name not in seen:
                     state.node = None
@@ -440,7 +448,7 @@ class Exposition:
                 self.rendered_nodes += 1
             states: dict[str, int] = defaultdict(int)
             for n in nodes:
-                states[n.state] += 1
+                states[n[1]] += 1
             breaker = store.remediation_state("breaker")
             breaker_open = bool(isinstance(breaker, dict) and breaker.get("open"))
             fleet = _fragment(fleet_samples_of(store.snapshot(nodes=(), fleet=True), self._backend_name(), states,
@@ -476,19 +484,24 @@ class Exposition:
         return touched
 
     def _assemble(self, fleet: Mapping[str, bytes], changed: set[str]) -> None:
-        order = sorted(self._fragments)
+        order = sorted(self._fragments) if changed or not self._order else self._order
         if order != self._order:
             self._order = order
             self._chunk_of = {name: i // CHUNK for i, name in enumerate(order)}
             self._pieces.clear()
+            dirty = set(range((len(order) + CHUNK - 1) // CHUNK))
+            self._chunk_families = {}
         else:
-            for chunk in {self._chunk_of[n] for n in changed if n in self._chunk_of}:
-                for key in [k for k in self._pieces if k[1] == chunk]:
-                    del self._pieces[key]
+            dirty = {self._chunk_of[n] for n in changed if n in self._chunk_of}
+            for key in [k for k in self._pieces if k[1] in dirty]:
+                del self._pieces[key]
+        for chunk in dirty:
+            self._chunk_families[chunk] = {f for n in order[chunk * CHUNK:(chunk + 1) * CHUNK]
+                                           for f in self._fragments[n]}
         present: dict[str, set[int]] = defaultdict(set)
-        for name in order:
-            for family in self._fragments[name]:
-                present[family].add(self._chunk_of[name])
+        for chunk, found in self._chunk_families.items():
+            for family in found:
+                present[family].add(chunk)
         body = _Body()
         for family in sorted(present.keys() | fleet.keys()):
             pieces = [_Piece(fleet[family])] if family in fleet else []

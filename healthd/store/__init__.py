@@ -77,7 +77,7 @@ class Store(SweepsStore, NodesStore, RemediationStore, JudgementStore):
                 latest=tuple(self.latest_measurements(nodes, families)) if nodes != () else (),
                 verdicts=tuple(verdicts),
                 counters=tuple(self.counters()) if fleet else (),
-                in_flight=len(self.unfinished_runs()) if fleet else 0,
+                in_flight=self.in_flight() if fleet else 0,
                 run_timings=tuple(self.last_run_timings(nodes)) if nodes != () else (),
                 scaling=tuple(self.scaling_table()) if fleet else (),
                 series=tuple(series),

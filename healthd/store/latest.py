@@ -198,6 +198,15 @@ class LatestStore(Database):
         rows.sort(key=lambda r: r[:4])
         return [_series_row(r) for r in rows]
 
+    def node_summaries(self) -> list[tuple[str, str, str | None, str | None, int]]:
+        """(name, state, node class, GPU type, GPUs) of every node, by name: what the metrics show of them."""
+        return [(r[0], r[1], r[2], r[3], r[4]) for r in self._rows(
+            "SELECT name, state, node_class, gpu_type, gpus FROM nodes ORDER BY name", [])]
+
+    def in_flight(self) -> int:
+        """Runs submitted and not finished."""
+        return int(self._rows("SELECT COUNT(*) FROM runs WHERE state != 'finished'", [])[0][0])
+
     def node_names(self, *, after: str = "", limit: int = 100, state: str | None = None,
                    node_class: str | None = None, verdict: str | None = None) -> list[str]:
         """Up to ``limit`` names after ``after``, in order, of the nodes known (discovered, or with a run) in
@@ -214,8 +223,8 @@ class LatestStore(Database):
                          " ORDER BY v.at DESC, v.id DESC LIMIT 1) = ?)")
             params.append(verdict)
         rows = self._rows(
-            "SELECT name FROM (SELECT name FROM nodes UNION SELECT DISTINCT node FROM latest_runs"
-            f" UNION SELECT DISTINCT node FROM verdicts) WHERE {' AND '.join(where)} ORDER BY name LIMIT ?",
+            "SELECT name FROM (SELECT name FROM nodes UNION SELECT DISTINCT node FROM latest_runs)"
+            f" WHERE {' AND '.join(where)} ORDER BY name LIMIT ?",
             [*params, limit])
         return [r[0] for r in rows]
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gzip
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -10,6 +11,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from healthd.http import ExpositionCache
+from healthd.judge.model import JudgeOutput, SeriesKey, SeriesState
 from healthd.metrics import DaemonMetrics, Detail, Exposition
 from healthd.model import Node, Outcome, Verdict
 from healthd.store import Store
@@ -107,3 +109,85 @@ def test_promtool_accepts_the_scrape(store: Store, detail: Detail) -> None:
     text = scrape(store, detail)
     done = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, timeout=30, check=False)
     assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
+
+
+def eight_gpu_node(store: Store, node: str, at: float) -> None:
+    """One 8-GPU node probed by env, gemm (2 dtypes), nccl (2 collectives x 4 sizes x 2 placements) and ddp,
+    every series judged with a baseline."""
+    per_probe = {
+        "env": [Measurement(name="visible_gpus", value=8, node=node)],
+        "gemm": [Measurement(name="flop_per_second", value=7e14 if d == "bf16" else 1.3e15, node=node,
+                             labels={"gpu": str(g), "dtype": d}) for g in range(8) for d in ("fp8", "bf16")]
+        + [Measurement(name="memory_bandwidth_bytes_per_second", value=2.9e12, node=node, labels={"gpu": str(g)})
+           for g in range(8)],
+        "nccl": [Measurement(name="busbw_bytes_per_second", value=float(size), node=node,
+                             labels={"collective": c, "size_bytes": str(size), "placement": p, "scope": "node"})
+                 for c in ("all_gather", "all_reduce") for size in (8192, 1 << 20, 1 << 26, 1 << 30)
+                 for p in ("in_place", "out_of_place")],
+        "ddp": [Measurement(name="throughput_samples_per_second", value=2400.0, node=node),
+                Measurement(name="step_seconds", value=0.1, node=node, labels={"quantile": "0.5"})],
+    }
+    series = []
+    for probe, ms in per_probe.items():
+        run_id = f"{probe}-{node}-{at}"
+        store.add_run(run_id=run_id, probe=probe, nodes=[node], backend="slurm", job_id=None, submitted_at=at,
+                      result_path=None)
+        store.finish_run(run_id, outcome=Outcome.PASS, reason="", finished_at=at + 10,
+                         result=ProbeResult(probe=probe, run_id=run_id, outcome=Outcome.PASS, started_at=at,
+                                            finished_at=at + 10, measurements=ms))
+        series += [SeriesState(node, SeriesKey.of(probe, m.name, m.labels), [], m.value, at + 10, run_id,
+                               m.value * 0.75, m.value * 1.25, None) for m in ms]
+    store.save_judgement(JudgeOutput(at=at + 10, series=series, verdicts=[
+        Verdict(node, probe, Outcome.PASS, reason_code="ok", at=at + 10) for probe in per_probe]))
+
+
+def node_series(text: bytes, node: str) -> list[str]:
+    return [line for line in text.decode().splitlines() if f'node="{node}"' in line and not line.startswith("#")]
+
+
+def test_summary_keeps_an_eight_gpu_node_within_the_budget(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    store.upsert_nodes([Node("g1", "idle", gpus=8, gpu_type="h100", node_class="h100x8")], 1.0)
+    eight_gpu_node(store, "g1", 100.0)
+    summary, full = scrape(store, "summary"), scrape(store, "full")
+    # 2 + 2 x 4 probes + (1 env + 8 GEMM GPUs + 1 NCCL + 1 DDP) headline + 4 baseline ratios (docs/metrics.md)
+    assert len(node_series(summary, "g1")) == 25
+    assert len(node_series(full, "g1")) > 150
+    v = lookup(summary)
+    assert v("healthd_nccl_busbw_bytes_per_second", {"node": "g1", "collective": "all_reduce", "scope": "node",
+                                                     "size_bytes": str(1 << 30), "placement": "out_of_place"}) == 2**30
+    assert v("healthd_gemm_flop_per_second", {"node": "g1", "gpu": "7", "dtype": "bf16"}) == 7e14
+    assert v("healthd_gemm_flop_per_second", {"node": "g1", "gpu": "7", "dtype": "fp8"}) is None
+    assert v("healthd_node_probe_baseline_ratio", {"node": "g1", "probe": "nccl"}) == pytest.approx(1 / 1.25)
+    assert v("healthd_node_verdict", {"node": "g1", "probe": "gemm", "outcome": "pass", "reason_code": "ok"}) == 1
+    assert lookup(full)("healthd_nccl_busbw_bytes_per_second", {
+        "node": "g1", "collective": "all_gather", "scope": "node", "size_bytes": "8192", "placement": "in_place"})
+    assert not [line for line in node_series(summary, "g1") if line.endswith(" 0.0")], "no zero rows"
+
+
+def test_a_refresh_renders_only_the_nodes_that_changed(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    store.upsert_nodes([Node(f"g{i}", "idle", gpus=8, node_class="h100x8") for i in range(5)], 1.0)
+    for i in range(5):
+        eight_gpu_node(store, f"g{i}", 100.0)
+    exposition = Exposition(store, lambda: "slurm")
+    exposition.refresh()
+    assert exposition.rendered_nodes == 5
+    first = exposition.body()
+    exposition.refresh()
+    assert exposition.rendered_nodes == 5 and exposition.body() == first, "nothing changed: nothing rendered"
+    eight_gpu_node(store, "g3", 200.0)
+    store.upsert_nodes([Node("g4", "drained", gpus=8, node_class="h100x8")], 2.0)
+    exposition.refresh()
+    assert exposition.rendered_nodes == 6, "g3's results; g4's state shows only in healthd_cluster_nodes"
+    text = exposition.body()
+    assert gzip.decompress(exposition.body_gzip()) == text
+    v = lookup(text)
+    assert v("healthd_node_probe_last_run_timestamp_seconds", {"node": "g3", "probe": "gemm"}) == 210.0
+    assert v("healthd_node_probe_last_run_timestamp_seconds", {"node": "g2", "probe": "gemm"}) == 110.0
+    assert v("healthd_cluster_nodes", {"state": "drained"}) == 1.0
+    assert text.count(b"# TYPE healthd_gemm_flop_per_second gauge") == 1, "one family block whatever the pieces"
+    exposition.set_detail("full")
+    exposition.refresh()
+    assert exposition.rendered_nodes == 11
+    assert lookup(exposition.body())("healthd_gemm_flop_per_second", {"node": "g0", "gpu": "0", "dtype": "fp8"})
