@@ -146,7 +146,7 @@ def nodes_page(store: Store, query_string: str) -> dict[str, Any]:
     names = store.node_names(after=after, limit=limit + 1, state=_one(query, "state"),
                              node_class=_one(query, "node_class"), verdict=verdict)
     page, more = names[:limit], len(names) > limit
-    views = node_views(store.snapshot(nodes=page, fleet=False, families=HEADLINES.keys()))
+    views = node_views(store.snapshot(nodes=page, fleet=False, families=HEADLINES.keys(), judged=False))
     return {
         "taken_at": time.time(),
         "nodes": [node_document(views.get(name) or NodeView(name)) for name in page],

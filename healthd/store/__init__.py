@@ -54,11 +54,12 @@ class Store(SweepsStore, NodesStore, RemediationStore, JudgementStore):
     """The whole store: every aggregate over one connection."""
 
     def snapshot(self, *, node_seen_since: float = 0.0, nodes: Sequence[str] | None = None,
-                 fleet: bool = True, families: Collection[tuple[str, str]] | None = None) -> Snapshot:
+                 fleet: bool = True, families: Collection[tuple[str, str]] | None = None,
+                 judged: bool = True) -> Snapshot:
         """An immutable copy of what the metrics endpoint and the API show, read under one lock: of every
         node, or of ``nodes`` only (reads linear in what they return); ``fleet``: with the counters, runs in
         flight and the scaling table; ``families``: only the measurements and judged series of these
-        (probe, name) pairs."""
+        (probe, name) pairs; ``judged``: with the judged series."""
         with self._lock:
             if nodes is None:
                 node_rows, verdicts, series = (self.nodes(seen_since=node_seen_since), self.current_verdicts(),
@@ -67,7 +68,7 @@ class Store(SweepsStore, NodesStore, RemediationStore, JudgementStore):
             else:
                 node_rows = self.nodes(seen_since=node_seen_since, names=nodes) if nodes else []
                 verdicts = self.current_verdicts_of(nodes) if nodes else []
-                series = self.judge_series_of(nodes, families) if nodes else []
+                series = self.judge_series_of(nodes, families) if nodes and judged else []
                 wanted = set(nodes)
                 recommendations = [r for r in self.recommendations(limit=1_000_000) if r.node in wanted]
             return Snapshot(
