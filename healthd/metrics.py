@@ -99,6 +99,10 @@ HEADLINES: dict[tuple[str, str], dict[str, tuple[str, ...]]] = {
     ("nccl", "busbw_bytes_per_second"): {"scope": ("node", "group", "rail"), "collective": ("all_reduce",),
                                          "placement": ("out_of_place", "in_place")},
     ("ddp", "throughput_samples_per_second"): {},
+    ("nccl_tests", "avg_busbw_bytes_per_second"): {},
+    ("param", "compute_flop_per_second"): {"scope": ("node", "total"), "dtype": ("bf16", "fp16", "tf32", "fp32")},
+    ("horovod", "throughput_samples_per_second"): {"scope": ("total",)},
+    ("ddp_benchmark", "throughput_samples_per_second"): {},
 }
 """The measurements a node exports with ``detail = "summary"``, and which of their series: one per GPU (the
 ``gpu`` label) of the preferred value of every other label (the largest ``size_bytes``)."""
