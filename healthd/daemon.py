@@ -260,9 +260,18 @@ class Daemon:
         if deleted:
             log.info("store_pruned", runs=deleted)
 
+    def _warm_metrics(self) -> None:
+        """Read the store's current state into the exposition before the first scrape asks (a big fleet
+        takes seconds; a scrape meanwhile waits for this one read instead of starting its own)."""
+        try:
+            self.exposition.refresh()
+        except HealthdError as exc:
+            log.error("metrics_warm_failed", error=str(exc))
+
     # -- life cycle -------------------------------------------------------------------------
     def start(self) -> None:
         s = self.settings.scheduler
+        threading.Thread(target=self._warm_metrics, name="metrics-warm", daemon=True).start()
         self.http.start()
         log.info("http_listening", host=self.settings.http.host, port=self.http.port)
         try:

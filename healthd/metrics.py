@@ -111,7 +111,7 @@ FULL_ONLY = ("healthd_node_probe_last_success_timestamp_seconds", "healthd_node_
              "healthd_node_probe_last_gpu_seconds", "healthd_node_probe_floor_ratio")
 """Per-node families exported with ``detail = "full"`` only (besides non-headline measurements and the
 ``healthd_baseline_*`` and ``healthd_floor_*`` families)."""
-RESYNC_S = 3600.0
+RESYNC_S = 86400.0
 """How often ``Exposition`` reads the whole current state again (what a prune or a deleted node removed)."""
 CHUNK = 256
 """Nodes per cached piece of a family: a change re-renders (and re-compresses) the pieces of its nodes."""
