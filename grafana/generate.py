@@ -488,8 +488,10 @@ def probe_operations() -> dash.Dashboard:
         [query(f"sum by (kind) (rate(healthd_errors_total{{{INST}}}[$__rate_interval])) * 3600", "{{kind}}")],
         "none", minimum=0))
     d = d.with_panel(ts(
-        "Error verdicts by reason", "Nodes whose current verdict is error, by probe and reason code.",
-        [query(f'sum by (probe, reason_code) (healthd_node_verdict{{{p}, outcome="error"}})',
+        "Error verdicts by reason", "Nodes whose current verdict is error, by probe and reason code (0 per "
+        "probe without one: the verdict series carries only the current outcome).",
+        [query(f'sum by (probe, reason_code) (healthd_node_verdict{{{p}, outcome="error"}}) '
+               f"or sum by (probe) (healthd_node_verdict{{{p}}}) * 0",
                "{{probe}} {{reason_code}}")], "none", stack=True, minimum=0))
 
     d = d.with_row(row("Queue wait and duration"))
