@@ -84,7 +84,7 @@ class Daemon:
         routes = {"/api/v1/recommendations": lambda: recommendations_document(self.store, self.settings.remediation)}
         self.http = HttpServer(
             HttpApp(self.registry, self.store, self.healthy, routes, auth=BasicAuth(web.users) if web.users else None,
-                    exposition=self.exposition),
+                    exposition=self.exposition, refresh_on_scrape=False),
             settings.http.host, settings.http.port, tls=web.tls.context() if web.tls else None,
             workers=settings.http.workers, request_timeout_s=settings.http.request_timeout_s,
             max_connections=settings.http.max_connections,
@@ -149,6 +149,7 @@ class Daemon:
             finally:
                 self._heartbeat = time.monotonic()
                 self.metrics.last_tick.labels(name).set(time.time())
+                self._refresh_metrics()
 
         run.__name__ = f"tick_{name}"
         return run
@@ -260,18 +261,19 @@ class Daemon:
         if deleted:
             log.info("store_pruned", runs=deleted)
 
-    def _warm_metrics(self) -> None:
-        """Read the store's current state into the exposition before the first scrape asks (a big fleet
-        takes seconds; a scrape meanwhile waits for this one read instead of starting its own)."""
+    def _refresh_metrics(self) -> None:
+        """Bring the exposition up to date with what the tick (or another process) wrote: scrapes only
+        serve its bytes. At start it reads the whole current state (a big fleet takes seconds; a scrape
+        meanwhile waits for it)."""
         try:
-            self.exposition.refresh()
+            self.exposition.refresh_if_changed()
         except HealthdError as exc:
-            log.error("metrics_warm_failed", error=str(exc))
+            log.error("metrics_refresh_failed", error=str(exc))
 
     # -- life cycle -------------------------------------------------------------------------
     def start(self) -> None:
         s = self.settings.scheduler
-        threading.Thread(target=self._warm_metrics, name="metrics-warm", daemon=True).start()
+        threading.Thread(target=self._refresh_metrics, name="metrics-warm", daemon=True).start()
         self.http.start()
         log.info("http_listening", host=self.settings.http.host, port=self.http.port)
         try:

@@ -177,16 +177,18 @@ def _run(r: RunRow) -> dict[str, Any]:
 class ExpositionCache:
     """The ``/metrics`` body (and its gzip): the daemon's registry, rendered at most once per ``max_age_s``,
     followed by the store's part (``Exposition``), refreshed when ``version()`` (the store's data version)
-    has changed since the last refresh.
+    has changed since the last refresh; with ``refresh`` False the scrape never refreshes it (the daemon
+    does after each tick: a scrape only joins bytes).
 
     Concurrent scrapers wait for the one build in progress and share its bytes.
     """
 
     def __init__(self, registry: CollectorRegistry, max_age_s: float = EXPOSITION_MAX_AGE_S,
                  clock: Callable[[], float] = time.monotonic, version: Callable[[], object] = lambda: None,
-                 exposition: Exposition | None = None) -> None:
+                 exposition: Exposition | None = None, refresh: bool = True) -> None:
         self._registry = registry
         self._exposition = exposition
+        self._refresh = refresh
         self._max_age_s = max_age_s
         self._clock = clock
         self._version = version
@@ -201,7 +203,8 @@ class ExpositionCache:
         with self._lock:
             now, version = self._clock(), self._version()
             if self._built is None or now - self._built[0] >= self._max_age_s or self._built[1] != version:
-                if self._exposition is not None and (self._built is None or self._built[1] != version):
+                if self._exposition is not None and self._refresh and (self._built is None
+                                                                       or self._built[1] != version):
                     self._exposition.refresh()
                 self._daemon, self._daemon_gzip = generate_latest(self._registry), None
                 self._built = (now, version)
@@ -235,8 +238,10 @@ class HttpApp:
         *,
         auth: BasicAuth | None = None,
         exposition: Exposition | None = None,
+        refresh_on_scrape: bool = True,
     ) -> None:
-        self._exposition = ExpositionCache(registry, version=store.data_version, exposition=exposition)
+        self._exposition = ExpositionCache(registry, version=store.data_version, exposition=exposition,
+                                           refresh=refresh_on_scrape)
         self._metrics_filtered = make_wsgi_app(registry)
         self._store = store
         self._healthy = healthy

@@ -1,8 +1,9 @@
 """Prometheus metrics: the store's state rendered to the text exposition format, kept in memory.
 
 ``Exposition`` holds one text fragment per node and metric family and re-renders, at each refresh, only
-the nodes whose data changed since the last one (``Store.changed_nodes``, discovery, recommendations);
-a scrape joins cached bytes (and cached gzip members). What a node exports depends on ``[metrics]
+the nodes whose data changed since the last one (``Store.changes``, discovery, recommendations); the
+daemon refreshes it after each tick that changed the store, and a scrape joins cached bytes (and cached
+gzip members). What a node exports depends on ``[metrics]
 detail``: ``summary`` (the default: a bounded set per node, see docs/metrics.md for the count) or
 ``full`` (every measurement with its baseline and floor, every run timing).
 
@@ -383,6 +384,7 @@ class Exposition:
         self.detail: Detail = detail
         self._lock = threading.Lock()
         self._cursor: ChangeCursor | None = None
+        self._version: object = None
         self._synced_at = 0.0
         self._state: dict[str, _NodeState] = {}
         self._fragments: dict[str, dict[str, bytes]] = {}
@@ -402,6 +404,17 @@ class Exposition:
             if detail != self.detail:
                 self.detail = detail
                 self._cursor = None
+                self._version = None
+
+    def refresh_if_changed(self) -> bool:
+        """``refresh`` when the store has changed since the last one (a commit by this process or another);
+        whether it did."""
+        version = self._store.data_version()
+        if version == self._version:
+            return False
+        self.refresh()
+        self._version = version
+        return True
 
     def refresh(self) -> None:
         """Read what changed in the store since the last refresh and re-render the nodes it touched; every

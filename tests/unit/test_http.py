@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from healthd.errors import ConfigError
 from healthd.http import ExpositionCache, HttpApp, HttpServer
+from healthd.metrics import Exposition
 from healthd.model import Node, Outcome, Verdict
 from healthd.store import Store
 from healthd.webconfig import BasicAuth, load_web_config
@@ -393,3 +394,18 @@ def test_one_node_in_full_detail(fleet_app: HttpApp) -> None:
     assert api(fleet_app, "/api/v1/nodes/n99")[0] == "404 Not Found"
     status, doc = api(fleet_app, "/api/v1/nodes/bad name!")
     assert status == "400 Bad Request" and "not a node name" in doc["error"]
+
+
+def test_a_scrape_without_refresh_serves_what_the_last_refresh_built(tmp_path: Path) -> None:
+    """The daemon refreshes the exposition after its ticks; a scrape then only joins bytes."""
+    store = Store(tmp_path / "s.sqlite")
+    exposition = Exposition(store, lambda: "slurm")
+    cache = ExpositionCache(CollectorRegistry(), version=store.data_version, exposition=exposition, refresh=False)
+    assert exposition.refresh_if_changed()
+    assert b'node="n1"' not in cache.get(False)[0]
+    store.upsert_nodes([Node("n1", "idle", gpus=8)], 1.0)
+    assert b'node="n1"' not in cache.get(False)[0], "no refresh on a scrape"
+    assert exposition.refresh_if_changed() and not exposition.refresh_if_changed()
+    assert b'healthd_node_gpus{node="n1"} 8.0' in cache.get(False)[0]
+    assert gzip.decompress(cache.get(True)[0]) == cache.get(False)[0]
+    store.close()
