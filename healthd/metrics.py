@@ -210,7 +210,7 @@ class NodeView:
     last_runs: tuple[LastRun, ...] = ()
     timings: tuple[RunTiming, ...] = ()
     latest: tuple[MeasurementRow, ...] = ()
-    verdicts: tuple[Any, ...] = ()
+    verdicts: tuple[Verdict, ...] = ()
     series: tuple[Mapping[str, Any], ...] = ()
     drain_reason: str | None = None
 
@@ -555,10 +555,6 @@ class Exposition:
             if body.packed is None:
                 body.packed = b"".join(h.gzip() + b"".join(p.gzip() for p in pieces) for h, pieces in body.families)
             return body.packed
-
-    def series(self) -> int:
-        """Samples in the last refresh's text."""
-        return self.body().count(b"\n") - 2 * len(self._body.families)
 
 
 def render_text(store: Store, backend: str = "slurm", detail: Detail = "summary",
