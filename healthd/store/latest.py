@@ -211,22 +211,29 @@ class LatestStore(Database):
                    node_class: str | None = None, verdict: str | None = None) -> list[str]:
         """Up to ``limit`` names after ``after``, in order, of the nodes known (discovered, or with a run) in
         ``state`` and ``node_class`` whose current verdict for some probe is ``verdict`` (None: any)."""
-        where = ["name > ?"]
+        def has_verdict(column: str) -> str:
+            return (f"EXISTS (SELECT 1 FROM (SELECT DISTINCT probe FROM verdicts v WHERE v.node = {column}) p"
+                    f" WHERE (SELECT v.outcome FROM verdicts v WHERE v.node = {column} AND v.probe = p.probe"
+                    " ORDER BY v.at DESC, v.id DESC LIMIT 1) = ?)")
+
+        known = ["name > ?"]
         params: list[Any] = [after]
         for column, value in (("state", state), ("node_class", node_class)):
             if value is not None:
-                where.append(f"name IN (SELECT name FROM nodes WHERE {column} = ?)")
+                known.append(f"{column} = ?")
                 params.append(value)
         if verdict is not None:
-            where.append("EXISTS (SELECT 1 FROM (SELECT DISTINCT probe FROM verdicts v WHERE v.node = name) p"
-                         " WHERE (SELECT v.outcome FROM verdicts v WHERE v.node = name AND v.probe = p.probe"
-                         " ORDER BY v.at DESC, v.id DESC LIMIT 1) = ?)")
+            known.append(has_verdict("nodes.name"))
             params.append(verdict)
-        rows = self._rows(
-            "SELECT name FROM (SELECT name FROM nodes UNION SELECT DISTINCT node FROM latest_runs)"
-            f" WHERE {' AND '.join(where)} ORDER BY name LIMIT ?",
-            [*params, limit])
-        return [r[0] for r in rows]
+        # each branch walks its index in order and stops at ``limit``: a page costs what it returns
+        sql = f"SELECT name FROM nodes WHERE {' AND '.join(known)} ORDER BY name LIMIT ?"
+        params.append(limit)
+        if state is None and node_class is None:
+            ran = "r.node > ?" + (f" AND {has_verdict('r.node')}" if verdict is not None else "")
+            sql = (f"SELECT name FROM ({sql}) UNION SELECT node FROM (SELECT DISTINCT r.node FROM latest_runs r"
+                   f" WHERE {ran} ORDER BY r.node LIMIT ?)")
+            params += [after, *([verdict] if verdict is not None else []), limit]
+        return [r[0] for r in self._rows(f"SELECT name FROM ({sql}) ORDER BY name LIMIT ?", [*params, limit])]
 
     def changes(self, since: ChangeCursor,
                 families: Collection[tuple[str, str]] | None = None) -> tuple[Changes, ChangeCursor]:
