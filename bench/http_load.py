@@ -2,8 +2,8 @@
 
 Usage: ``PYTHONPATH=. python bench/http_load.py [--scrapers 50] [--seconds 60] [--nodes 256] [--url URL]``.
 Without ``--url`` it serves, in this process, the metrics of a synthetic store snapshot of
-``--nodes`` nodes (two probes, a verdict and ten measurements each) through healthd's own
-``HttpServer``, built fresh for every exposition as the daemon's store collector does. Each
+``--nodes`` nodes (two probes, a verdict and five measurements each) through healthd's own
+``HttpServer`` and ``Exposition``, as the daemon does. Each
 scraper asks for gzip, like Prometheus. Prints p50/p90/p99/max in ms, requests and errors; exits
 1 when there is an error or p99 is over ``--p99-ms`` (500).
 """
@@ -24,28 +24,33 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from healthd.http import HttpApp, HttpServer
-from healthd.metrics import StoreCollector
+from healthd.metrics import Exposition
 from healthd.model import Node, Outcome, Verdict
 from healthd.store import Store
-from healthd.store.rows import LastRun, MeasurementRow, Snapshot
+from probes.result import Measurement, ProbeResult
 
 
-def synthetic_snapshot(n_nodes: int) -> Snapshot:
+def synthetic_store(path: Path, n_nodes: int) -> Store:
+    """A store of ``n_nodes`` nodes: two probes, a verdict and five measurements each."""
+    store = Store(path)
     now = time.time()
-    nodes, last, latest, verdicts = [], [], [], []
+    store.upsert_nodes([Node(name=f"gpu{i:04d}", state="idle", partitions=("gpu",), gpus=8, gpu_type="h100")
+                        for i in range(n_nodes)], now)
+    verdicts = []
     for i in range(n_nodes):
         name = f"gpu{i:04d}"
-        nodes.append(Node(name=name, state="idle", partitions=("gpu",), gpus=8, gpu_type="h100"))
         for probe in ("gemm", "nccl"):
             run_id = f"{probe}-{i}"
-            last.append(LastRun(node=name, probe=probe, last_run_at=now, last_outcome=Outcome.PASS, last_reason="",
-                                last_run_id=run_id, last_success_at=now))
+            store.add_run(run_id=run_id, probe=probe, nodes=[name], backend="slurm", job_id=None, submitted_at=now,
+                          result_path=None)
+            result = ProbeResult(probe=probe, run_id=run_id, outcome=Outcome.PASS, started_at=now, finished_at=now,
+                                 measurements=[Measurement(name="busbw_bytes_per_second", value=1e11 + k, node=name,
+                                                           labels={"size_bytes": str(1 << (20 + k)),
+                                                                   "collective": "all_reduce"}) for k in range(5)])
+            store.finish_run(run_id, outcome=Outcome.PASS, reason="", finished_at=now, result=result)
             verdicts.append(Verdict(node=name, probe=probe, outcome=Outcome.PASS, run_ids=(run_id,), at=now))
-            latest.extend(MeasurementRow(run_id=run_id, probe=probe, node=name, name="busbw_bytes_per_second",
-                                         labels={"size_bytes": str(1 << (20 + k)), "collective": "all_reduce"},
-                                         value=1e11 + k, at=now) for k in range(5))
-    return Snapshot(taken_at=now, nodes=tuple(nodes), last_runs=tuple(last), latest=tuple(latest),
-                    verdicts=tuple(verdicts), counters=(), in_flight=0)
+    store.put_verdicts(verdicts)
+    return store
 
 
 def scrape_loop(host: str, port: int, path: str, until: float, times: list[float], errors: list[str],
@@ -82,10 +87,10 @@ def main(argv: list[str] | None = None) -> int:
             parts = urlsplit(args.url)
             host, port, path = parts.hostname or "127.0.0.1", parts.port or 80, parts.path or "/metrics"
         else:
-            registry = CollectorRegistry()
-            registry.register(StoreCollector(lambda: synthetic_snapshot(args.nodes), lambda: "slurm"))
-            store = Store(Path(tmp) / "s.sqlite")
-            server = HttpServer(HttpApp(registry, store, lambda: (True, "ok")), "127.0.0.1", 0)
+            store = synthetic_store(Path(tmp) / "s.sqlite", args.nodes)
+            exposition = Exposition(store, lambda: "slurm", "full")
+            server = HttpServer(HttpApp(CollectorRegistry(), store, lambda: (True, "ok"), exposition=exposition),
+                                "127.0.0.1", 0)
             server.start()
             host, port, path = "127.0.0.1", server.port, "/metrics"
         times: list[float] = []

@@ -321,9 +321,9 @@ def fleet_overview() -> dash.Dashboard:
                instant=True, table_format=True)], unit="percentunit"))
     d = d.with_panel(table_panel(
         "Furthest below baseline",
-        "The 10 (node, collective, size) series whose busbw is lowest relative to the node's own baseline.",
-        [query(f"bottomk(10, healthd_nccl_busbw_bytes_per_second{{{INST}}} "
-               f"/ healthd_baseline_nccl_busbw_bytes_per_second{{{INST}}})", instant=True, table_format=True)],
+        "The 10 (node, probe) pairs whose last run is furthest below the node's own baseline: the worst judged "
+        "figure of the run over its baseline (healthd_node_probe_baseline_ratio; times inverted).",
+        [query(f"bottomk(10, healthd_node_probe_baseline_ratio{{{INST}}})", instant=True, table_format=True)],
         unit="percentunit", w=24))
 
     d = d.with_row(row("Scaling"))
@@ -504,8 +504,10 @@ def probe_operations() -> dash.Dashboard:
         [query(f"sum by (kind) (rate(healthd_errors_total{{{INST}}}[$__rate_interval])) * 3600", "{{kind}}")],
         "none", minimum=0))
     d = d.with_panel(ts(
-        "Error verdicts by reason", "Nodes whose current verdict is error, by probe and reason code.",
-        [query(f'sum by (probe, reason_code) (healthd_node_verdict{{{p}, outcome="error"}})',
+        "Error verdicts by reason", "Nodes whose current verdict is error, by probe and reason code (0 per "
+        "probe without one: the verdict series carries only the current outcome).",
+        [query(f'sum by (probe, reason_code) (healthd_node_verdict{{{p}, outcome="error"}}) '
+               f"or sum by (probe) (healthd_node_verdict{{{p}}}) * 0",
                "{{probe}} {{reason_code}}")], "none", stack=True, minimum=0))
 
     d = d.with_row(row("Queue wait and duration"))
@@ -533,10 +535,9 @@ def probe_operations() -> dash.Dashboard:
         [query(f"sum by (probe) (rate(healthd_probe_seconds_total{{{p}}}[$__rate_interval]))", "{{probe}}")],
         "none", stack=True, minimum=0))
     d = d.with_panel(ts(
-        "GPU-seconds per hour (estimate)",
-        "Runs in the last hour of each node times the GPU-seconds its newest run held, summed per probe.",
-        [query(f"sum by (probe) (changes(healthd_node_probe_last_run_timestamp_seconds{{{p}}}[1h]) "
-               f"* on (job, instance, node, probe) healthd_node_probe_last_gpu_seconds{{{p}}})", "{{probe}}")],
+        "GPU-seconds per hour",
+        "GPU-seconds the probe runs that finished in the last hour held, per probe (exact, from the counter).",
+        [query(f"sum by (probe) (increase(healthd_probe_gpu_seconds_total{{{p}}}[1h]))", "{{probe}}")],
         "s", stack=True, minimum=0))
     d = d.with_panel(ts(
         "GPU-seconds of one sweep",

@@ -72,6 +72,12 @@ class HttpSettings(_Section):
     max_connections: int = Field(default=4096, ge=16, le=1_000_000)
 
 
+class MetricsSettings(_Section):
+    detail: Literal["summary", "full"] = "summary"
+    """``summary``: a bounded set of series per node (docs/metrics.md gives the count); ``full``: every
+    measurement (each size, collective, placement, dtype) with its baseline and floor, and every run timing."""
+
+
 class StoreSettings(_Section):
     path: Path | None = None
     """SQLite file; default ``<state_dir>/healthd.sqlite``."""
@@ -419,6 +425,7 @@ class Settings(BaseSettings):
     backend: Literal["auto", "local", "slurm"] = "auto"
     state_dir: Path = Field(default_factory=default_state_dir)
     http: HttpSettings = HttpSettings()
+    metrics: MetricsSettings = MetricsSettings()
     store: StoreSettings = StoreSettings()
     scheduler: SchedulerSettings = SchedulerSettings()
     probes: dict[str, ProbeSettings] = Field(default_factory=_default_probes)

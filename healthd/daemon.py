@@ -28,10 +28,9 @@ from healthd.config import Settings, load_settings
 from healthd.coverage import CoverageCollector, CoverageInputs
 from healthd.errors import BackendError, ConfigError, HealthdError, SlurmError, StoreError
 from healthd.http import HttpApp, HttpServer
-from healthd.judge.metrics import JudgeCollector
 from healthd.judge.persist import judge_ingested, judge_runs, load_judge, run_from_collected
 from healthd.logging import get_logger, setup_logging
-from healthd.metrics import DaemonMetrics, StoreCollector
+from healthd.metrics import DaemonMetrics, Exposition
 from healthd.model import Node, ProbeJob, RunKind
 from healthd.planning import (
     DAY_S,
@@ -89,8 +88,7 @@ class Daemon:
         self.metrics.backend_up.labels(self.backend.name).set(1)
         self.metrics.slurm_up.set(0)
         self.observed = ObservedBackend(self.backend, self._backend_call_ok)
-        self.registry.register(StoreCollector(self._snapshot, lambda: self.backend.name))
-        self.registry.register(JudgeCollector(self.store))
+        self.exposition = Exposition(self.store, lambda: self.backend.name, settings.metrics.detail)
         self.registry.register(CoverageCollector(self._coverage_inputs))
         self.judge = load_judge(self.store, settings.judge, now=time.time())
         self._judge_stale = False
@@ -102,7 +100,8 @@ class Daemon:
         )
         routes = {"/api/v1/recommendations": lambda: recommendations_document(self.store, self.settings.remediation)}
         self.http = HttpServer(
-            HttpApp(self.registry, self.store, self.healthy, routes, auth=BasicAuth(web.users) if web.users else None),
+            HttpApp(self.registry, self.store, self.healthy, routes, auth=BasicAuth(web.users) if web.users else None,
+                    exposition=self.exposition, refresh_on_scrape=False),
             settings.http.host, settings.http.port, tls=web.tls.context() if web.tls else None,
             workers=settings.http.workers, request_timeout_s=settings.http.request_timeout_s,
             max_connections=settings.http.max_connections,
@@ -116,9 +115,6 @@ class Daemon:
         self.scheduler.add_listener(self._on_missed, EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES)
 
     # -- health -----------------------------------------------------------------------------
-    def _snapshot(self) -> Any:
-        return self.store.snapshot()
-
     def _coverage_inputs(self) -> CoverageInputs:
         now, s = time.time(), self.settings
         return CoverageInputs(
@@ -179,6 +175,7 @@ class Daemon:
             finally:
                 self._heartbeat = time.monotonic()
                 self.metrics.last_tick.labels(name).set(time.time())
+                self._refresh_metrics()
 
         run.__name__ = f"tick_{name}"
         return run
@@ -346,9 +343,19 @@ class Daemon:
         if deleted:
             log.info("store_pruned", runs=deleted)
 
+    def _refresh_metrics(self) -> None:
+        """Bring the exposition up to date with what the tick (or another process) wrote: scrapes only
+        serve its bytes. At start it reads the whole current state (a big fleet takes seconds; a scrape
+        meanwhile waits for it)."""
+        try:
+            self.exposition.refresh_if_changed()
+        except HealthdError as exc:
+            log.error("metrics_refresh_failed", error=str(exc))
+
     # -- life cycle -------------------------------------------------------------------------
     def start(self) -> None:
         s = self.settings.scheduler
+        threading.Thread(target=self._refresh_metrics, name="metrics-warm", daemon=True).start()
         self.http.start()
         log.info("http_listening", host=self.settings.http.host, port=self.http.port)
         try:
@@ -438,6 +445,7 @@ class Daemon:
         self.collector.pending_timeout_s = new.slurm.pending_timeout_s
         self.judge.reconfigure(new.judge)
         self.remediator.settings = new.remediation
+        self.exposition.set_detail(new.metrics.detail)
         for name, interval in (("discover", new.scheduler.discover_interval_s),
                                ("plan", new.scheduler.plan_interval_s),
                                ("collect", new.scheduler.collect_interval_s),

@@ -10,6 +10,7 @@ built at most once per ``EXPOSITION_MAX_AGE_S`` or store commit and shared by co
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import errno
 import gzip
@@ -20,20 +21,24 @@ import socket
 import ssl
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, cast
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, unquote
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
-from prometheus_client.exposition import choose_encoder, gzip_accepted
+from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
+from prometheus_client.exposition import gzip_accepted
 
-from healthd.errors import HealthdError
+from healthd.errors import HealthdError, InvalidNodeName
+from healthd.judge.metrics import FINDING_LABELS, confirmed_finding
 from healthd.logging import get_logger
+from healthd.metrics import CONTENT_TYPE, HEADLINES, OUTCOMES, Exposition, NodeView, headline, node_views
+from healthd.model import validate_node_name
 from healthd.store import Store
-from healthd.store.rows import Snapshot
+from healthd.store.rows import RunRow, Snapshot
 from healthd.webconfig import BasicAuth
 
 log = get_logger(__name__)
@@ -49,83 +54,173 @@ MAX_HEAD_BYTES = 64 * 1024
 _ACCEPT_BATCH = 64
 
 
+DEFAULT_PAGE = 100
+MAX_PAGE = 1000
+NODE_FILTERS = ("state", "node_class", "verdict")
+
+
+class ApiError(Exception):
+    """A request the API refuses: its HTTP status and a message for the client."""
+
+    def __init__(self, status: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def node_document(view: NodeView, *, detail: bool = False) -> dict[str, Any]:
+    """One node of the ``/api/v1/nodes`` documents: its last result per probe with its headline measurements
+    (``healthd.metrics.HEADLINES``) and its verdicts; with ``detail``, every measurement, the verdicts'
+    evidence, the judged series (baseline, floor) and the confirmed findings."""
+    node = view.node
+    latest: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for m in view.latest if detail else headline(view.latest):
+        latest[m.probe].append({"name": m.name, "labels": m.labels, "value": m.value, "at": m.at, "run_id": m.run_id})
+    doc: dict[str, Any] = {
+        "name": view.name,
+        "state": node.state if node else None,
+        "flags": sorted(node.flags) if node else [],
+        "partitions": list(node.partitions) if node else [],
+        "gpus": node.gpus if node else None,
+        "node_class": node.node_class if node else None,
+        "reason": node.reason if node else None,
+        "probes": {
+            lr.probe: {"last_run_id": lr.last_run_id, "last_outcome": lr.last_outcome.value,
+                       "last_reason": lr.last_reason, "last_run_at": lr.last_run_at,
+                       "last_success_at": lr.last_success_at, "measurements": latest.get(lr.probe, [])}
+            for lr in view.last_runs
+        },
+        "verdicts": {
+            v.probe: {"outcome": v.outcome.value, "reason": v.reason, "reason_code": v.reason_code,
+                      "run_ids": list(v.run_ids), "at": v.at, **({"evidence": v.evidence} if detail else {})}
+            for v in view.verdicts
+        },
+        "drain_recommended": view.drain_reason,
+    }
+    if detail:
+        doc["series"] = [{k: s[k] for k in ("probe", "name", "labels", "last_value", "last_at", "baseline", "floor")}
+                         for s in view.series]
+        doc["findings"] = [
+            {**dict(zip(FINDING_LABELS, f.labels, strict=True)), "value": f.value, "reference": f.reference,
+             "drop_ratio": f.drop}
+            for v in view.verdicts if (f := confirmed_finding(v)) is not None
+        ]
+    return doc
+
+
 def nodes_document(snap: Snapshot) -> dict[str, Any]:
-    """The ``/api/v1/nodes`` document (pure): each node, its last result per probe, its verdicts."""
-    names = sorted({n.name for n in snap.nodes} | {lr.node for lr in snap.last_runs} | {v.node for v in snap.verdicts})
-    nodes_by_name = {n.name: n for n in snap.nodes}
-    out = []
-    for name in names:
-        node = nodes_by_name.get(name)
-        probes: dict[str, Any] = {}
-        for lr in snap.last_runs:
-            if lr.node == name:
-                probes[lr.probe] = {
-                    "last_run_id": lr.last_run_id,
-                    "last_outcome": lr.last_outcome.value,
-                    "last_reason": lr.last_reason,
-                    "last_run_at": lr.last_run_at,
-                    "last_success_at": lr.last_success_at,
-                    "measurements": [
-                        {"name": m.name, "labels": m.labels, "value": m.value, "at": m.at, "run_id": m.run_id}
-                        for m in snap.latest
-                        if m.node == name and m.probe == lr.probe
-                    ],
-                }
-        out.append(
-            {
-                "name": name,
-                "state": node.state if node else None,
-                "flags": sorted(node.flags) if node else [],
-                "partitions": list(node.partitions) if node else [],
-                "gpus": node.gpus if node else None,
-                "node_class": node.node_class if node else None,
-                "reason": node.reason if node else None,
-                "probes": probes,
-                "verdicts": {
-                    v.probe: {"outcome": v.outcome.value, "reason": v.reason, "reason_code": v.reason_code,
-                              "run_ids": list(v.run_ids), "at": v.at}
-                    for v in snap.verdicts
-                    if v.node == name
-                },
-            }
-        )
-    return {"taken_at": snap.taken_at, "nodes": out}
+    """The whole fleet as ``/api/v1/nodes`` pages it (pure, linear in the snapshot): ``healthd status``."""
+    views = node_views(snap)
+    return {"taken_at": snap.taken_at, "nodes": [node_document(views[name], detail=True) for name in sorted(views)]}
+
+
+def _one(query: dict[str, list[str]], key: str) -> str | None:
+    values = query.get(key)
+    if values is None:
+        return None
+    if len(values) != 1 or not values[0]:
+        raise ApiError("400 Bad Request", f"{key}: give it once, not empty")
+    return values[0]
+
+
+def nodes_page(store: Store, query_string: str) -> dict[str, Any]:
+    """``/api/v1/nodes?state=&node_class=&verdict=&limit=&cursor=``: nodes by name, filtered, one page
+    (``limit``, default ``DEFAULT_PAGE``, at most ``MAX_PAGE``); ``next_cursor`` asks for the next one."""
+    query = parse_qs(query_string, keep_blank_values=True)
+    unknown = sorted(set(query) - {*NODE_FILTERS, "limit", "cursor"})
+    if unknown:
+        raise ApiError("400 Bad Request", f"unknown parameter(s) {unknown}: use {[*NODE_FILTERS, 'limit', 'cursor']}")
+    limit_text = _one(query, "limit")
+    if limit_text is not None and not (limit_text.isdigit() and 1 <= int(limit_text) <= MAX_PAGE):
+        raise ApiError("400 Bad Request", f"limit: a whole number from 1 to {MAX_PAGE}, not {limit_text!r}")
+    limit = int(limit_text) if limit_text is not None else DEFAULT_PAGE
+    after = ""
+    if (cursor := _one(query, "cursor")) is not None:
+        try:
+            after = base64.urlsafe_b64decode(cursor.encode()).decode()
+            validate_node_name(after)
+        except (ValueError, InvalidNodeName):
+            raise ApiError("400 Bad Request", f"cursor: not a cursor this API gave ({cursor!r})") from None
+    verdict = _one(query, "verdict")
+    if verdict is not None and verdict not in OUTCOMES:
+        raise ApiError("400 Bad Request", f"verdict: one of {list(OUTCOMES)}, not {verdict!r}")
+    names = store.node_names(after=after, limit=limit + 1, state=_one(query, "state"),
+                             node_class=_one(query, "node_class"), verdict=verdict)
+    page, more = names[:limit], len(names) > limit
+    views = node_views(store.snapshot(nodes=page, fleet=False, families=HEADLINES.keys(), judged=False))
+    return {
+        "taken_at": time.time(),
+        "nodes": [node_document(views.get(name) or NodeView(name)) for name in page],
+        "next_cursor": base64.urlsafe_b64encode(page[-1].encode()).decode() if more else None,
+    }
+
+
+def node_detail(store: Store, name: str) -> dict[str, Any]:
+    """``/api/v1/nodes/<name>``: everything the store holds on the node's current state and its recent runs."""
+    try:
+        validate_node_name(name)
+    except InvalidNodeName as exc:
+        raise ApiError("400 Bad Request", str(exc)) from None
+    view = node_views(store.snapshot(nodes=[name], fleet=False)).get(name)
+    if view is None or view.empty:
+        raise ApiError("404 Not Found", f"no node {name!r} known to healthd")
+    runs = store.recent_runs(node=name, limit=20)
+    return {**node_document(view, detail=True), "recent_runs": [_run(r) for r in runs]}
+
+
+def _run(r: RunRow) -> dict[str, Any]:
+    return {"run_id": r.run_id, "kind": r.kind.value, "probe": r.probe, "nodes": list(r.nodes), "state": r.state,
+            "outcome": r.outcome.value if r.outcome else None, "reason": r.reason,
+            "submitted_at": r.submitted_at, "finished_at": r.finished_at, "duration_s": r.duration_s,
+            "job_id": r.job_id, "result_path": r.result_path}
 
 
 class ExpositionCache:
-    """The ``/metrics`` body per content type (and its gzip), rebuilt when it is ``max_age_s`` old or
-    ``version()`` (the store's data version) has changed since it was built.
+    """The ``/metrics`` body (and its gzip): the daemon's registry, rendered at most once per ``max_age_s``,
+    followed by the store's part (``Exposition``), refreshed when ``version()`` (the store's data version)
+    has changed since the last refresh; with ``refresh`` False the scrape never refreshes it (the daemon
+    does after each tick: a scrape only joins bytes).
 
     Concurrent scrapers wait for the one build in progress and share its bytes.
     """
 
     def __init__(self, registry: CollectorRegistry, max_age_s: float = EXPOSITION_MAX_AGE_S,
-                 clock: Callable[[], float] = time.monotonic, version: Callable[[], object] = lambda: None) -> None:
+                 clock: Callable[[], float] = time.monotonic, version: Callable[[], object] = lambda: None,
+                 exposition: Exposition | None = None, refresh: bool = True) -> None:
         self._registry = registry
+        self._exposition = exposition
+        self._refresh = refresh
         self._max_age_s = max_age_s
         self._clock = clock
         self._version = version
         self._lock = threading.Lock()
-        self._plain: dict[str, tuple[float, object, bytes]] = {}
-        self._gzip: dict[str, tuple[float, bytes]] = {}
+        self._built: tuple[float, object] | None = None
+        self._daemon = b""
+        self._daemon_gzip: bytes | None = None
+        self._joined: dict[bool, tuple[bytes, bytes, bytes]] = {}
         self.builds = 0
 
-    def get(self, accept: str, want_gzip: bool) -> tuple[bytes, str]:
-        encoder, ctype = choose_encoder(accept)
+    def get(self, want_gzip: bool) -> tuple[bytes, str]:
         with self._lock:
             now, version = self._clock(), self._version()
-            plain = self._plain.get(ctype)
-            if plain is None or now - plain[0] >= self._max_age_s or plain[1] != version:
-                plain = (now, version, encoder(self._registry))
-                self._plain[ctype] = plain
+            if self._built is None or now - self._built[0] >= self._max_age_s or self._built[1] != version:
+                if self._exposition is not None and self._refresh and (self._built is None
+                                                                       or self._built[1] != version):
+                    self._exposition.refresh()
+                self._daemon, self._daemon_gzip = generate_latest(self._registry), None
+                self._built = (now, version)
                 self.builds += 1
-            if not want_gzip:
-                return plain[2], ctype
-            packed = self._gzip.get(ctype)
-            if packed is None or packed[0] != plain[0]:
-                packed = (plain[0], gzip.compress(plain[2], compresslevel=6))
-                self._gzip[ctype] = packed
-            return packed[1], ctype
+            if want_gzip and self._daemon_gzip is None:
+                self._daemon_gzip = gzip.compress(self._daemon, compresslevel=6)
+            head = self._daemon_gzip if want_gzip else self._daemon
+            assert head is not None
+            if self._exposition is None:
+                return head, CONTENT_TYPE
+            tail = self._exposition.body_gzip() if want_gzip else self._exposition.body()
+            joined = self._joined.get(want_gzip)
+            if joined is None or joined[0] is not head or joined[1] is not tail:
+                joined = (head, tail, head + tail)
+                self._joined[want_gzip] = joined
+            return joined[2], CONTENT_TYPE
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -142,29 +237,22 @@ class HttpApp:
         extra_routes: dict[str, Callable[[], Any]] | None = None,
         *,
         auth: BasicAuth | None = None,
+        exposition: Exposition | None = None,
+        refresh_on_scrape: bool = True,
     ) -> None:
-        self._exposition = ExpositionCache(registry, version=store.data_version)
+        self._exposition = ExpositionCache(registry, version=store.data_version, exposition=exposition,
+                                           refresh=refresh_on_scrape)
         self._metrics_filtered = make_wsgi_app(registry)
         self._store = store
         self._healthy = healthy
         self._auth = auth
         self._routes: dict[str, Callable[[], Any]] = {
-            "/api/v1/nodes": lambda: nodes_document(self._store.snapshot()),
             "/api/v1/runs": self._runs,
             **(extra_routes or {}),
         }
 
     def _runs(self) -> Any:
-        return {
-            "runs": [
-                {"run_id": r.run_id, "kind": r.kind.value, "probe": r.probe, "nodes": list(r.nodes),
-                 "state": r.state,
-                 "outcome": r.outcome.value if r.outcome else None, "reason": r.reason,
-                 "submitted_at": r.submitted_at, "finished_at": r.finished_at, "duration_s": r.duration_s,
-                 "job_id": r.job_id, "result_path": r.result_path}
-                for r in self._store.recent_runs(limit=100)
-            ]
-        }
+        return {"runs": [_run(r) for r in self._store.recent_runs(limit=100)]}
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         method = environ.get("REQUEST_METHOD", "GET")
@@ -184,12 +272,21 @@ class HttpApp:
         if path == "/healthz":
             ok, detail = self._healthy()
             return _reply(start_response, "200 OK" if ok else "503 Service Unavailable", detail + "\n", "text/plain")
-        route = self._routes.get(path.rstrip("/") or "/")
+        path = path.rstrip("/") or "/"
+        route = self._routes.get(path)
+        if path == "/api/v1/nodes":
+            query = environ.get("QUERY_STRING", "")
+            route = lambda: nodes_page(self._store, query)  # noqa: E731
+        elif path.startswith("/api/v1/nodes/"):
+            name = unquote(path.removeprefix("/api/v1/nodes/"))
+            route = lambda: node_detail(self._store, name)  # noqa: E731
         if route is None:
             return _reply(start_response, "404 Not Found", "not found: try /metrics, /healthz, /api/v1/nodes\n",
                           "text/plain")
         try:
-            body = json.dumps(route(), indent=1, sort_keys=True)
+            body = json.dumps(route(), sort_keys=True)
+        except ApiError as exc:
+            return _reply(start_response, exc.status, json.dumps({"error": str(exc)}), "application/json")
         except HealthdError as exc:
             log.error("api_error", path=path, error=str(exc))
             return _reply(start_response, "500 Internal Server Error", json.dumps({"error": str(exc)}),
@@ -200,7 +297,7 @@ class HttpApp:
         if "name[]" in parse_qs(environ.get("QUERY_STRING", "")):
             return self._metrics_filtered({**environ, "REQUEST_METHOD": "GET"}, start_response)  # type: ignore[no-any-return]
         want_gzip = gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", ""))
-        data, ctype = self._exposition.get(environ.get("HTTP_ACCEPT", ""), want_gzip)
+        data, ctype = self._exposition.get(want_gzip)
         headers = [("Content-Type", ctype), ("Content-Length", str(len(data)))]
         if want_gzip:
             headers.append(("Content-Encoding", "gzip"))

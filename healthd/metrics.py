@@ -1,28 +1,52 @@
-"""Prometheus metrics: one Collector that reads a store snapshot at scrape time.
+"""Prometheus metrics: the store's state rendered to the text exposition format, kept in memory.
 
-Per-node series come from the store, so a node that leaves the cluster leaves the scrape.
-The daemon's own operations (ticks, errors, missed runs) are direct instrumentation in
-``DaemonMetrics`` on the same, dedicated registry. Names follow Prometheus conventions:
+``Exposition`` holds one text fragment per node and metric family and re-renders, at each refresh, only
+the nodes whose data changed since the last one (``Store.changes``, discovery, recommendations); the
+daemon refreshes it after each tick that changed the store, and a scrape joins cached bytes (and cached
+gzip members). What a node exports depends on ``[metrics]
+detail``: ``summary`` (the default: a bounded set per node, see docs/metrics.md for the count) or
+``full`` (every measurement with its baseline and floor, every run timing).
+
+The daemon's own operations (ticks, errors, missed runs) are direct instrumentation in ``DaemonMetrics``
+on a ``prometheus_client`` registry, rendered next to it. Names follow Prometheus conventions:
 ``healthd_`` prefix, base units, ``_total`` counters; labels are bounded (never run or job ids).
 """
 
 from __future__ import annotations
 
+import gzip
+import math
 import platform
+import threading
+import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 import healthd
+from healthd.judge.metrics import (
+    JUDGE_FAMILIES,
+    REFERENCE_HELP,
+    Labels,
+    Sample,
+    drain_reason,
+    finding_samples,
+    fleet_samples,
+    series_samples,
+)
 from healthd.judge.peaks import mfu
-from healthd.model import Outcome, Verdict
-from healthd.store.rows import Snapshot
+from healthd.model import Node, Outcome, Verdict
+from healthd.store import Store
+from healthd.store.latest import ChangeCursor, Changes
+from healthd.store.rows import LastRun, MeasurementRow, RecommendationRow, RunTiming, Snapshot
 
+Detail = Literal["summary", "full"]
 OUTCOMES = tuple(o.value for o in Outcome)
 SCHEDULER_TASKS = ("discover", "plan", "collect", "housekeeping")
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MEASUREMENT_HELP = {
     "busbw_bytes_per_second": "Bus bandwidth as nccl-tests defines it (algbw times the collective's bus factor)",
     "algbw_bytes_per_second": "Algorithm bandwidth as nccl-tests defines it (bytes / time)",
@@ -38,193 +62,534 @@ MEASUREMENT_HELP = {
     "embedding_bag_bytes_per_second": "EmbeddingBag rows read per second per GPU (PARAM's emb benchmark)",
     "visible_gpus": "GPUs visible to the probe on the node",
 }
+FAMILIES: dict[str, tuple[str, str]] = {
+    "healthd_build_info": ("gauge", "healthd build information"),
+    "healthd_node_info": ("gauge", "Nodes known to healthd, with their class"),
+    "healthd_node_gpus": ("gauge", "GPUs on the node as the cluster backend reports them"),
+    "healthd_cluster_nodes": ("gauge", "Nodes by base state at the last discovery"),
+    "healthd_node_probe_last_run_timestamp_seconds": (
+        "gauge", "When the last probe run on the node finished (pass, fail or error)"),
+    "healthd_node_probe_last_success_timestamp_seconds": (
+        "gauge", "When the last passing probe run on the node finished"),
+    "healthd_node_probe_last_outcome": (
+        "gauge", "1 for the outcome of the last probe run on the node as the probe reported it (before judgement:"
+                 " see healthd_node_verdict)"),
+    "healthd_node_verdict": ("gauge", "1, labelled with the node's current verdict for the probe and its reason"),
+    "healthd_node_probe_last_queue_wait_seconds": (
+        "gauge", "Seconds the last finished probe run on the node waited between submission and start"),
+    "healthd_node_probe_last_duration_seconds": (
+        "gauge", "Wall-clock seconds the last finished probe run on the node took"),
+    "healthd_node_probe_last_gpu_seconds": (
+        "gauge", "GPU-seconds the last finished probe run held on the node (duration times the node's GPUs)"),
+    "healthd_probe_runs_total": (
+        "counter", "Probe runs finished, by probe and the outcome the probe reported (before judgement: see"
+                   " healthd_node_verdict)"),
+    "healthd_probe_seconds_total": ("counter", "Wall-clock seconds of finished probe runs"),
+    "healthd_probe_gpu_seconds_total": (
+        "counter", "GPU-seconds held by finished probe runs (wall time x GPUs of the run's nodes): the cost of"
+                   " probing"),
+    "healthd_probes_in_flight": ("gauge", "Probe runs submitted and not yet finished"),
+    "healthd_scaling_busbw_bytes_per_second": (
+        "gauge", "Bus bandwidth of the collective over a group of N idle nodes of one class (scaling sweep)"),
+    "healthd_scaling_last_run_timestamp_seconds": (
+        "gauge", "When the newest passing sweep over N nodes of the class finished"),
+    "healthd_ddp_mfu_ratio": (
+        "gauge", "Model FLOPs utilisation of the DDP step probe: model FLOP/s per GPU over the node class's dense"
+                 " peak for the dtype (last probe run)"),
+    **JUDGE_FAMILIES,
+}
+STORE_COUNTERS = {"probe_runs_total": ("probe", "outcome"), "probe_seconds_total": ("probe",),
+                  "probe_gpu_seconds_total": ("probe",)}
+
+HEADLINES: dict[tuple[str, str], dict[str, tuple[str, ...]]] = {
+    ("env", "visible_gpus"): {},
+    ("gemm", "flop_per_second"): {"dtype": ("bf16", "fp16", "tf32", "fp32", "fp8")},
+    ("nccl", "busbw_bytes_per_second"): {"scope": ("node", "group", "rail"), "collective": ("all_reduce",),
+                                         "placement": ("out_of_place", "in_place")},
+    ("ddp", "throughput_samples_per_second"): {},
+    ("nccl_tests", "avg_busbw_bytes_per_second"): {},
+    ("param", "compute_flop_per_second"): {"scope": ("node", "total"), "dtype": ("bf16", "fp16", "tf32", "fp32")},
+    ("horovod", "throughput_samples_per_second"): {"scope": ("total",)},
+    ("ddp_benchmark", "throughput_samples_per_second"): {},
+}
+"""The measurements a node exports with ``detail = "summary"``, and which of their series: one per GPU (the
+``gpu`` label) of the preferred value of every other label (the largest ``size_bytes``)."""
+MFU_INPUT = ("ddp", "model_flop_per_second")
+MFU_PREFER = {"dtype": ("bf16", "fp16", "fp32")}
+"""What ``healthd_ddp_mfu_ratio`` is computed from: read with either detail, exported as a series with
+``detail = "full"`` only (the ratio is the summary's figure)."""
+FULL_ONLY = ("healthd_node_probe_last_success_timestamp_seconds", "healthd_node_probe_last_outcome",
+             "healthd_node_probe_last_queue_wait_seconds", "healthd_node_probe_last_duration_seconds",
+             "healthd_node_probe_last_gpu_seconds", "healthd_node_probe_floor_ratio")
+"""Per-node families exported with ``detail = "full"`` only (besides non-headline measurements and the
+``healthd_baseline_*`` and ``healthd_floor_*`` families)."""
+RESYNC_S = 86400.0
+"""How often ``Exposition`` reads the whole current state again (what a prune or a deleted node removed)."""
+CHUNK = 256
+"""Nodes per cached piece of a family: a change re-renders (and re-compresses) the pieces of its nodes."""
 
 
-def verdict_family(verdicts: Iterable[Verdict]) -> GaugeMetricFamily:
-    """``healthd_node_verdict``: one sample per outcome, 1 for the current one (with its reason code)."""
-    family = GaugeMetricFamily("healthd_node_verdict",
-                               "1 for the node's current verdict for the probe, 0 for the others",
-                               labels=["node", "probe", "outcome", "reason_code"])
-    for v in verdicts:
-        for outcome in OUTCOMES:
-            current = v.outcome.value == outcome
-            family.add_metric([v.node, v.probe, outcome, v.reason_code if current else ""], float(current))
-    return family
-
-
-def _family_name(probe: str, name: str) -> str:
+def family_name(probe: str, name: str) -> str:
     return f"healthd_{probe}_{name}".replace("-", "_")
 
 
-class StoreCollector(Collector):
-    """Builds every store-derived metric family from one snapshot per scrape."""
-
-    def __init__(self, snapshot: Callable[[], Snapshot], backend_name: Callable[[], str]) -> None:
-        self._snapshot = snapshot
-        self._backend_name = backend_name
-
-    def describe(self) -> list[Metric]:
-        return []
-
-    def collect(self) -> Iterator[Metric]:
-        snap = self._snapshot()
-        info = InfoMetricFamily("healthd_build", "healthd build information")
-        info.add_metric([], {"version": healthd.__version__, "python_version": platform.python_version(),
-                             "backend": self._backend_name()})
-        yield info
-
-        node_info = GaugeMetricFamily("healthd_node_info", "Nodes known to healthd, with their class",
-                                      labels=["node", "node_class", "gpu_type"])
-        by_state: dict[str, int] = defaultdict(int)
-        for node in snap.nodes:
-            node_info.add_metric([node.name, node.node_class or "", node.gpu_type or ""], 1.0)
-            by_state[node.state] += 1
-        yield node_info
-        nodes = GaugeMetricFamily("healthd_cluster_nodes", "Nodes by base state at the last discovery",
-                                  labels=["state"])
-        for state, count in sorted(by_state.items()):
-            nodes.add_metric([state], float(count))
-        yield nodes
-
-        last_run = GaugeMetricFamily("healthd_node_probe_last_run_timestamp_seconds",
-                                     "When the last probe run on the node finished (pass, fail or error)",
-                                     labels=["node", "probe"])
-        last_ok = GaugeMetricFamily("healthd_node_probe_last_success_timestamp_seconds",
-                                    "When the last passing probe run on the node finished", labels=["node", "probe"])
-        last_outcome = GaugeMetricFamily("healthd_node_probe_last_outcome",
-                                         "1 for the outcome of the last probe run on the node as the probe reported"
-                                         " it (before judgement: see healthd_node_verdict), 0 for the others",
-                                         labels=["node", "probe", "outcome"])
-        for lr in snap.last_runs:
-            last_run.add_metric([lr.node, lr.probe], lr.last_run_at)
-            if lr.last_success_at is not None:
-                last_ok.add_metric([lr.node, lr.probe], lr.last_success_at)
-            for outcome in OUTCOMES:
-                last_outcome.add_metric([lr.node, lr.probe, outcome], float(lr.last_outcome.value == outcome))
-        yield last_run
-        yield last_ok
-        yield last_outcome
-
-        yield verdict_family(snap.verdicts)
-
-        yield from self._measurements(snap)
-        yield mfu_family(snap)
-
-        runs = CounterMetricFamily("healthd_probe_runs", "Probe runs finished, by probe and the outcome the probe"
-                                   " reported (before judgement: see healthd_node_verdict)",
-                                   labels=["probe", "outcome"])
-        seconds = CounterMetricFamily("healthd_probe_seconds", "Wall-clock seconds of finished probe runs",
-                                      labels=["probe"])
-        gpu_seconds_total = CounterMetricFamily(
-            "healthd_probe_gpu_seconds",
-            "GPU-seconds held by finished probe runs (wall time x GPUs of the run's nodes): the cost of probing",
-            labels=["probe"],
-        )
-        for name, labels, value in snap.counters:
-            if name == "probe_runs_total":
-                runs.add_metric([labels["probe"], labels["outcome"]], value)
-            elif name == "probe_seconds_total":
-                seconds.add_metric([labels["probe"]], value)
-            elif name == "probe_gpu_seconds_total":
-                gpu_seconds_total.add_metric([labels["probe"]], value)
-        yield runs
-        yield seconds
-        yield gpu_seconds_total
-
-        yield from self._scaling(snap)
-
-        in_flight = GaugeMetricFamily("healthd_probes_in_flight", "Probe runs submitted and not yet finished")
-        in_flight.add_metric([], float(snap.in_flight))
-        yield in_flight
-
-        gpus = GaugeMetricFamily("healthd_node_gpus", "GPUs on the node as the cluster backend reports them",
-                                 labels=["node"])
-        for node in snap.nodes:
-            gpus.add_metric([node.name], float(node.gpus))
-        yield gpus
-        queue_wait = GaugeMetricFamily("healthd_node_probe_last_queue_wait_seconds",
-                                       "Seconds the last finished probe run on the node waited between submission"
-                                       " and start", labels=["node", "probe"])
-        duration = GaugeMetricFamily("healthd_node_probe_last_duration_seconds",
-                                     "Wall-clock seconds the last finished probe run on the node took",
-                                     labels=["node", "probe"])
-        gpu_seconds = GaugeMetricFamily("healthd_node_probe_last_gpu_seconds",
-                                        "GPU-seconds the last finished probe run held on the node"
-                                        " (duration times the node's GPUs)", labels=["node", "probe"])
-        for t in snap.run_timings:
-            queue_wait.add_metric([t.node, t.probe], t.queue_wait_s)
-            duration.add_metric([t.node, t.probe], t.duration_s)
-            gpu_seconds.add_metric([t.node, t.probe], t.duration_s * t.gpus)
-        yield queue_wait
-        yield duration
-        yield gpu_seconds
-
-    @staticmethod
-    def _scaling(snap: Snapshot) -> Iterator[Metric]:
-        """The scaling table: the newest passing sweep per node class and node count."""
-        busbw = GaugeMetricFamily(
-            "healthd_scaling_busbw_bytes_per_second",
-            "Bus bandwidth of the collective over a group of N idle nodes of one class (scaling sweep)",
-            labels=["node_class", "nodes", "collective", "size_bytes", "placement"],
-        )
-        last = GaugeMetricFamily("healthd_scaling_last_run_timestamp_seconds",
-                                 "When the newest passing sweep over N nodes of the class finished",
-                                 labels=["node_class", "nodes"])
-        seen: set[tuple[str, int]] = set()
-        for cls, size, at, m in snap.scaling:
-            if (cls, size) not in seen:
-                seen.add((cls, size))
-                last.add_metric([cls, str(size)], at)
-            if m.name == "busbw_bytes_per_second":
-                busbw.add_metric([cls, str(size), m.labels.get("collective", ""), m.labels.get("size_bytes", ""),
-                                  m.labels.get("placement", "")], m.value)
-        yield busbw
-        yield last
-
-    @staticmethod
-    def _measurements(snap: Snapshot) -> Iterator[Metric]:
-        series: dict[str, list[tuple[dict[str, str], float]]] = defaultdict(list)
-        for m in snap.latest:
-            if m.node is None:
-                continue
-            series[_family_name(m.probe, m.name)].append(({"node": m.node, **m.labels}, m.value))
-        for family_name in sorted(series):
-            rows = series[family_name]
-            keys = ["node", *sorted({k for labels, _ in rows for k in labels} - {"node"})]
-            suffix = family_name.split("_", 2)[2]
-            help_text = MEASUREMENT_HELP.get(suffix) or next(
-                (text for key, text in MEASUREMENT_HELP.items() if suffix.endswith(key)),
-                f"Last measured {suffix.replace('_', ' ')}")
-            if "quantile" in keys:
-                # Only a summary may carry a "quantile" label (promtool check metrics); these are the last
-                # run's quantiles, without _sum and _count.
-                summary = Metric(family_name, help_text + " (last probe run)", "summary")
-                for labels, value in rows:
-                    summary.add_sample(family_name, {k: labels.get(k, "") for k in keys}, value)
-                yield summary
-                continue
-            family = GaugeMetricFamily(family_name, help_text + " (last probe run)", labels=keys)
-            for labels, value in rows:
-                family.add_metric([labels.get(k, "") for k in keys], value)
-            yield family
+def _escape(value: str) -> str:
+    if "\\" not in value and "\n" not in value and '"' not in value:
+        return value
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def mfu_family(snap: Snapshot) -> GaugeMetricFamily:
-    """``healthd_ddp_mfu_ratio{node,dtype}``: the last DDP model FLOP/s per GPU over the node class's peak for
-    the dtype (``healthd/judge/peaks.toml``); one series per node, none for a class without a peak."""
-    family = GaugeMetricFamily("healthd_ddp_mfu_ratio", "Model FLOPs utilisation of the DDP step probe: model"
-                               " FLOP/s per GPU over the node class's dense peak for the dtype (last probe run)",
-                               labels=["node", "dtype"])
-    classes = {n.name: n.node_class for n in snap.nodes}
-    for m in snap.latest:
-        cls = classes.get(m.node or "")
-        if m.probe != "ddp" or m.name != "model_flop_per_second" or not cls:
+def _shown(node: Node) -> tuple[Any, ...]:
+    """What a node's own series show of its discovery (its state only counts in ``healthd_cluster_nodes``)."""
+    return node.node_class, node.gpu_type, node.gpus
+
+
+def _number(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value))
+
+
+def sample_line(family: str, labels: Labels, value: float) -> str:
+    if not labels:
+        return f"{family} {_number(value)}\n"
+    text = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels))
+    return f"{family}{{{text}}} {_number(value)}\n"
+
+
+_RANKS: dict[tuple[str, str, tuple[tuple[str, str], ...]], tuple[Any, ...]] = {}
+
+
+def _rank(probe: str, name: str, labels: Mapping[str, str]) -> tuple[Any, ...]:
+    """How far the series is from the headline of its measurement (cached: label sets are few)."""
+    key = (probe, name, tuple(labels.items()))
+    rank = _RANKS.get(key)
+    if rank is None:
+        rank = _RANKS[key] = _headline_rank(labels, HEADLINES.get((probe, name), MFU_PREFER))
+    return rank
+
+
+def _headline_rank(labels: Mapping[str, str], prefer: Mapping[str, tuple[str, ...]]) -> tuple[Any, ...]:
+    key: list[Any] = []
+    for k in sorted(labels):
+        if k == "gpu":
             continue
-        dtype = m.labels.get("dtype", "")
-        ratio = mfu(m.value, cls, dtype)
-        if ratio is not None:
-            family.add_metric([m.node or "", dtype], ratio)
-    return family
+        value = labels[k]
+        order = prefer.get(k, ())
+        key.append((order.index(value) if value in order else len(order),
+                    -int(value) if k in ("size_bytes", "nodes") and value.isdigit() else 0, value))
+    return tuple(key)
+
+
+def headline(latest: Iterable[MeasurementRow]) -> list[MeasurementRow]:
+    """The series of ``latest`` (one node's) that ``detail = "summary"`` exports (``HEADLINES``)."""
+    by_family: dict[tuple[str, str], list[MeasurementRow]] = defaultdict(list)
+    for m in latest:
+        if (m.probe, m.name) in HEADLINES:
+            by_family[(m.probe, m.name)].append(m)
+    out: list[MeasurementRow] = []
+    for rows in by_family.values():
+        ranks = [_rank(m.probe, m.name, m.labels) for m in rows]
+        best = min(ranks)
+        out += [m for m, rank in zip(rows, ranks, strict=True) if rank == best]
+    return out
+
+
+def _measurement_samples(latest: Iterable[MeasurementRow], meta: dict[str, tuple[str, str]]) -> Iterator[Sample]:
+    for m in latest:
+        if m.node is None:
+            continue
+        family = family_name(m.probe, m.name)
+        if family not in meta:
+            suffix = family.split("_", 2)[2]
+            text = next((t for k, t in MEASUREMENT_HELP.items() if suffix.endswith(k)),
+                        f"Last measured {suffix.replace('_', ' ')}")
+            # Only a summary may carry a "quantile" label (promtool check metrics): these are the last run's
+            # quantiles, without _sum and _count.
+            meta[family] = ("summary" if "quantile" in m.labels else "gauge", text + " (last probe run)")
+        yield family, (("node", m.node), *sorted(m.labels.items())), m.value
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """Everything the store holds on one node's current state (what its samples are made of)."""
+
+    name: str
+    node: Node | None = None
+    last_runs: tuple[LastRun, ...] = ()
+    timings: tuple[RunTiming, ...] = ()
+    latest: tuple[MeasurementRow, ...] = ()
+    verdicts: tuple[Verdict, ...] = ()
+    series: tuple[Mapping[str, Any], ...] = ()
+    drain_reason: str | None = None
+
+    @property
+    def empty(self) -> bool:
+        return self.node is None and self.drain_reason is None and not (self.last_runs or self.latest or self.verdicts
+                                                                          or self.series)
+
+
+def node_views(snap: Snapshot) -> dict[str, NodeView]:
+    """The snapshot's state per node (linear in its size)."""
+    parts: dict[str, dict[str, list[Any]]] = defaultdict(lambda: defaultdict(list))
+    nodes = {n.name: n for n in snap.nodes}
+    for n in snap.nodes:
+        parts[n.name]
+    for key, rows in (("last_runs", snap.last_runs), ("timings", snap.run_timings), ("latest", snap.latest),
+                      ("verdicts", snap.verdicts)):
+        for r in rows:
+            if r.node is not None:
+                parts[r.node][key].append(r)
+    for s in snap.series:
+        parts[s["node"]]["series"].append(s)
+    recs: dict[str, list[RecommendationRow]] = defaultdict(list)
+    for rec in snap.recommendations:
+        recs[rec.node].append(rec)
+        parts[rec.node]
+    return {name: NodeView(name, nodes.get(name), last_runs=tuple(p["last_runs"]), timings=tuple(p["timings"]),
+                           latest=tuple(p["latest"]), verdicts=tuple(p["verdicts"]), series=tuple(p["series"]),
+                           drain_reason=drain_reason(recs.get(name, ())))
+            for name, p in parts.items()}
+
+
+def node_samples(v: NodeView, detail: Detail, meta: dict[str, tuple[str, str]]) -> Iterator[Sample]:
+    """One node's samples; ``meta`` learns the type and help of measurement families it has not seen."""
+    full = detail == "full"
+    name = ("node", v.name)
+    if v.node is not None:
+        yield ("healthd_node_info", (name, ("node_class", v.node.node_class or ""),
+                                     ("gpu_type", v.node.gpu_type or "")), 1.0)
+        yield "healthd_node_gpus", (name,), float(v.node.gpus)
+    for lr in v.last_runs:
+        labels = (name, ("probe", lr.probe))
+        yield "healthd_node_probe_last_run_timestamp_seconds", labels, lr.last_run_at
+        if full:
+            if lr.last_success_at is not None:
+                yield "healthd_node_probe_last_success_timestamp_seconds", labels, lr.last_success_at
+            yield "healthd_node_probe_last_outcome", (*labels, ("outcome", lr.last_outcome.value)), 1.0
+    if full:
+        for t in v.timings:
+            labels = (name, ("probe", t.probe))
+            yield "healthd_node_probe_last_queue_wait_seconds", labels, t.queue_wait_s
+            yield "healthd_node_probe_last_duration_seconds", labels, t.duration_s
+            yield "healthd_node_probe_last_gpu_seconds", labels, t.duration_s * t.gpus
+    for verdict in v.verdicts:
+        yield ("healthd_node_verdict", (name, ("probe", verdict.probe), ("outcome", verdict.outcome.value),
+                                        ("reason_code", verdict.reason_code)), 1.0)
+    yield from _measurement_samples(v.latest if full else headline(v.latest), meta)
+    yield from _mfu_samples(v)
+    series = v.series if full else [s for s in v.series if (s["probe"], s["name"]) in HEADLINES]
+    for sample in series_samples(series, full=full):
+        if sample[0] not in meta and sample[0] not in FAMILIES:
+            kind = sample[0].split("_", 2)[1]
+            meta[sample[0]] = ("gauge", f"{REFERENCE_HELP[kind]} {sample[0].split('_', 3)[3].replace('_', ' ')}")
+        yield sample
+    yield from finding_samples(v.verdicts)
+    if v.drain_reason is not None:
+        yield "healthd_drain_recommended", (name, ("reason_code", v.drain_reason)), 1.0
+    elif full and v.verdicts:
+        yield "healthd_drain_recommended", (name, ("reason_code", "")), 0.0
+
+
+def _mfu_samples(v: NodeView) -> Iterator[Sample]:
+    """``healthd_ddp_mfu_ratio{node,dtype}``: the last DDP model FLOP/s per GPU over the node class's peak for
+    the dtype (``healthd/judge/peaks.toml``); none for a class without a peak."""
+    node_class = v.node.node_class if v.node is not None else None
+    if not node_class:
+        return
+    for m in v.latest:
+        if (m.probe, m.name) == MFU_INPUT:
+            dtype = m.labels.get("dtype", "")
+            ratio = mfu(m.value, node_class, dtype)
+            if ratio is not None:
+                yield "healthd_ddp_mfu_ratio", (("node", v.name), ("dtype", dtype)), ratio
+
+
+def _fragment(samples: Iterable[Sample]) -> dict[str, bytes]:
+    lines: dict[str, list[str]] = defaultdict(list)
+    for family, labels, value in samples:
+        lines[family].append(sample_line(family, labels, value))
+    return {family: "".join(text).encode() for family, text in lines.items()}
+
+
+def fleet_samples_of(snap: Snapshot, backend: str, states: Mapping[str, int], *, breaker_open: bool,
+                     fleet_events: Iterable[Mapping[str, Any]]) -> Iterator[Sample]:
+    """The samples that are not per node: build, node states, counters, in-flight runs, the scaling table,
+    remediation and fleet events."""
+    yield ("healthd_build_info", (("version", healthd.__version__), ("python_version", platform.python_version()),
+                                  ("backend", backend)), 1.0)
+    for state, count in sorted(states.items()):
+        yield "healthd_cluster_nodes", (("state", state),), float(count)
+    for name, labels, value in snap.counters:
+        keys = STORE_COUNTERS.get(name)
+        if keys is not None:
+            yield f"healthd_{name}", tuple((k, labels.get(k, "")) for k in keys), value
+    yield "healthd_probes_in_flight", (), float(snap.in_flight)
+    seen: set[tuple[str, int]] = set()
+    for cls, size, at, m in snap.scaling:
+        if (cls, size) not in seen:
+            seen.add((cls, size))
+            yield "healthd_scaling_last_run_timestamp_seconds", (("node_class", cls), ("nodes", str(size))), at
+        if m.name == "busbw_bytes_per_second":
+            yield ("healthd_scaling_busbw_bytes_per_second",
+                   (("node_class", cls), ("nodes", str(size)), ("collective", m.labels.get("collective", "")),
+                    ("size_bytes", m.labels.get("size_bytes", "")), ("placement", m.labels.get("placement", ""))),
+                   m.value)
+    yield from fleet_samples(breaker_open=breaker_open, fleet_events=fleet_events, counters=snap.counters)
+
+
+@dataclass
+class _NodeState:
+    """What ``Exposition`` keeps of one node between refreshes (with ``detail = "summary"``: the headline
+    series of each measurement only)."""
+
+    node: Node | None = None
+    runs: dict[str, tuple[LastRun, RunTiming]] = field(default_factory=dict)
+    verdicts: dict[str, Verdict] = field(default_factory=dict)
+    latest: dict[tuple[str, str, tuple[tuple[str, str], ...]], MeasurementRow] = field(default_factory=dict)
+    series: dict[tuple[str, str, tuple[tuple[str, str], ...]], Mapping[str, Any]] = field(default_factory=dict)
+    best: dict[tuple[str, str, bool], tuple[Any, ...]] = field(default_factory=dict)
+    drain: str | None = None
+
+    def keep(self, probe: str, name: str, labels: Mapping[str, str], row: Any, *, full: bool,
+             judged: bool = False) -> bool:
+        """Hold ``row`` (a measurement, or a judged series with ``judged``) unless a series nearer the headline
+        of its measurement is held (summary); whether it is held."""
+        held = self.series if judged else self.latest
+        key = (probe, name, tuple(sorted(labels.items())))
+        if not full:
+            rank = _rank(probe, name, labels)
+            best = self.best.get((probe, name, judged))
+            if best is not None and rank > best:
+                return False
+            if best is None or rank < best:
+                self.best[(probe, name, judged)] = rank
+                for old in [k for k in held if k[:2] == (probe, name)]:
+                    del held[old]
+        held[key] = row
+        return True
+
+    def view(self, name: str) -> NodeView:
+        gpus = self.node.gpus if self.node is not None else 0
+        return NodeView(name, self.node,
+                        last_runs=tuple(lr for _, (lr, _t) in sorted(self.runs.items())),
+                        timings=tuple(replace(t, gpus=gpus) for _, (_lr, t) in sorted(self.runs.items())),
+                        latest=tuple(self.latest[k] for k in sorted(self.latest)),
+                        verdicts=tuple(self.verdicts[p] for p in sorted(self.verdicts)),
+                        series=tuple(self.series[k] for k in sorted(self.series)), drain_reason=self.drain)
+
+
+@dataclass
+class _Piece:
+    plain: bytes
+    packed: bytes | None = None
+
+    def gzip(self) -> bytes:
+        if self.packed is None:
+            self.packed = gzip.compress(self.plain, compresslevel=6)
+        return self.packed
+
+
+@dataclass
+class _Body:
+    """One rendering of the store part: its families in order, each a header and its pieces."""
+
+    families: list[tuple[_Piece, list[_Piece]]] = field(default_factory=list)
+    plain: bytes | None = None
+    packed: bytes | None = None
+
+
+class Exposition:
+    """The store's part of ``/metrics``, kept in memory and refreshed incrementally (thread-safe)."""
+
+    def __init__(self, store: Store, backend_name: Callable[[], str], detail: Detail = "summary") -> None:
+        self._store = store
+        self._backend_name = backend_name
+        self.detail: Detail = detail
+        self._lock = threading.Lock()
+        self._cursor: ChangeCursor | None = None
+        self._version: object = None
+        self._synced_at = 0.0
+        self._state: dict[str, _NodeState] = {}
+        self._fragments: dict[str, dict[str, bytes]] = {}
+        self._meta: dict[str, tuple[str, str]] = dict(FAMILIES)
+        self._order: list[str] = []
+        self._chunk_of: dict[str, int] = {}
+        self._pieces: dict[tuple[str, int], _Piece] = {}
+        self._chunk_families: dict[int, set[str]] = {}
+        self._headers: dict[str, _Piece] = {}
+        self._body = _Body()
+        self.rendered_nodes = 0
+        """How many node renderings the refreshes so far took (a test's measure of incrementality)."""
+
+    def set_detail(self, detail: Detail) -> None:
+        """Export ``detail`` from the next refresh on (every node is read and rendered again)."""
+        with self._lock:
+            if detail != self.detail:
+                self.detail = detail
+                self._cursor = None
+                self._version = None
+
+    def refresh_if_changed(self) -> bool:
+        """``refresh`` when the store has changed since the last one (a commit by this process or another);
+        whether it did."""
+        version = self._store.data_version()
+        if version == self._version:
+            return False
+        self.refresh()
+        self._version = version
+        return True
+
+    def refresh(self) -> None:
+        """Read what changed in the store since the last refresh and re-render the nodes it touched; every
+        ``RESYNC_S`` (and when the store's rows were renumbered) everything is read again."""
+        with self._lock:
+            store = self._store
+            families = None if self.detail == "full" else {*HEADLINES.keys(), MFU_INPUT}
+            if self._cursor is None or time.monotonic() - self._synced_at > RESYNC_S:
+                self._cursor = None
+            try:
+                changes, cursor = store.changes(self._cursor or ChangeCursor(), families)
+            except LookupError:
+                self._cursor = None
+                changes, cursor = store.changes(ChangeCursor(), families)
+            changed: set[str] = set()
+            if self._cursor is None:
+                changed |= self._state.keys()
+                self._state = {}
+                self._synced_at = time.monotonic()
+            self._cursor = cursor
+            changed |= self._apply(changes, full=families is None)
+            nodes = store.node_summaries()
+            seen = {n[0] for n in nodes}
+            for name, _state, node_class, gpu_type, gpus in nodes:
+                state = self._node_state(name)
+                if state.node is None or _shown(state.node) != (node_class, gpu_type, gpus):
+                    state.node = Node(name, _state, gpus=gpus, gpu_type=gpu_type, node_class=node_class)
+                    changed.add(name)
+            for name, state in self._state.items():
+                if state.node is not None and name not in seen:
+                    state.node = None
+                    changed.add(name)
+            by_node: dict[str, list[RecommendationRow]] = defaultdict(list)
+            for r in store.recommendations(limit=1_000_000):
+                by_node[r.node].append(r)
+            for name in by_node.keys() | {n for n, st in self._state.items() if st.drain is not None}:
+                reason = drain_reason(by_node.get(name, ()))
+                if self._node_state(name).drain != reason:
+                    self._state[name].drain = reason
+                    changed.add(name)
+            for name in changed:
+                view = self._state[name].view(name) if name in self._state else NodeView(name)
+                if view.empty:
+                    self._state.pop(name, None)
+                    self._fragments.pop(name, None)
+                    continue
+                self._fragments[name] = _fragment(node_samples(view, self.detail, self._meta))
+                self.rendered_nodes += 1
+            states: dict[str, int] = defaultdict(int)
+            for n in nodes:
+                states[n[1]] += 1
+            breaker = store.remediation_state("breaker")
+            breaker_open = bool(isinstance(breaker, dict) and breaker.get("open"))
+            fleet = _fragment(fleet_samples_of(store.snapshot(nodes=(), fleet=True), self._backend_name(), states,
+                                               breaker_open=breaker_open, fleet_events=store.fleet_events(limit=200)))
+            self._assemble(fleet, changed)
+
+    def _node_state(self, name: str) -> _NodeState:
+        state = self._state.get(name)
+        if state is None:
+            state = self._state[name] = _NodeState()
+        return state
+
+    def _apply(self, changes: Changes, *, full: bool) -> set[str]:
+        """Fold ``changes`` into the per-node state; the nodes they touched."""
+        touched: set[str] = set()
+        for m in changes.latest:
+            if m.node is not None and self._node_state(m.node).keep(m.probe, m.name, m.labels, m, full=full):
+                touched.add(m.node)
+        for lr, timing in changes.runs:
+            state = self._node_state(lr.node)
+            state.runs[lr.probe] = (lr, timing)
+            touched.add(lr.node)
+        for v in changes.verdicts:
+            state = self._node_state(v.node)
+            old = state.verdicts.get(v.probe)
+            if old is None or v.at >= old.at:
+                state.verdicts[v.probe] = v
+                touched.add(v.node)
+        for series in changes.series:
+            state = self._node_state(series["node"])
+            if state.keep(series["probe"], series["name"], series["labels"], series, full=full, judged=True):
+                touched.add(series["node"])
+        return touched
+
+    def _assemble(self, fleet: Mapping[str, bytes], changed: set[str]) -> None:
+        order = sorted(self._fragments) if changed or not self._order else self._order
+        if order != self._order:
+            self._order = order
+            self._chunk_of = {name: i // CHUNK for i, name in enumerate(order)}
+            self._pieces.clear()
+            dirty = set(range((len(order) + CHUNK - 1) // CHUNK))
+            self._chunk_families = {}
+        else:
+            dirty = {self._chunk_of[n] for n in changed if n in self._chunk_of}
+            for key in [k for k in self._pieces if k[1] in dirty]:
+                del self._pieces[key]
+        for chunk in dirty:
+            self._chunk_families[chunk] = {f for n in order[chunk * CHUNK:(chunk + 1) * CHUNK]
+                                           for f in self._fragments[n]}
+        present: dict[str, set[int]] = defaultdict(set)
+        for chunk, found in self._chunk_families.items():
+            for family in found:
+                present[family].add(chunk)
+        body = _Body()
+        for family in sorted(present.keys() | fleet.keys()):
+            pieces = [_Piece(fleet[family])] if family in fleet else []
+            for chunk in sorted(present[family]):
+                piece = self._pieces.get((family, chunk))
+                if piece is None:
+                    names = order[chunk * CHUNK:(chunk + 1) * CHUNK]
+                    piece = _Piece(b"".join(self._fragments[n].get(family, b"") for n in names))
+                    self._pieces[(family, chunk)] = piece
+                pieces.append(piece)
+            body.families.append((self._header(family), pieces))
+        self._body = body
+
+    def _header(self, family: str) -> _Piece:
+        header = self._headers.get(family)
+        if header is None:
+            kind, text = self._meta.get(family, ("gauge", family))
+            header = self._headers[family] = _Piece(f"# HELP {family} {text}\n# TYPE {family} {kind}\n".encode())
+        return header
+
+    def body(self) -> bytes:
+        """The last refresh's text (the store part of ``/metrics``)."""
+        with self._lock:
+            body = self._body
+            if body.plain is None:
+                body.plain = b"".join(h.plain + b"".join(p.plain for p in pieces) for h, pieces in body.families)
+            return body.plain
+
+    def body_gzip(self) -> bytes:
+        """``body()`` gzip-compressed: one gzip member per piece, each compressed once while it is unchanged
+        (a gzip stream may be a series of members)."""
+        with self._lock:
+            body = self._body
+            if body.packed is None:
+                body.packed = b"".join(h.gzip() + b"".join(p.gzip() for p in pieces) for h, pieces in body.families)
+            return body.packed
+
+
+def render_text(store: Store, backend: str = "slurm", detail: Detail = "summary",
+                registry: CollectorRegistry | None = None) -> str:
+    """One rendering of what ``/metrics`` serves from ``store`` (and ``registry`` first): for tools and tests."""
+    exposition = Exposition(store, lambda: backend, detail)
+    exposition.refresh()
+    head = generate_latest(registry).decode() if registry is not None else ""
+    return head + exposition.body().decode()
 
 
 class DaemonMetrics:

@@ -581,20 +581,25 @@ class Simulation:
     def run(self) -> SimReport:
         started = time.perf_counter()
         s = self.scenario
-        ticks = max(1, round(s.round_s / s.tick_s))
         lines: list[RoundLine] = []
         for rnd in range(1, s.rounds + 1):
-            self.cluster.round = rnd
-            line = RoundLine(rnd)
-            self._round_start(rnd)
-            for k in range(ticks):
-                self.cluster.now = SIM_EPOCH + (rnd - 1) * s.round_s + k * s.tick_s
-                self._tick(rnd, line)
+            line = self.play_round(rnd)
             lines.append(line)
             if self.echo:
                 print(format_round(line), flush=True)
         return SimReport(s, lines, self.outcomes, self.false_recs, self.false_drains, self.fleet_events,
                          self.event_drains, self._foreign_touched(), time.perf_counter() - started, self.jobs)
+
+    def play_round(self, rnd: int) -> RoundLine:
+        """Every tick of round ``rnd`` (``run`` plays them all; a benchmark plays them one by one)."""
+        s = self.scenario
+        self.cluster.round = rnd
+        line = RoundLine(rnd)
+        self._round_start(rnd)
+        for k in range(max(1, round(s.round_s / s.tick_s))):
+            self.cluster.now = SIM_EPOCH + (rnd - 1) * s.round_s + k * s.tick_s
+            self._tick(rnd, line)
+        return line
 
     def _round_start(self, rnd: int) -> None:
         for u, picked in self.user_sets:

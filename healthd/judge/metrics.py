@@ -1,63 +1,57 @@
-"""Prometheus families of judgement and remediation, built from the store at scrape time.
+"""The samples of judgement and remediation: per node (confirmed findings, baselines, floors, their ratio,
+the drain recommendation) and per fleet (fleet events, remediation actions, the breaker).
 
-``judge_metric_families(judge_snapshot(store))`` yields them; ``JudgeCollector(store)`` is a
-ready ``prometheus_client`` collector to register next to the daemon's ``StoreCollector``.
-Labels stay bounded (node, the measurement's own labels, reason codes, node classes, probes).
+Pure: ``healthd.metrics.Exposition`` reads the store and renders what these yield. Labels stay bounded
+(node, the measurement's own labels, reason codes, node classes, probes).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-
 from healthd.judge.model import CONFIRMED, EVIDENCE_LABELS, ReasonCode
-from healthd.metrics import verdict_family
+from healthd.judge.series import direction_of
 from healthd.model import Outcome, Verdict
-from healthd.store import Store
 from healthd.store.rows import RecommendationRow
 
 ACTIONS = ("drain", "undrain")
 RESULTS = ("done", "refused", "failed")
 
-
-@dataclass(frozen=True)
-class JudgeSnapshot:
-    series: tuple[dict[str, Any], ...]
-    """Judged series: node, probe, name, labels, floor, baseline."""
-    recommendations: tuple[RecommendationRow, ...]
-    verdicts: tuple[Verdict, ...]
-    breaker_open: bool
-    fleet_events: tuple[dict[str, Any], ...]
-    """Recent fleet events (active ones have ``ended_at`` None)."""
-    counters: tuple[tuple[str, dict[str, str], float], ...]
-
-
-def judge_snapshot(store: Store) -> JudgeSnapshot:
-    breaker = store.remediation_state("breaker")
-    return JudgeSnapshot(
-        series=tuple(store.judge_series()),
-        recommendations=tuple(store.recommendations()),
-        verdicts=tuple(store.current_verdicts()),
-        breaker_open=bool(isinstance(breaker, dict) and breaker.get("open")),
-        fleet_events=tuple(store.fleet_events(limit=200)),
-        counters=tuple(store.counters()),
-    )
-
-
-def _family(kind: str, probe: str, name: str) -> str:
-    return f"healthd_{kind}_{probe}_{name}".replace("-", "_")
-
+Labels = tuple[tuple[str, str], ...]
+Sample = tuple[str, Labels, float]
+"""(family, labels in order, value)."""
 
 FINDING_LABELS = ("node", "probe", "reason_code", "reference", *EVIDENCE_LABELS)
 REFERENCE_OF = {ReasonCode.BELOW_FLOOR.value: "floor", ReasonCode.BASELINE_DRIFT.value: "baseline",
                 ReasonCode.FLEET_OUTLIER.value: "peers"}
 """The reference a finding's layer compares with: the class's floor, the node's own baseline, the median of its
 peers (its class, or its own GPUs for a per-GPU figure)."""
+
+JUDGE_FAMILIES: dict[str, tuple[str, str]] = {
+    "healthd_node_finding": ("gauge", "1 while the judge's confirmed finding on the node and probe stands (reason,"
+                             " the reference it broke: floor, baseline or peers; empty for a failed check)"),
+    "healthd_node_finding_value": ("gauge", "The figure of the confirmed finding (its unit is the measurement's)"),
+    "healthd_node_finding_reference": ("gauge", "The reference the figure of the confirmed finding was compared"
+                                       " with: the floor, the node's baseline or the median of its peers"),
+    "healthd_node_finding_drop_ratio": ("gauge", "How much worse than its reference the figure of the confirmed"
+                                        " finding is, as a fraction of the reference"),
+    "healthd_node_probe_baseline_ratio": ("gauge", "The worst judged figure of the node's last run of the probe"
+                                          " against the node's own baseline (below 1: worse; times inverted)"),
+    "healthd_node_probe_floor_ratio": ("gauge", "The worst judged figure of the node's last run of the probe"
+                                       " against the floor of its class (below 1: under the floor; times"
+                                       " inverted)"),
+    "healthd_drain_recommended": ("gauge", "1 while healthd recommends draining the node (with the reason code)"),
+    "healthd_remediation_actions_total": ("counter", "Drains and undrains healthd did (done), was refused"
+                                          " (ownership, breaker, cap, repeat offender) or could not do (failed)"),
+    "healthd_remediation_breaker_open": ("gauge", "1 while the remediation circuit breaker is open (no automatic"
+                                         " action)"),
+    "healthd_fleet_event_active": ("gauge", "1 while a large share of the class is degraded at once on the probe"
+                                   " (a fleet event)"),
+}
+REFERENCE_HELP = {"baseline": "The node's own baseline (median of its recent passing results) of",
+                  "floor": "The floor of the node's class (lowest acceptable; highest for times) of"}
 
 
 @dataclass(frozen=True)
@@ -86,115 +80,82 @@ def confirmed_finding(v: Verdict) -> ConfirmedFinding | None:
     return ConfirmedFinding(labels, float(value), float(reference), drop)
 
 
-def finding_families(verdicts: Iterable[Verdict]) -> Iterator[Metric]:
+def finding_samples(verdicts: Iterable[Verdict]) -> Iterator[Sample]:
     """``healthd_node_finding`` (1 per confirmed finding) and, for a finding with a figure, its value,
     reference and drop; a node and probe without a confirmed finding has no series (the alerts resolve)."""
-    found = GaugeMetricFamily("healthd_node_finding",
-                              "1 while the judge's confirmed finding on the node and probe stands (reason, the"
-                              " reference it broke: floor, baseline or peers; empty for a failed check)",
-                              labels=list(FINDING_LABELS))
-    value = GaugeMetricFamily("healthd_node_finding_value", "The figure of the confirmed finding (its unit is the"
-                              " measurement's)", labels=list(FINDING_LABELS))
-    reference = GaugeMetricFamily("healthd_node_finding_reference", "The reference the figure of the confirmed"
-                                  " finding was compared with: the floor, the node's baseline or the median of its"
-                                  " peers",
-                                  labels=list(FINDING_LABELS))
-    drop = GaugeMetricFamily("healthd_node_finding_drop_ratio", "How much worse than its reference the figure of"
-                             " the confirmed finding is, as a fraction of the reference", labels=list(FINDING_LABELS))
     for v in sorted(verdicts, key=lambda v: (v.node, v.probe)):
         f = confirmed_finding(v)
         if f is None:
             continue
-        found.add_metric(list(f.labels), 1.0)
+        labels = tuple(zip(FINDING_LABELS, f.labels, strict=True))
+        yield "healthd_node_finding", labels, 1.0
         if f.value is not None and f.reference is not None:
-            value.add_metric(list(f.labels), f.value)
-            reference.add_metric(list(f.labels), f.reference)
+            yield "healthd_node_finding_value", labels, f.value
+            yield "healthd_node_finding_reference", labels, f.reference
         if f.drop is not None:
-            drop.add_metric(list(f.labels), f.drop)
-    yield from (found, value, reference, drop)
+            yield "healthd_node_finding_drop_ratio", labels, f.drop
 
 
-def judge_metric_families(snap: JudgeSnapshot, *, verdicts: bool = False) -> Iterator[Metric]:
-    """The judgement families. ``verdicts=True`` also yields ``healthd_node_verdict`` (the daemon's
-    ``StoreCollector`` yields it today; exactly one of the two must)."""
-    if verdicts:
-        yield verdict_family(snap.verdicts)
-    yield from finding_families(snap.verdicts)
+def reference_family(kind: str, probe: str, name: str) -> str:
+    return f"healthd_{kind}_{probe}_{name}".replace("-", "_")
 
-    for kind, column, help_text in (
-        ("baseline", "baseline", "The node's own baseline (median of its recent passing results) of"),
-        ("floor", "floor", "The floor of the node's class (lowest acceptable; highest for times) of"),
-    ):
-        rows: dict[str, list[tuple[dict[str, str], float]]] = defaultdict(list)
-        for s in snap.series:
-            value = s.get(column)
-            if value is None:
+
+def _worse_ratio(name: str, value: float, reference: float) -> float | None:
+    """value / reference, inverted for a time (so that below 1 is always worse)."""
+    if direction_of(name) == "lower":
+        return reference / value if value > 0 else None
+    return value / reference if reference > 0 else None
+
+
+def series_samples(series: Sequence[Mapping[str, Any]], *, full: bool) -> Iterator[Sample]:
+    """Per probe, the worst ratio of the last value to its baseline; with ``full``, the worst ratio to the
+    floor too and every series' baseline and floor (with the measurement's own labels)."""
+    worst: dict[tuple[str, str, str], float] = {}
+    for s in series:
+        value = s.get("last_value")
+        for kind in ("baseline", "floor"):
+            reference = s.get(kind)
+            if reference is None:
                 continue
-            rows[_family(kind, s["probe"], s["name"])].append(({"node": s["node"], **s["labels"]}, float(value)))
-        for family_name in sorted(rows):
-            entries = rows[family_name]
-            keys = ["node", *sorted({k for labels, _ in entries for k in labels} - {"node"})]
-            suffix = family_name.split("_", 3)[3]
-            family = GaugeMetricFamily(family_name, f"{help_text} {suffix.replace('_', ' ')}", labels=keys)
-            for labels, value in entries:
-                family.add_metric([labels.get(k, "") for k in keys], value)
-            yield family
+            if full:
+                yield (reference_family(kind, s["probe"], s["name"]),
+                       (("node", s["node"]), *sorted(s["labels"].items())), float(reference))
+            if kind == "floor" and not full:
+                continue
+            ratio = _worse_ratio(s["name"], float(value), float(reference)) if value is not None else None
+            key = (s["node"], s["probe"], kind)
+            if ratio is not None and ratio < worst.get(key, float("inf")):
+                worst[key] = ratio
+    for (node, probe, kind), ratio in sorted(worst.items()):
+        yield f"healthd_node_probe_{kind}_ratio", (("node", node), ("probe", probe)), ratio
 
-    recommended = GaugeMetricFamily("healthd_drain_recommended",
-                                    "1 while healthd recommends draining the node (with the reason code), else 0",
-                                    labels=["node", "reason_code"])
-    by_node: dict[str, RecommendationRow] = {}
-    for r in snap.recommendations:
-        best = by_node.get(r.node)
+
+def drain_reason(recommendations: Iterable[RecommendationRow]) -> str | None:
+    """The reason code the node's drain recommendation shows (a ``fail`` over a ``degraded``); None: none."""
+    best: RecommendationRow | None = None
+    for r in recommendations:
         if best is None or (r.outcome == Outcome.FAIL.value and best.outcome != Outcome.FAIL.value):
-            by_node[r.node] = r
-    for node in sorted(by_node):
-        recommended.add_metric([node, by_node[node].reason_code], 1.0)
-    for node in sorted({v.node for v in snap.verdicts} - set(by_node)):
-        recommended.add_metric([node, ""], 0.0)
-    yield recommended
+            best = r
+    return best.reason_code if best is not None else None
 
-    actions = CounterMetricFamily("healthd_remediation_actions",
-                                  "Drains and undrains healthd did (done), was refused (ownership, breaker, cap,"
-                                  " repeat offender) or could not do (failed)", labels=["action", "result"])
+
+def fleet_samples(*, breaker_open: bool, fleet_events: Iterable[Mapping[str, Any]],
+                  counters: Iterable[tuple[str, Mapping[str, str], float]]) -> Iterator[Sample]:
+    """Remediation actions by result, the breaker, and whether each (class, probe) has a fleet event."""
     seen: dict[tuple[str, str], float] = {(a, r): 0.0 for a in ACTIONS for r in RESULTS}
-    for name, labels, value in snap.counters:
+    for name, labels, value in counters:
         if name == "remediation_actions_total":
             seen[(labels.get("action", ""), labels.get("result", ""))] = value
     for (action, result), value in sorted(seen.items()):
-        actions.add_metric([action, result], value)
-    yield actions
-
-    breaker = GaugeMetricFamily("healthd_remediation_breaker_open",
-                                "1 while the remediation circuit breaker is open (no automatic action)")
-    breaker.add_metric([], float(snap.breaker_open))
-    yield breaker
-
-    events = GaugeMetricFamily("healthd_fleet_event_active",
-                               "1 while a large share of the class is degraded at once on the probe (a fleet event)",
-                               labels=["node_class", "probe"])
+        yield "healthd_remediation_actions_total", (("action", action), ("result", result)), value
+    yield "healthd_remediation_breaker_open", (), float(breaker_open)
     state: dict[tuple[str, str], bool] = {}
-    for e in sorted(snap.fleet_events, key=lambda e: e["started_at"]):
+    for e in sorted(fleet_events, key=lambda e: e["started_at"]):
         key = (e["node_class"], e["probe"])
         state[key] = state.get(key, False) or e["ended_at"] is None
     for (cls, probe), active in sorted(state.items()):
-        events.add_metric([cls, probe], float(active))
-    yield events
+        yield "healthd_fleet_event_active", (("node_class", cls), ("probe", probe)), float(active)
 
 
-class JudgeCollector(Collector):
-    """A ``prometheus_client`` collector of the judgement families (one store read per scrape)."""
-
-    def __init__(self, store: Store, *, verdicts: bool = False) -> None:
-        self._store = store
-        self._verdicts = verdicts
-
-    def describe(self) -> list[Metric]:
-        return []
-
-    def collect(self) -> Iterator[Metric]:
-        yield from judge_metric_families(judge_snapshot(self._store), verdicts=self._verdicts)
-
-
-__all__ = ["ConfirmedFinding", "JudgeCollector", "JudgeSnapshot", "ReasonCode", "confirmed_finding", "finding_families",
-           "judge_metric_families", "judge_snapshot"]
+__all__ = ["FINDING_LABELS", "JUDGE_FAMILIES", "ConfirmedFinding", "ReasonCode", "Sample", "confirmed_finding",
+           "drain_reason", "finding_samples", "fleet_samples", "series_samples"]

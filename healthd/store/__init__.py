@@ -18,6 +18,7 @@ Readers that need only part of the store depend on a narrow Protocol of what the
 from __future__ import annotations
 
 import time
+from collections.abc import Collection, Sequence
 
 from healthd.store.budget import BudgetStore
 from healthd.store.judgement import JUDGEMENT_PRUNE, JudgementStore
@@ -56,19 +57,36 @@ __all__ = [
 class Store(SweepsStore, NodesStore, RemediationStore, JudgementStore, BudgetStore, RequestsStore):
     """The whole store: every aggregate over one connection."""
 
-    def snapshot(self, *, node_seen_since: float = 0.0) -> Snapshot:
-        """An immutable copy of what the metrics endpoint and the API show, read under one lock."""
+    def snapshot(self, *, node_seen_since: float = 0.0, nodes: Sequence[str] | None = None,
+                 fleet: bool = True, families: Collection[tuple[str, str]] | None = None,
+                 judged: bool = True) -> Snapshot:
+        """An immutable copy of what the metrics endpoint and the API show, read under one lock: of every
+        node, or of ``nodes`` only (reads linear in what they return); ``fleet``: with the counters, runs in
+        flight and the scaling table; ``families``: only the measurements and judged series of these
+        (probe, name) pairs; ``judged``: with the judged series."""
         with self._lock:
+            if nodes is None:
+                node_rows, verdicts, series = (self.nodes(seen_since=node_seen_since), self.current_verdicts(),
+                                               self.judge_series())
+                recommendations = self.recommendations(limit=1_000_000)
+            else:
+                node_rows = self.nodes(seen_since=node_seen_since, names=nodes) if nodes else []
+                verdicts = self.current_verdicts_of(nodes) if nodes else []
+                series = self.judge_series_of(nodes, families) if nodes and judged else []
+                wanted = set(nodes)
+                recommendations = [r for r in self.recommendations(limit=1_000_000) if r.node in wanted]
             return Snapshot(
                 taken_at=time.time(),
-                nodes=tuple(self.nodes(seen_since=node_seen_since)),
-                last_runs=tuple(self.last_runs()),
-                latest=tuple(self.latest_measurements()),
-                verdicts=tuple(self.current_verdicts()),
-                counters=tuple(self.counters()),
-                in_flight=len(self.unfinished_runs()),
-                run_timings=tuple(self.last_run_timings()),
-                scaling=tuple(self.scaling_table()),
+                nodes=tuple(node_rows),
+                last_runs=tuple(self.last_runs(nodes)) if nodes != () else (),
+                latest=tuple(self.latest_measurements(nodes, families)) if nodes != () else (),
+                verdicts=tuple(verdicts),
+                counters=tuple(self.counters()) if fleet else (),
+                in_flight=self.in_flight() if fleet else 0,
+                run_timings=tuple(self.last_run_timings(nodes)) if nodes != () else (),
+                scaling=tuple(self.scaling_table()) if fleet else (),
+                series=tuple(series),
+                recommendations=tuple(recommendations),
             )
 
     def prune_judgement(self, older_than: float) -> int:

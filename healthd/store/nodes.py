@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from healthd.model import Node
 from healthd.store.db import Database
@@ -26,8 +26,17 @@ class NodesStore(Database):
                 ],
             )
 
-    def nodes(self, *, seen_since: float = 0.0) -> list[Node]:
-        rows = self._query("SELECT * FROM nodes WHERE last_seen >= ? ORDER BY name", (seen_since,))
+    def nodes(self, *, seen_since: float = 0.0, names: Sequence[str] | None = None) -> list[Node]:
+        """The nodes seen since ``seen_since`` (of ``names`` only, when given), by name."""
+        if names is None:
+            rows = self._query("SELECT * FROM nodes WHERE last_seen >= ? ORDER BY name", (seen_since,))
+        else:
+            rows = []
+            for i in range(0, len(names), 500):
+                part = list(names[i:i + 500])
+                marks = ",".join("?" * len(part))
+                rows += self._query(f"SELECT * FROM nodes WHERE last_seen >= ? AND name IN ({marks}) ORDER BY name",
+                                    (seen_since, *part))
         return [
             Node(
                 name=r["name"],

@@ -89,6 +89,10 @@ class Snapshot:
     in_flight: int
     run_timings: tuple[RunTiming, ...] = ()
     scaling: tuple[tuple[str, int, float, MeasurementRow], ...] = ()
+    series: tuple[dict[str, Any], ...] = ()
+    """Judged series: node, probe, name, labels, last_value, last_at, floor, baseline, spread."""
+    recommendations: tuple[RecommendationRow, ...] = ()
+    """The active drain recommendations."""
 
 
 

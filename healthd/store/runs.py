@@ -10,11 +10,11 @@ from typing import Any
 
 from healthd.errors import StoreError
 from healthd.model import Outcome, ProbeResult, RunKind
-from healthd.store.db import Database
-from healthd.store.rows import LastRun, MeasurementRow, RunRow, RunTiming, canonical_labels
+from healthd.store.latest import LatestStore
+from healthd.store.rows import MeasurementRow, RunRow, canonical_labels
 
 
-class RunsStore(Database):
+class RunsStore(LatestStore):
     def add_run(
         self,
         *,
@@ -84,6 +84,7 @@ class RunsStore(Database):
             )
             if result is not None:
                 self._insert_result(db, run_id, probe, result, finished_at)
+            self._update_latest(db, run_id, probe, outcome, result)
             self._bump(db, "probe_runs_total", {"probe": probe, "outcome": outcome.value}, 1.0)
             seconds = max(0.0, finished_at - start)
             self._bump(db, "probe_seconds_total", {"probe": probe}, seconds)
@@ -186,34 +187,6 @@ class RunsStore(Database):
             return self._runs("1", (limit,), tail)
         return self._runs("r.run_id IN (SELECT run_id FROM run_nodes WHERE node = ?)", (node, limit), tail)
 
-    def last_runs(self) -> list[LastRun]:
-        rows = self._query(
-            """
-            WITH fin AS (
-                SELECT n.node, r.probe, r.run_id, r.outcome, r.reason, r.finished_at,
-                       ROW_NUMBER() OVER (PARTITION BY n.node, r.probe ORDER BY r.finished_at DESC) AS k
-                FROM runs r JOIN run_nodes n ON n.run_id = r.run_id
-                WHERE r.state = 'finished' AND r.outcome != 'skipped'
-            )
-            SELECT f.node, f.probe, f.run_id, f.outcome, f.reason, f.finished_at,
-                   (SELECT MAX(r2.finished_at) FROM runs r2 JOIN run_nodes n2 ON n2.run_id = r2.run_id
-                     WHERE n2.node = f.node AND r2.probe = f.probe AND r2.outcome = 'pass') AS last_success
-            FROM fin f WHERE f.k = 1 ORDER BY f.node, f.probe
-            """
-        )
-        return [
-            LastRun(
-                node=r["node"],
-                probe=r["probe"],
-                last_run_at=r["finished_at"],
-                last_outcome=Outcome(r["outcome"]),
-                last_reason=r["reason"],
-                last_run_id=r["run_id"],
-                last_success_at=r["last_success"],
-            )
-            for r in rows
-        ]
-
     def last_attempts(self) -> dict[tuple[str, str], float]:
         """Per (node, probe): when a run was last submitted, whatever became of it (for planning)."""
         rows = self._query(
@@ -222,23 +195,6 @@ class RunsStore(Database):
         )
         return {(r[0], r[1]): r[2] for r in rows}
     # -- measurements -----------------------------------------------------------------------
-    def latest_measurements(self) -> list[MeasurementRow]:
-        """The newest value of every (probe, node, name, labels) series.
-
-        A measurement of a multi-node group (``node`` NULL) counts once for each node of its run.
-        """
-        rows = self._query(
-            """
-            SELECT run_id, probe, node, name, labels, value, at FROM (
-                SELECT m.run_id, m.probe, COALESCE(m.node, rn.node) AS node, m.name, m.labels, m.value, m.at,
-                       ROW_NUMBER() OVER (PARTITION BY m.probe, COALESCE(m.node, rn.node), m.name, m.labels
-                                          ORDER BY m.at DESC, m.id DESC) AS k
-                FROM measurements m LEFT JOIN run_nodes rn ON m.node IS NULL AND rn.run_id = m.run_id
-            ) WHERE k = 1 ORDER BY probe, node, name, labels
-            """
-        )
-        return [self._measurement(r) for r in rows]
-
     def measurements(
         self, *, probe: str | None = None, node: str | None = None, since: float = 0.0,
         run_id: str | None = None,
@@ -284,30 +240,3 @@ class RunsStore(Database):
                 (older_than,),
             )
         return int(deleted)
-
-    def last_run_timings(self) -> list[RunTiming]:
-        """Per (node, probe), the newest finished run (the one ``last_runs`` reports): how long it
-        waited between submission and start, how long it ran, and the GPUs of the node it held."""
-        rows = self._query(
-            """
-            WITH fin AS (
-                SELECT n.node, r.probe, r.submitted_at, r.started_at, r.duration_s,
-                       ROW_NUMBER() OVER (PARTITION BY n.node, r.probe ORDER BY r.finished_at DESC) AS k
-                FROM runs r JOIN run_nodes n ON n.run_id = r.run_id
-                WHERE r.state = 'finished' AND r.outcome != 'skipped'
-            )
-            SELECT f.node, f.probe, f.submitted_at, f.started_at, f.duration_s, COALESCE(nd.gpus, 0) AS gpus
-            FROM fin f LEFT JOIN nodes nd ON nd.name = f.node WHERE f.k = 1 ORDER BY f.node, f.probe
-            """
-        )
-        return [
-            RunTiming(
-                node=r["node"],
-                probe=r["probe"],
-                queue_wait_s=max(0.0, (r["started_at"] or r["submitted_at"]) - r["submitted_at"]),
-                duration_s=r["duration_s"] or 0.0,
-                gpus=r["gpus"],
-            )
-            for r in rows
-        ]
-

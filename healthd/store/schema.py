@@ -217,12 +217,60 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE runs ADD COLUMN judged INTEGER NOT NULL DEFAULT 1;
     CREATE INDEX runs_unjudged ON runs (judged) WHERE judged = 0
     """,
-    # 5-8: taken by parallel branches (metrics, store compaction); placeholders until they are merged
+    # 5: the latest value of every (node, probe, measurement, labels) series and the latest run of every
+    # (node, probe), kept in the transaction of the run's end (reads no longer scan the history)
+    """
+    CREATE TABLE latest (
+        node   TEXT NOT NULL,
+        probe  TEXT NOT NULL,
+        name   TEXT NOT NULL,
+        labels TEXT NOT NULL,
+        value  REAL NOT NULL,
+        at     REAL NOT NULL,
+        run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+        seq    INTEGER NOT NULL,
+        PRIMARY KEY (node, probe, name, labels)
+    );
+    CREATE INDEX latest_seq ON latest (seq);
+    CREATE INDEX latest_run ON latest (run_id);
+    INSERT INTO latest (node, probe, name, labels, value, at, run_id, seq)
+    SELECT node, probe, name, labels, value, at, run_id, 1 FROM (
+        SELECT m.run_id, m.probe, COALESCE(m.node, rn.node) AS node, m.name, m.labels, m.value, m.at,
+               ROW_NUMBER() OVER (PARTITION BY m.probe, COALESCE(m.node, rn.node), m.name, m.labels
+                                  ORDER BY m.at DESC, m.id DESC) AS k
+        FROM measurements m LEFT JOIN run_nodes rn ON m.node IS NULL AND rn.run_id = m.run_id
+    ) WHERE k = 1 AND node IS NOT NULL;
+    CREATE TABLE latest_runs (
+        node            TEXT NOT NULL,
+        probe           TEXT NOT NULL,
+        run_id          TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+        outcome         TEXT NOT NULL,
+        reason          TEXT NOT NULL,
+        submitted_at    REAL NOT NULL,
+        started_at      REAL,
+        finished_at     REAL NOT NULL,
+        duration_s      REAL,
+        last_success_at REAL,
+        seq             INTEGER NOT NULL,
+        PRIMARY KEY (node, probe)
+    );
+    CREATE INDEX latest_runs_seq ON latest_runs (seq);
+    CREATE INDEX latest_runs_run ON latest_runs (run_id);
+    INSERT INTO latest_runs (node, probe, run_id, outcome, reason, submitted_at, started_at, finished_at, duration_s,
+                             last_success_at, seq)
+    SELECT f.node, f.probe, f.run_id, f.outcome, f.reason, f.submitted_at, f.started_at, f.finished_at, f.duration_s,
+           (SELECT MAX(r2.finished_at) FROM runs r2 JOIN run_nodes n2 ON n2.run_id = r2.run_id
+             WHERE n2.node = f.node AND r2.probe = f.probe AND r2.outcome = 'pass'), 1
+    FROM (
+        SELECT n.node, r.probe, r.run_id, r.outcome, r.reason, r.submitted_at, r.started_at, r.finished_at,
+               r.duration_s, ROW_NUMBER() OVER (PARTITION BY n.node, r.probe ORDER BY r.finished_at DESC) AS k
+        FROM runs r JOIN run_nodes n ON n.run_id = r.run_id
+        WHERE r.state = 'finished' AND r.outcome != 'skipped'
+    ) f WHERE f.k = 1
+    """,
+    # 6: placeholder (store compaction, merged next)
     "",
-    "",
-    "",
-    "",
-    # 9: the judge's chance-flag counters and error streaks (they survive a restart)
+    # 7: the judge's chance-flag counters and error streaks (they survive a restart)
     """
     CREATE TABLE judge_flag_rates (
         node_class TEXT NOT NULL,
@@ -239,7 +287,7 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (node, probe)
     )
     """,
-    # 10: on-demand probe requests (`healthd probe NAME --node N`), picked up by the daemon's plan tick
+    # 8: on-demand probe requests (`healthd probe NAME --node N`), picked up by the daemon's plan tick
     """
     CREATE TABLE probe_requests (
         id           INTEGER PRIMARY KEY,

@@ -55,7 +55,8 @@ def test_daemon_measures_exports_and_stops_cleanly(tmp_path: Path, daemon_factor
     daemon = daemon_factory(write_config(tmp_path, port), port)  # type: ignore[operator]
     daemon.wait_http()
     text = daemon.wait_for(
-        lambda t: "healthd_gemm_flop_per_second{" in t and "healthd_nccl_busbw_bytes_per_second{" in t, timeout=150
+        lambda t: "healthd_gemm_flop_per_second{" in t and "healthd_nccl_busbw_bytes_per_second{" in t
+        and 'healthd_node_verdict{node="testnode",outcome="pass",probe="nccl"' in t, timeout=150
     )
     samples = [(s.name, s.labels, s.value) for family in text_string_to_metric_families(text) for s in family.samples]
 
@@ -70,7 +71,10 @@ def test_daemon_measures_exports_and_stops_cleanly(tmp_path: Path, daemon_factor
     assert busbw and all(v > 0 for v in busbw), busbw
     assert (value("healthd_probe_runs_total", probe="gemm", outcome="pass") or 0) >= 1
     assert (value("healthd_probe_runs_total", probe="nccl", outcome="pass") or 0) >= 1
-    assert value("healthd_node_probe_last_outcome", node="testnode", probe="nccl", outcome="pass") == 1
+    assert value("healthd_node_probe_last_run_timestamp_seconds", node="testnode", probe="nccl")
+    # the default detail ("summary") exports the verdict as one series, its outcome a label value
+    assert [lab["outcome"] for n, lab, v in samples
+            if n == "healthd_node_verdict" and lab["probe"] == "nccl" and v == 1] == ["pass"]
 
     promtool = shutil.which("promtool")
     if promtool is not None:

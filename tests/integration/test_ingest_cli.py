@@ -1,6 +1,6 @@
 """``healthd ingest`` and ``healthd parse`` as real subprocesses against a temporary store, with
 the real captures of ``tests/fixtures/tools/``; then the store, the metrics collector
-(``StoreCollector``) and ``healthd status`` are read back. Every number asserted is read from
+(``healthd.metrics.Exposition``) and ``healthd status`` are read back. Every number asserted is read from
 the fixture named next to it."""
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry
 
 from healthd.ingest import parse_results, run_id_for
-from healthd.metrics import StoreCollector
+from healthd.metrics import render_text
 from healthd.store import Store
 from probes.result import Outcome, ProbeResult
 from tests.golden_files import assert_golden
+from tests.unit.test_metrics import lookup
 
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = REPO / "tests" / "fixtures" / "tools"
@@ -55,10 +55,15 @@ def open_store(config: Path) -> Store:
     return Store(config.parent / "state" / "healthd.sqlite")
 
 
-def metrics(store: Store) -> CollectorRegistry:
-    registry = CollectorRegistry()
-    registry.register(StoreCollector(store.snapshot, lambda: "slurm"))
-    return registry
+class Scraped:
+    """The store's exposition with every detail (``[metrics] detail = "full"``), read back sample by sample."""
+
+    def __init__(self, store: Store) -> None:
+        self.get_sample_value = lookup(render_text(store, "slurm", "full"))
+
+
+def metrics(store: Store) -> Scraped:
+    return Scraped(store)
 
 
 def test_ingest_stores_runs_that_metrics_and_status_show(config: Path) -> None:

@@ -31,6 +31,8 @@ from typing import Any
 
 import pytest
 
+from healthd.metrics import FULL_ONLY
+
 pytestmark = [pytest.mark.slow, pytest.mark.promtool]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,6 +51,12 @@ ALLOWED_EMPTY_METRICS: dict[str, str] = {
        for name in ("healthd_node_finding", "healthd_node_finding_value", "healthd_node_finding_reference",
                     "healthd_node_finding_drop_ratio")},
     "healthd_scaling_busbw_bytes_per_second": "the scaling sweep needs two or more nodes; this test has one",
+    "healthd_drain_recommended": "no drain is recommended on a healthy machine (and no 0 rows with detail = summary)",
+    "healthd_node_probe_baseline_ratio": "a baseline needs several passing runs of the node; this test sees one",
+    **{name: 'exported with [metrics] detail = "full" only; this test runs the default, "summary"'
+       for name in (*FULL_ONLY, "healthd_nccl_algbw_bytes_per_second", "healthd_nccl_time_seconds",
+                    "healthd_gemm_memory_bandwidth_bytes_per_second", "healthd_ddp_step_seconds",
+                    "healthd_ddp_scaling_efficiency_ratio", "healthd_ddp_single_rank_throughput_samples_per_second")},
 }
 """Metrics that may be absent from the scrape. A query that uses one may return nothing."""
 

@@ -16,12 +16,13 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 
-from healthd.metrics import DaemonMetrics, StoreCollector
+from healthd.metrics import DaemonMetrics, render_text
 from healthd.model import Node, Outcome, Verdict
 from healthd.parsers.healthd_json import parse_result
 from healthd.store import Store
+from tests.unit.test_metrics import lookup
 
 ROOT = Path(__file__).resolve().parents[2]
 GRAFANA = ROOT / "grafana"
@@ -147,7 +148,7 @@ def test_the_dashboards_have_the_panels_the_issue_asks_for() -> None:
     assert {"NCCL bus bandwidth vs baseline and floor", "GEMM FLOP/s vs baseline and floor",
             "DDP throughput vs baseline and floor", "Verdict per probe", "Drain recommended"} <= titles["healthd-node"]
     assert {"Probe runs per hour by outcome", "Probe error ratio", "Daemon errors by kind",
-            "Queue wait of the last runs", "GPU-seconds per hour (estimate)", "Scheduler ticks",
+            "Queue wait of the last runs", "GPU-seconds per hour", "Scheduler ticks",
             "Slurm reachable"} <= titles["healthd-probes"]
     reference = [p for p in queries.panels(DASHBOARDS["healthd-node.json"]) if "baseline and floor" in p["title"]]
     for panel in reference:
@@ -211,8 +212,7 @@ def scrape(tmp_path: Path) -> str:
         store.put_verdicts([Verdict("vm", result.probe, Outcome.PASS, reason_code="ok", at=result.finished_at)])
     registry = CollectorRegistry()
     DaemonMetrics(registry)
-    registry.register(StoreCollector(store.snapshot, lambda: "local"))
-    return generate_latest(registry).decode()
+    return render_text(store, "local", "full", registry)
 
 
 def families(text: str) -> set[str]:
@@ -251,9 +251,7 @@ def test_queue_wait_duration_and_gpu_seconds_of_the_newest_run(tmp_path: Path) -
                       result_path=None)
         store.mark_running(run_id, started)
         store.finish_run(run_id, outcome=Outcome.PASS, reason="", finished_at=finished)
-    registry = CollectorRegistry()
-    registry.register(StoreCollector(store.snapshot, lambda: "slurm"))
-    v = registry.get_sample_value
+    v = lookup(render_text(store, "slurm", "full"))
     for node, gpus in (("g1", 8), ("g2", 4)):
         labels = {"node": node, "probe": "nccl"}
         assert v("healthd_node_probe_last_queue_wait_seconds", labels) == 30.0

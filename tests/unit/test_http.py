@@ -6,6 +6,8 @@ import base64
 import contextlib
 import gzip
 import http.client
+import io
+import json
 import resource
 import shutil
 import socket
@@ -15,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import bcrypt
 import pytest
@@ -22,8 +25,11 @@ from prometheus_client import CollectorRegistry, Counter
 
 from healthd.errors import ConfigError
 from healthd.http import ExpositionCache, HttpApp, HttpServer
+from healthd.metrics import Exposition
+from healthd.model import Node, Outcome, Verdict
 from healthd.store import Store
 from healthd.webconfig import BasicAuth, load_web_config
+from probes.result import Measurement, ProbeResult
 
 ServerFactory = Callable[..., HttpServer]
 
@@ -110,15 +116,15 @@ def test_exposition_built_once_per_interval() -> None:
     counter = Counter("c_total", "c", registry=registry)
     now = [100.0]
     cache = ExpositionCache(registry, max_age_s=1.0, clock=lambda: now[0])
-    first, ctype = cache.get("", False)
+    first, ctype = cache.get(False)
     counter.inc()
-    assert cache.get("", False) == (first, ctype)
-    assert gzip.decompress(cache.get("", True)[0]) == first
+    assert cache.get(False) == (first, ctype)
+    assert gzip.decompress(cache.get(True)[0]) == first
     assert cache.builds == 1
     now[0] += 1.0
-    assert b"c_total 1.0" in cache.get("", False)[0]
+    assert b"c_total 1.0" in cache.get(False)[0]
     assert cache.builds == 2
-    assert cache.get("application/openmetrics-text; version=1.0.0", False)[1].startswith("application/openmetrics")
+    assert ctype.startswith("text/plain; version=0.0.4")
 
 
 def test_exposition_rebuilt_after_a_store_commit(tmp_path: Path) -> None:
@@ -127,16 +133,16 @@ def test_exposition_rebuilt_after_a_store_commit(tmp_path: Path) -> None:
     store = Store(tmp_path / "s.sqlite")
     try:
         cache = ExpositionCache(registry, max_age_s=3600.0, version=store.data_version)
-        assert b"c_total 0.0" in cache.get("", False)[0]
+        assert b"c_total 0.0" in cache.get(False)[0]
         counter.inc()
-        assert b"c_total 0.0" in cache.get("", False)[0]
+        assert b"c_total 0.0" in cache.get(False)[0]
         store.bump_counter("x", {})
-        assert b"c_total 1.0" in cache.get("", False)[0]
+        assert b"c_total 1.0" in cache.get(False)[0]
         other = Store(tmp_path / "s.sqlite")
         counter.inc()
         other.bump_counter("x", {})
         other.close()
-        assert b"c_total 2.0" in cache.get("", False)[0]
+        assert b"c_total 2.0" in cache.get(False)[0]
     finally:
         store.close()
 
@@ -310,3 +316,96 @@ def test_check_config_and_the_daemon_validate_the_web_config(tmp_path: Path,
     finally:
         daemon.http.stop()
         daemon.store.close()
+
+
+def api(app: HttpApp, path: str, query: str = "") -> tuple[str, Any]:
+    status: list[str] = []
+    environ = {"REQUEST_METHOD": "GET", "PATH_INFO": path, "QUERY_STRING": query, "wsgi.input": io.BytesIO()}
+    body = b"".join(app(environ, lambda s, h, *a: status.append(s)))
+    return status[0], json.loads(body)
+
+
+@pytest.fixture
+def fleet_app(tmp_path: Path) -> Iterator[HttpApp]:
+    store = Store(tmp_path / "s.sqlite")
+    store.upsert_nodes([Node(f"n{i:02d}", "idle" if i % 2 else "allocated", gpus=8, node_class="a" if i < 10 else "b")
+                        for i in range(25)], 1.0)
+    for i in (3, 4):
+        store.add_run(run_id=f"r{i}", probe="nccl", nodes=[f"n{i:02d}"], backend="slurm", job_id=None,
+                      submitted_at=10.0, result_path=None)
+        store.finish_run(f"r{i}", outcome=Outcome.PASS, reason="", finished_at=20.0, result=ProbeResult(
+            probe="nccl", run_id=f"r{i}", outcome=Outcome.PASS, started_at=10.0, finished_at=20.0,
+            measurements=[Measurement(name="busbw_bytes_per_second", value=float(size), node=f"n{i:02d}",
+                                      labels={"collective": "all_reduce", "size_bytes": str(size), "scope": "node"})
+                          for size in (8192, 1 << 30)]))
+    store.put_verdicts([Verdict("n03", "nccl", Outcome.PASS, reason_code="ok", at=20.0),
+                        Verdict("n04", "nccl", Outcome.DEGRADED, "slow", "baseline_drift", ("r4",), at=20.0),
+                        Verdict("n04", "nccl", Outcome.PASS, reason_code="ok", at=10.0)])
+    yield HttpApp(CollectorRegistry(), store, lambda: (True, "ok"))
+    store.close()
+
+
+def test_nodes_are_paged_with_a_stable_cursor(fleet_app: HttpApp) -> None:
+    names: list[str] = []
+    query = "limit=10"
+    while True:
+        status, doc = api(fleet_app, "/api/v1/nodes", query)
+        assert status == "200 OK" and len(doc["nodes"]) <= 10
+        names += [n["name"] for n in doc["nodes"]]
+        if doc["next_cursor"] is None:
+            break
+        query = f"limit=10&cursor={doc['next_cursor']}"
+    assert names == [f"n{i:02d}" for i in range(25)]
+    _, doc = api(fleet_app, "/api/v1/nodes")
+    assert len(doc["nodes"]) == 25 and doc["next_cursor"] is None
+    (n04,) = [n for n in doc["nodes"] if n["name"] == "n04"]
+    assert [m["labels"]["size_bytes"] for m in n04["probes"]["nccl"]["measurements"]] == [str(1 << 30)]
+    assert n04["verdicts"]["nccl"]["outcome"] == "degraded", "the newest verdict, not the last written"
+
+
+def test_nodes_are_filtered(fleet_app: HttpApp) -> None:
+    def names(query: str) -> list[str]:
+        status, doc = api(fleet_app, "/api/v1/nodes", query)
+        assert status == "200 OK", doc
+        return [n["name"] for n in doc["nodes"]]
+
+    assert names("node_class=a&state=idle") == ["n01", "n03", "n05", "n07", "n09"]
+    assert names("verdict=degraded") == ["n04"]
+    assert names("verdict=pass") == ["n03"]
+    assert names("node_class=nothing") == []
+
+
+@pytest.mark.parametrize(("query", "message"), [
+    ("limit=0", "limit"), ("limit=100000", "limit"), ("limit=x", "limit"), ("cursor=%%%", "cursor"),
+    ("verdict=great", "verdict"), ("colour=red", "unknown parameter"), ("state=idle&state=down", "state"),
+])
+def test_bad_parameters_are_refused_with_a_reason(fleet_app: HttpApp, query: str, message: str) -> None:
+    status, doc = api(fleet_app, "/api/v1/nodes", query)
+    assert status == "400 Bad Request" and message in doc["error"]
+
+
+def test_one_node_in_full_detail(fleet_app: HttpApp) -> None:
+    status, doc = api(fleet_app, "/api/v1/nodes/n04")
+    assert status == "200 OK"
+    assert sorted(m["labels"]["size_bytes"] for m in doc["probes"]["nccl"]["measurements"]) == ["1073741824", "8192"]
+    assert doc["verdicts"]["nccl"]["reason_code"] == "baseline_drift"
+    assert [r["run_id"] for r in doc["recent_runs"]] == ["r4"]
+    assert doc["findings"] == []
+    assert api(fleet_app, "/api/v1/nodes/n99")[0] == "404 Not Found"
+    status, doc = api(fleet_app, "/api/v1/nodes/bad name!")
+    assert status == "400 Bad Request" and "not a node name" in doc["error"]
+
+
+def test_a_scrape_without_refresh_serves_what_the_last_refresh_built(tmp_path: Path) -> None:
+    """The daemon refreshes the exposition after its ticks; a scrape then only joins bytes."""
+    store = Store(tmp_path / "s.sqlite")
+    exposition = Exposition(store, lambda: "slurm")
+    cache = ExpositionCache(CollectorRegistry(), version=store.data_version, exposition=exposition, refresh=False)
+    assert exposition.refresh_if_changed()
+    assert b'node="n1"' not in cache.get(False)[0]
+    store.upsert_nodes([Node("n1", "idle", gpus=8)], 1.0)
+    assert b'node="n1"' not in cache.get(False)[0], "no refresh on a scrape"
+    assert exposition.refresh_if_changed() and not exposition.refresh_if_changed()
+    assert b'healthd_node_gpus{node="n1"} 8.0' in cache.get(False)[0]
+    assert gzip.decompress(cache.get(True)[0]) == cache.get(False)[0]
+    store.close()

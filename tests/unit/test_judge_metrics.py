@@ -1,22 +1,19 @@
-"""The judgement metric families, from a store snapshot: names, labels, values, and promtool's lint."""
+"""The judgement metric families, from the store's exposition: names, labels, values, and promtool's lint."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
+from collections import defaultdict
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, generate_latest
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from healthd.config import JudgeSettings
-from healthd.judge.metrics import (
-    FINDING_LABELS,
-    JudgeCollector,
-    confirmed_finding,
-    judge_metric_families,
-    judge_snapshot,
-)
+from healthd.judge.metrics import FINDING_LABELS, confirmed_finding
 from healthd.judge.model import FleetEvent, JudgeOutput, SeriesKey, SeriesState
+from healthd.metrics import Detail, render_text
 from healthd.model import Outcome, Verdict
 from healthd.store import Store
 from tests.unit.test_judge_engine import Fleet
@@ -51,41 +48,65 @@ def filled_store(tmp_path: Path) -> Store:
     return store
 
 
+def by_sample(store: Store, detail: Detail = "full") -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """Every sample of the store's exposition, by sample name, then by sorted labels."""
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = defaultdict(dict)
+    for family in text_string_to_metric_families(render_text(store, "slurm", detail)):
+        for s in family.samples:
+            out[s.name][tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+JUDGE_SAMPLES = [
+    "healthd_baseline_gemm_flop_per_second", "healthd_baseline_nccl_busbw_bytes_per_second",
+    "healthd_drain_recommended", "healthd_fleet_event_active", "healthd_floor_gemm_flop_per_second",
+    "healthd_floor_nccl_busbw_bytes_per_second", "healthd_node_probe_baseline_ratio",
+    "healthd_node_probe_floor_ratio", "healthd_remediation_actions_total", "healthd_remediation_breaker_open"]
+
+
 def test_families_and_values(tmp_path: Path) -> None:
     store = filled_store(tmp_path)
-    families = {f.name: f for f in judge_metric_families(judge_snapshot(store))}
-    assert "healthd_node_verdict" not in families  # the daemon's StoreCollector exports it unless asked here
-    assert sorted(families) == [
-        "healthd_baseline_gemm_flop_per_second", "healthd_baseline_nccl_busbw_bytes_per_second",
-        "healthd_drain_recommended", "healthd_fleet_event_active", "healthd_floor_gemm_flop_per_second",
-        "healthd_floor_nccl_busbw_bytes_per_second", "healthd_node_finding", "healthd_node_finding_drop_ratio",
-        "healthd_node_finding_reference", "healthd_node_finding_value", "healthd_remediation_actions",
-        "healthd_remediation_breaker_open"]
-
-    def samples(name: str) -> dict[tuple[tuple[str, str], ...], float]:
-        return {tuple(sorted(s.labels.items())): s.value for s in families[name].samples}
-
-    assert samples("healthd_floor_nccl_busbw_bytes_per_second") == {
+    samples = by_sample(store)
+    assert not set(FINDING_FAMILIES) & set(samples), "no confirmed finding: no series"
+    assert sorted(set(samples) & {*JUDGE_SAMPLES, "healthd_node_verdict"}) == sorted(
+        [*JUDGE_SAMPLES, "healthd_node_verdict"])
+    assert samples["healthd_floor_nccl_busbw_bytes_per_second"] == {
         (("node", "n1"), ("nodes", "2"), ("scope", "group"), ("size_bytes", "1073741824")): 1e11}
-    assert samples("healthd_baseline_nccl_busbw_bytes_per_second") == {
+    assert samples["healthd_baseline_nccl_busbw_bytes_per_second"] == {
         (("node", "n2"), ("scope", "node"), ("size_bytes", "1073741824")): 4.8e11}
+    # the worst judged figure of the probe over its reference (n1's GEMM: at its baseline, 4/3 of its floor)
+    assert samples["healthd_node_probe_baseline_ratio"] == {(("node", "n1"), ("probe", "gemm")): 1.0,
+                                                           (("node", "n2"), ("probe", "nccl")): 1.0}
+    assert samples["healthd_node_probe_floor_ratio"][(("node", "n1"), ("probe", "gemm"))] == 7e14 / 5.25e14
     # one series per node: the failing recommendation wins over the degraded one; known nodes show 0
-    assert samples("healthd_drain_recommended") == {(("node", "n1"), ("reason_code", "localised")): 1.0,
+    assert samples["healthd_drain_recommended"] == {(("node", "n1"), ("reason_code", "localised")): 1.0,
                                                     (("node", "n2"), ("reason_code", "")): 0.0}
-    assert samples("healthd_fleet_event_active") == {(("node_class", "a100x8"), ("probe", "gemm")): 0.0,
+    assert samples["healthd_fleet_event_active"] == {(("node_class", "a100x8"), ("probe", "gemm")): 0.0,
                                                      (("node_class", "h100x8"), ("probe", "nccl")): 1.0}
-    actions = samples("healthd_remediation_actions")
+    actions = samples["healthd_remediation_actions_total"]
     assert actions[(("action", "drain"), ("result", "refused"))] == 1.0
     assert actions[(("action", "undrain"), ("result", "done"))] == 0.0
-    assert samples("healthd_remediation_breaker_open") == {(): 1.0}
+    assert samples["healthd_remediation_breaker_open"] == {(): 1.0}
     store.close()
 
 
-def test_exposition_is_valid(tmp_path: Path) -> None:
+def test_summary_keeps_the_ratio_and_drops_references_and_zero_rows(tmp_path: Path) -> None:
     store = filled_store(tmp_path)
-    registry = CollectorRegistry()
-    registry.register(JudgeCollector(store, verdicts=True))
-    text = generate_latest(registry).decode()
+    samples = by_sample(store, "summary")
+    assert not [name for name in samples if name.startswith(("healthd_baseline_", "healthd_floor_"))]
+    assert "healthd_node_probe_floor_ratio" not in samples
+    assert samples["healthd_node_probe_baseline_ratio"][(("node", "n1"), ("probe", "gemm"))] == 1.0
+    assert samples["healthd_drain_recommended"] == {(("node", "n1"), ("reason_code", "localised")): 1.0}
+    assert samples["healthd_node_verdict"] == {
+        (("node", "n1"), ("outcome", "fail"), ("probe", "gemm"), ("reason_code", "below_floor")): 1.0,
+        (("node", "n2"), ("outcome", "pass"), ("probe", "nccl"), ("reason_code", "ok")): 1.0}
+    store.close()
+
+
+@pytest.mark.parametrize("detail", ["summary", "full"])
+def test_exposition_is_valid(tmp_path: Path, detail: Detail) -> None:
+    store = filled_store(tmp_path)
+    text = render_text(store, "slurm", detail)
     assert 'healthd_node_verdict{node="n1",outcome="fail",probe="gemm",reason_code="below_floor"} 1.0' in text
     assert 'healthd_remediation_actions_total{action="drain",result="refused"} 1.0' in text
     promtool = shutil.which("promtool")
@@ -97,8 +118,8 @@ def test_exposition_is_valid(tmp_path: Path) -> None:
 
 
 def finding_samples(store: Store) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
-    families = [f for f in judge_metric_families(judge_snapshot(store)) if f.name.startswith("healthd_node_finding")]
-    return {f.name: {tuple(sorted(s.labels.items())): s.value for s in f.samples} for f in families}
+    samples = by_sample(store, "summary")
+    return {name: samples.get(name, {}) for name in FINDING_FAMILIES}
 
 
 def test_a_confirmed_finding_is_exported_from_confirmation_until_it_clears(tmp_path: Path) -> None:

@@ -1,13 +1,18 @@
 from __future__ import annotations
 
+import gzip
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
 
-from healthd.metrics import DaemonMetrics, StoreCollector
+from healthd.http import ExpositionCache
+from healthd.judge.model import JudgeOutput, SeriesKey, SeriesState
+from healthd.metrics import DaemonMetrics, Detail, Exposition
 from healthd.model import Node, Outcome, Verdict
 from healthd.store import Store
 from probes.result import Measurement, ProbeResult
@@ -37,16 +42,27 @@ def store(tmp_path: Path) -> Store:
     return s
 
 
-def registry_for(store: Store) -> CollectorRegistry:
+def scrape(store: Store, detail: Detail = "full") -> bytes:
+    """What ``/metrics`` serves: the daemon's registry and the store's exposition."""
     reg = CollectorRegistry()
     DaemonMetrics(reg)
-    reg.register(StoreCollector(store.snapshot, lambda: "slurm"))
-    return reg
+    return ExpositionCache(reg, exposition=Exposition(store, lambda: "slurm", detail)).get(False)[0]
+
+
+def samples(text: bytes | str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    text = text.decode() if isinstance(text, bytes) else text
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def lookup(text: bytes | str) -> Callable[..., float | None]:
+    """``get_sample_value`` over an exposition text."""
+    found = samples(text)
+    return lambda name, labels=None: found.get((name, frozenset((labels or {}).items())))
 
 
 def test_values_from_the_store(store: Store) -> None:
-    reg = registry_for(store)
-    v = reg.get_sample_value
+    v = lookup(scrape(store))
     assert v("healthd_gemm_flop_per_second", {"node": "n1", "gpu": "1", "dtype": "bf16"}) == 7.4e14
     group = {"collective": "all_reduce", "size_bytes": "1073741824", "placement": "out_of_place", "scope": "group"}
     assert v("healthd_nccl_busbw_bytes_per_second", {"node": "n1", **group}) == 4.5e11
@@ -55,7 +71,7 @@ def test_values_from_the_store(store: Store) -> None:
     assert v("healthd_node_probe_last_success_timestamp_seconds", {"node": "n2", "probe": "gemm"}) is None
     assert v("healthd_node_probe_last_run_timestamp_seconds", {"node": "n2", "probe": "gemm"}) == 130.0
     assert v("healthd_node_probe_last_outcome", {"node": "n2", "probe": "gemm", "outcome": "error"}) == 1.0
-    assert v("healthd_node_probe_last_outcome", {"node": "n2", "probe": "gemm", "outcome": "pass"}) == 0.0
+    assert v("healthd_node_probe_last_outcome", {"node": "n2", "probe": "gemm", "outcome": "pass"}) is None
     assert v("healthd_probe_runs_total", {"probe": "gemm", "outcome": "pass"}) == 1.0
     assert v("healthd_probe_runs_total", {"probe": "gemm", "outcome": "error"}) == 1.0
     assert v("healthd_probe_seconds_total", {"probe": "nccl"}) == 30.0
@@ -73,22 +89,105 @@ def test_values_from_the_store(store: Store) -> None:
 
 
 def test_no_run_or_job_ids_in_labels(store: Store) -> None:
-    text = generate_latest(registry_for(store)).decode()
+    text = scrape(store).decode()
     for forbidden in ('run_id=', 'job_id=', '"g1"', '"p1"'):
         assert forbidden not in text
 
 
 def test_node_leaving_the_store_leaves_the_scrape(tmp_path: Path) -> None:
     empty = Store(tmp_path / "e.sqlite")
-    text = generate_latest(registry_for(empty)).decode()
+    text = scrape(empty).decode()
     assert 'node="' not in text
 
 
 @pytest.mark.promtool
-def test_promtool_accepts_the_scrape(store: Store) -> None:
+@pytest.mark.parametrize("detail", ["summary", "full"])
+def test_promtool_accepts_the_scrape(store: Store, detail: Detail) -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.skip("promtool not installed (Debian package 'prometheus'); scripts/test.sh installs it")
-    text = generate_latest(registry_for(store))
+    text = scrape(store, detail)
     done = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, timeout=30, check=False)
     assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
+
+
+def eight_gpu_node(store: Store, node: str, at: float) -> None:
+    """One 8-GPU node probed by env, gemm (2 dtypes), nccl (2 collectives x 4 sizes x 2 placements) and ddp,
+    every series judged with a baseline."""
+    per_probe = {
+        "env": [Measurement(name="visible_gpus", value=8, node=node)],
+        "gemm": [Measurement(name="flop_per_second", value=7e14 if d == "bf16" else 1.3e15, node=node,
+                             labels={"gpu": str(g), "dtype": d}) for g in range(8) for d in ("fp8", "bf16")]
+        + [Measurement(name="memory_bandwidth_bytes_per_second", value=2.9e12, node=node, labels={"gpu": str(g)})
+           for g in range(8)],
+        "nccl": [Measurement(name="busbw_bytes_per_second", value=float(size), node=node,
+                             labels={"collective": c, "size_bytes": str(size), "placement": p, "scope": "node"})
+                 for c in ("all_gather", "all_reduce") for size in (8192, 1 << 20, 1 << 26, 1 << 30)
+                 for p in ("in_place", "out_of_place")],
+        "ddp": [Measurement(name="throughput_samples_per_second", value=2400.0, node=node),
+                Measurement(name="step_seconds", value=0.1, node=node, labels={"quantile": "0.5"})],
+    }
+    series = []
+    for probe, ms in per_probe.items():
+        run_id = f"{probe}-{node}-{at}"
+        store.add_run(run_id=run_id, probe=probe, nodes=[node], backend="slurm", job_id=None, submitted_at=at,
+                      result_path=None)
+        store.finish_run(run_id, outcome=Outcome.PASS, reason="", finished_at=at + 10,
+                         result=ProbeResult(probe=probe, run_id=run_id, outcome=Outcome.PASS, started_at=at,
+                                            finished_at=at + 10, measurements=ms))
+        series += [SeriesState(node, SeriesKey.of(probe, m.name, m.labels), [], m.value, at + 10, run_id,
+                               m.value * 0.75, m.value * 1.25, None) for m in ms]
+    store.save_judgement(JudgeOutput(at=at + 10, series=series, verdicts=[
+        Verdict(node, probe, Outcome.PASS, reason_code="ok", at=at + 10) for probe in per_probe]))
+
+
+def node_series(text: bytes, node: str) -> list[str]:
+    return [line for line in text.decode().splitlines() if f'node="{node}"' in line and not line.startswith("#")]
+
+
+def test_summary_keeps_an_eight_gpu_node_within_the_budget(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    store.upsert_nodes([Node("g1", "idle", gpus=8, gpu_type="h100", node_class="h100x8")], 1.0)
+    eight_gpu_node(store, "g1", 100.0)
+    summary, full = scrape(store, "summary"), scrape(store, "full")
+    # 2 + 2 x 4 probes + (1 env + 8 GEMM GPUs + 1 NCCL + 1 DDP) headline + 4 baseline ratios (docs/metrics.md)
+    assert len(node_series(summary, "g1")) == 25
+    assert len(node_series(full, "g1")) > 150
+    v = lookup(summary)
+    assert v("healthd_nccl_busbw_bytes_per_second", {"node": "g1", "collective": "all_reduce", "scope": "node",
+                                                     "size_bytes": str(1 << 30), "placement": "out_of_place"}) == 2**30
+    assert v("healthd_gemm_flop_per_second", {"node": "g1", "gpu": "7", "dtype": "bf16"}) == 7e14
+    assert v("healthd_gemm_flop_per_second", {"node": "g1", "gpu": "7", "dtype": "fp8"}) is None
+    assert v("healthd_node_probe_baseline_ratio", {"node": "g1", "probe": "nccl"}) == pytest.approx(1 / 1.25)
+    assert v("healthd_node_verdict", {"node": "g1", "probe": "gemm", "outcome": "pass", "reason_code": "ok"}) == 1
+    assert lookup(full)("healthd_nccl_busbw_bytes_per_second", {
+        "node": "g1", "collective": "all_gather", "scope": "node", "size_bytes": "8192", "placement": "in_place"})
+    assert not [line for line in node_series(summary, "g1") if line.endswith(" 0.0")], "no zero rows"
+
+
+def test_a_refresh_renders_only_the_nodes_that_changed(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    store.upsert_nodes([Node(f"g{i}", "idle", gpus=8, node_class="h100x8") for i in range(5)], 1.0)
+    for i in range(5):
+        eight_gpu_node(store, f"g{i}", 100.0)
+    exposition = Exposition(store, lambda: "slurm")
+    exposition.refresh()
+    assert exposition.rendered_nodes == 5
+    first = exposition.body()
+    exposition.refresh()
+    assert exposition.rendered_nodes == 5 and exposition.body() == first, "nothing changed: nothing rendered"
+    eight_gpu_node(store, "g3", 200.0)
+    store.upsert_nodes([Node("g4", "drained", gpus=8, node_class="h100x8")], 2.0)
+    exposition.refresh()
+    assert exposition.rendered_nodes == 6, "g3's results; g4's state shows only in healthd_cluster_nodes"
+    text = exposition.body()
+    assert gzip.decompress(exposition.body_gzip()) == text
+    v = lookup(text)
+    assert v("healthd_node_probe_last_run_timestamp_seconds", {"node": "g3", "probe": "gemm"}) == 210.0
+    assert v("healthd_node_probe_last_run_timestamp_seconds", {"node": "g2", "probe": "gemm"}) == 110.0
+    assert v("healthd_cluster_nodes", {"state": "drained"}) == 1.0
+    assert text.count(b"# TYPE healthd_gemm_flop_per_second gauge") == 1, "one family block whatever the pieces"
+    exposition.set_detail("full")
+    exposition.refresh()
+    assert exposition.rendered_nodes == 11
+    assert lookup(exposition.body())("healthd_gemm_flop_per_second", {"node": "g0", "gpu": "0", "dtype": "fp8"})

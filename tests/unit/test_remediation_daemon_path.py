@@ -10,13 +10,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, generate_latest
-
 from healthd.cluster.slurm import SlurmBackend
 from healthd.collector import Collector
 from healthd.config import Settings
-from healthd.judge.metrics import JudgeCollector
 from healthd.judge.persist import judge_collected, load_judge
+from healthd.metrics import render_text
 from healthd.model import Outcome
 from healthd.planning import PlanLimits, plan
 from healthd.remediation import Remediator, recommendations_document
@@ -126,9 +124,7 @@ def test_daemon_path_finds_drains_exports_and_restarts(tmp_path: Path) -> None:
     doc = recommendations_document(daemon.store, settings.remediation)
     assert [(r["node"], r["reason_code"]) for r in doc["recommendations"]] == [("n3", "below_floor")]
 
-    registry = CollectorRegistry()
-    registry.register(JudgeCollector(daemon.store, verdicts=True))
-    text = generate_latest(registry).decode()
+    text = render_text(daemon.store, "slurm", "full")
     samples = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line and not line.startswith("#")}
     assert samples['healthd_drain_recommended{node="n3",reason_code="below_floor"}'] == 1.0

@@ -171,3 +171,48 @@ def test_migration_3_reads_the_run_kind_from_the_old_id_prefixes_once(tmp_path: 
                   submitted_at=2.0, result_path=None)
     assert store.run("sw2-looks-like-a-sweep").kind is RunKind.PROBE  # type: ignore[union-attr]
     assert store.sweeping_classes() == {""}  # the migrated sweep run only
+
+
+def test_migration_5_backfills_the_latest_tables(tmp_path: Path) -> None:
+    """A store of schema 4 with history opens with ``latest`` and ``latest_runs`` as a scan of it gives."""
+    path = tmp_path / "old.sqlite"
+    db = sqlite3.connect(path)
+    for migration in MIGRATIONS[:4]:
+        db.executescript(migration)
+    db.execute("PRAGMA user_version = 4")
+    for run_id, node, outcome, at, value in (("a", "n1", "pass", 10.0, 1.0), ("b", "n1", "fail", 20.0, 2.0),
+                                             ("c", "n1", "skipped", 30.0, None), ("g", None, "pass", 15.0, 5.0)):
+        db.execute("INSERT INTO runs (run_id, probe, backend, state, outcome, submitted_at, started_at, finished_at,"
+                   " duration_s) VALUES (?, 'nccl', 'slurm', 'finished', ?, ?, ?, ?, 1.0)",
+                   (run_id, outcome, at - 5, at - 1, at))
+        for n in ([node] if node else ["n1", "n2"]):
+            db.execute("INSERT INTO run_nodes (run_id, node) VALUES (?, ?)", (run_id, n))
+        if value is not None:
+            db.execute("INSERT INTO measurements (run_id, probe, node, name, labels, value, at)"
+                       " VALUES (?, 'nccl', ?, 'busbw_bytes_per_second', '{}', ?, ?)", (run_id, node, value, at))
+    db.commit()
+    db.close()
+    store = Store(path)
+    assert store.schema_version == SCHEMA_VERSION
+    assert {(m.node, m.value, m.run_id) for m in store.latest_measurements()} == {("n1", 2.0, "b"), ("n2", 5.0, "g")}
+    runs = {r.node: r for r in store.last_runs()}
+    assert (runs["n1"].last_run_id, runs["n1"].last_outcome, runs["n1"].last_success_at) == ("b", Outcome.FAIL, 15.0)
+    assert (runs["n2"].last_run_id, runs["n2"].last_success_at) == ("g", 15.0)
+    (timing,) = [t for t in store.last_run_timings() if t.node == "n1"]
+    assert (timing.queue_wait_s, timing.duration_s) == (4.0, 1.0)
+    store.close()
+
+
+def test_an_older_result_never_replaces_a_newer_latest_value(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    for run_id, at, value in (("new", 100.0, 2.0), ("old", 50.0, 1.0)):
+        store.add_run(run_id=run_id, probe="gemm", nodes=["n1"], backend="slurm", job_id=None, submitted_at=at - 10,
+                      result_path=None)
+        store.finish_run(run_id, outcome=Outcome.PASS, reason="", finished_at=at, result=ProbeResult(
+            probe="gemm", run_id=run_id, outcome=Outcome.PASS, started_at=at - 10, finished_at=at,
+            measurements=[Measurement(name="flop_per_second", value=value, node="n1", labels={"gpu": "0"})]))
+    ((m,), (last,)) = store.latest_measurements(), store.last_runs()
+    assert (m.value, m.run_id, last.last_run_id, last.last_success_at) == (2.0, "new", "new", 100.0)
+    store.prune(older_than=75.0)
+    assert [m.run_id for m in store.latest_measurements()] == ["new"]
+    store.close()

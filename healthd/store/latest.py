@@ -1,0 +1,281 @@
+"""The read side's current state: the newest value of every series (``latest``) and the newest run of every
+(node, probe) (``latest_runs``), both kept in the transaction that finishes a run, so that the metrics and the
+API read what is current without scanning the history. Every row carries the ``seq`` of its last change:
+``changes`` gives the rows changed since a ``ChangeCursor``."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Collection, Iterator, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from healthd.model import Outcome, ProbeResult, Verdict
+from healthd.store.db import Database
+from healthd.store.rows import LastRun, MeasurementRow, RunTiming, canonical_labels
+
+_CHUNK = 500
+
+
+@lru_cache(maxsize=1 << 16)
+def labels_of(text: str) -> dict[str, str]:
+    """The labels of a stored canonical text, shared between the rows that have them (do not change it):
+    a fleet repeats few label sets."""
+    labels: dict[str, str] = json.loads(text)
+    return labels
+
+
+@dataclass(frozen=True)
+class ChangeCursor:
+    """Where ``changes`` stopped reading each table (its highest change mark)."""
+
+    latest: int = 0
+    runs: int = 0
+    verdicts: int = 0
+    series: int = 0
+
+
+_MARKS = (
+    ("latest", "SELECT COALESCE(MAX(seq), 0) FROM latest"),
+    ("runs", "SELECT COALESCE(MAX(seq), 0) FROM latest_runs"),
+    ("verdicts", "SELECT COALESCE(MAX(id), 0) FROM verdicts"),
+    # INSERT OR REPLACE gives a replaced judge series a new rowid above every other one
+    ("series", "SELECT COALESCE(MAX(rowid), 0) FROM judge_series"),
+)
+
+
+def _in(nodes: Sequence[str] | None, column: str = "node") -> Iterator[tuple[str, list[str]]]:
+    """(SQL condition on ``column``, its parameters), in chunks SQLite takes; one unconditional pass for None."""
+    if nodes is None:
+        yield "1", []
+        return
+    for i in range(0, len(nodes), _CHUNK):
+        part = list(nodes[i:i + _CHUNK])
+        yield f"{column} IN ({','.join('?' * len(part))})", part
+
+
+def _verdict(r: Sequence[Any]) -> Verdict:
+    return Verdict(node=r[0], probe=r[1], outcome=Outcome(r[2]), reason=r[3], reason_code=r[4],
+                   run_ids=tuple(json.loads(r[5])), evidence=json.loads(r[6]), at=r[7])
+
+
+def _series_row(r: Sequence[Any]) -> dict[str, Any]:
+    """A judged series as ``judge_series`` gives it, from (probe, name, node, labels, last_value, last_at, floor,
+    baseline, spread)."""
+    return {"node": r[2], "probe": r[0], "name": r[1], "labels": labels_of(r[3]), "last_value": r[4],
+            "last_at": r[5], "floor": r[6], "baseline": r[7], "spread": r[8]}
+
+
+def _names(families: Collection[tuple[str, str]] | None) -> str:
+    """The SQL condition on ``name`` that narrows a read to ``families`` (its parameters: their sorted names)."""
+    if families is None:
+        return ""
+    return f" AND name IN ({','.join('?' * len({n for _, n in families}))})"
+
+
+@dataclass(frozen=True)
+class Changes:
+    """What changed after a ``ChangeCursor`` (``LatestStore.changes``): rows as they are now."""
+
+    latest: tuple[MeasurementRow, ...]
+    runs: tuple[tuple[LastRun, RunTiming], ...]
+    """The newest run of a (node, probe), and its timing (``gpus`` 0: the node's GPUs are the nodes table's)."""
+    verdicts: tuple[Verdict, ...]
+    """In the order they were saved: a later one replaces an earlier one of the same (node, probe)."""
+    series: tuple[dict[str, Any], ...]
+
+
+class LatestStore(Database):
+    @staticmethod
+    def _update_latest(db: sqlite3.Connection, run_id: str, probe: str, outcome: Outcome,
+                       result: ProbeResult | None) -> None:
+        """Bring ``latest`` and ``latest_runs`` up to date with the run just finished (in its transaction)."""
+        seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM latest_runs").fetchone()[0]
+        if outcome is not Outcome.SKIPPED:
+            db.execute(
+                "INSERT INTO latest_runs (node, probe, run_id, outcome, reason, submitted_at, started_at, finished_at,"
+                " duration_s, last_success_at, seq)"
+                " SELECT n.node, r.probe, r.run_id, r.outcome, r.reason, r.submitted_at, r.started_at, r.finished_at,"
+                " r.duration_s, CASE WHEN r.outcome = 'pass' THEN r.finished_at END, ?"
+                " FROM runs r JOIN run_nodes n ON n.run_id = r.run_id WHERE r.run_id = ?"
+                " ON CONFLICT (node, probe) DO UPDATE SET run_id = excluded.run_id, outcome = excluded.outcome,"
+                " reason = excluded.reason, submitted_at = excluded.submitted_at, started_at = excluded.started_at,"
+                " finished_at = excluded.finished_at, duration_s = excluded.duration_s, seq = excluded.seq"
+                " WHERE excluded.finished_at >= latest_runs.finished_at",
+                (seq, run_id),
+            )
+            if outcome is Outcome.PASS:
+                db.execute(
+                    "UPDATE latest_runs SET last_success_at = (SELECT finished_at FROM runs WHERE run_id = ?), seq = ?"
+                    " WHERE probe = ? AND node IN (SELECT node FROM run_nodes WHERE run_id = ?)"
+                    " AND COALESCE(last_success_at, 0) < (SELECT finished_at FROM runs WHERE run_id = ?)",
+                    (run_id, seq, probe, run_id, run_id),
+                )
+        if result is None or not result.measurements:
+            return
+        run_nodes = [r[0] for r in db.execute("SELECT node FROM run_nodes WHERE run_id = ?", (run_id,))]
+        at = db.execute("SELECT finished_at FROM runs WHERE run_id = ?", (run_id,)).fetchone()[0]
+        rows: dict[tuple[str, str, str], float] = {}
+        for m in result.measurements:
+            labels = canonical_labels(m.labels)
+            for node in ([m.node] if m.node is not None else run_nodes):
+                rows[(node, m.name, labels)] = m.value
+        seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM latest").fetchone()[0]
+        db.executemany(
+            "INSERT INTO latest (node, probe, name, labels, value, at, run_id, seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (node, probe, name, labels) DO UPDATE SET value = excluded.value, at = excluded.at,"
+            " run_id = excluded.run_id, seq = excluded.seq WHERE excluded.at >= latest.at",
+            [(node, probe, name, labels, value, at, run_id, seq) for (node, name, labels), value in rows.items()],
+        )
+
+    def latest_measurements(self, nodes: Sequence[str] | None = None,
+                            families: Collection[tuple[str, str]] | None = None) -> list[MeasurementRow]:
+        """The newest value of every (probe, node, name, labels) series (of ``nodes``; of all with None; of the
+        (probe, name) ``families`` only, when given).
+
+        A measurement of a multi-node group (``node`` NULL) counts once for each node of its run.
+        """
+        rows: list[tuple[Any, ...]] = []
+        for where, params in _in(nodes):
+            rows += self._rows(f"SELECT probe, node, name, labels, run_id, value, at FROM latest WHERE {where}"
+                               f"{_names(families)}", [*params, *sorted({n for _, n in families or ()})])
+        if families is not None:
+            rows = [r for r in rows if (r[0], r[2]) in families]
+        rows.sort()
+        return [MeasurementRow(run_id=r[4], probe=r[0], node=r[1], name=r[2], labels=labels_of(r[3]), value=r[5],
+                               at=r[6]) for r in rows]
+
+    def last_runs(self, nodes: Sequence[str] | None = None) -> list[LastRun]:
+        """Per (node, probe): the newest finished run that was not skipped, and when one last passed."""
+        out: list[LastRun] = []
+        for where, params in _in(nodes):
+            out += [LastRun(node=r[0], probe=r[1], last_run_at=r[2], last_outcome=Outcome(r[3]), last_reason=r[4],
+                            last_run_id=r[5], last_success_at=r[6])
+                    for r in self._rows("SELECT node, probe, finished_at, outcome, reason, run_id, last_success_at"
+                                        f" FROM latest_runs WHERE {where}", params)]
+        out.sort(key=lambda r: (r.node, r.probe))
+        return out
+
+    def last_run_timings(self, nodes: Sequence[str] | None = None) -> list[RunTiming]:
+        """Per (node, probe), the newest finished run (the one ``last_runs`` reports): how long it
+        waited between submission and start, how long it ran, and the GPUs of the node it held."""
+        out: list[RunTiming] = []
+        for where, params in _in(nodes, "l.node"):
+            out += [RunTiming(node=r[0], probe=r[1], queue_wait_s=max(0.0, (r[3] or r[2]) - r[2]),
+                              duration_s=r[4] or 0.0, gpus=r[5])
+                    for r in self._rows(
+                        "SELECT l.node, l.probe, l.submitted_at, l.started_at, l.duration_s, COALESCE(n.gpus, 0)"
+                        f" FROM latest_runs l LEFT JOIN nodes n ON n.name = l.node WHERE {where}", params)]
+        out.sort(key=lambda t: (t.node, t.probe))
+        return out
+
+    def current_verdicts_of(self, nodes: Sequence[str] | None) -> list[Verdict]:
+        """The current verdict of every probe of ``nodes`` (of every node with None; as ``current_verdicts``)."""
+        out: list[Verdict] = []
+        for where, params in _in(nodes):
+            out += [_verdict(r)
+                    for r in self._rows(
+                        "SELECT node, probe, outcome, reason, reason_code, run_ids, evidence, at FROM verdicts"
+                        " WHERE id IN (SELECT (SELECT v.id FROM verdicts v WHERE v.node = p.node AND v.probe = p.probe"
+                        "  ORDER BY v.at DESC, v.id DESC LIMIT 1)"
+                        f"  FROM (SELECT DISTINCT node, probe FROM verdicts WHERE {where}) p)", params)]
+        out.sort(key=lambda v: (v.node, v.probe))
+        return out
+
+    def judge_series_of(self, nodes: Sequence[str],
+                        families: Collection[tuple[str, str]] | None = None) -> list[dict[str, Any]]:
+        """The judged series of ``nodes`` (of the (probe, name) ``families`` only, when given) with their latest
+        value, floor and baseline."""
+        rows: list[tuple[Any, ...]] = []
+        for where, params in _in(nodes):
+            rows += self._rows("SELECT probe, name, node, labels, last_value, last_at, floor, baseline, spread"
+                               f" FROM judge_series WHERE {where}{_names(families)}",
+                               [*params, *sorted({n for _, n in families or ()})])
+        if families is not None:
+            rows = [r for r in rows if (r[0], r[1]) in families]
+        rows.sort(key=lambda r: r[:4])
+        return [_series_row(r) for r in rows]
+
+    def node_summaries(self) -> list[tuple[str, str, str | None, str | None, int]]:
+        """(name, state, node class, GPU type, GPUs) of every node, by name: what the metrics show of them."""
+        return [(r[0], r[1], r[2], r[3], r[4]) for r in self._rows(
+            "SELECT name, state, node_class, gpu_type, gpus FROM nodes ORDER BY name", [])]
+
+    def in_flight(self) -> int:
+        """Runs submitted and not finished."""
+        return int(self._rows("SELECT COUNT(*) FROM runs WHERE state != 'finished'", [])[0][0])
+
+    def node_names(self, *, after: str = "", limit: int = 100, state: str | None = None,
+                   node_class: str | None = None, verdict: str | None = None) -> list[str]:
+        """Up to ``limit`` names after ``after``, in order, of the nodes known (discovered, or with a run) in
+        ``state`` and ``node_class`` whose current verdict for some probe is ``verdict`` (None: any)."""
+        def has_verdict(column: str) -> str:
+            return (f"EXISTS (SELECT 1 FROM (SELECT DISTINCT probe FROM verdicts v WHERE v.node = {column}) p"
+                    f" WHERE (SELECT v.outcome FROM verdicts v WHERE v.node = {column} AND v.probe = p.probe"
+                    " ORDER BY v.at DESC, v.id DESC LIMIT 1) = ?)")
+
+        known = ["name > ?"]
+        params: list[Any] = [after]
+        for column, value in (("state", state), ("node_class", node_class)):
+            if value is not None:
+                known.append(f"{column} = ?")
+                params.append(value)
+        if verdict is not None:
+            known.append(has_verdict("nodes.name"))
+            params.append(verdict)
+        # each branch walks its index in order and stops at ``limit``: a page costs what it returns
+        sql = f"SELECT name FROM nodes WHERE {' AND '.join(known)} ORDER BY name LIMIT ?"
+        params.append(limit)
+        if state is None and node_class is None:
+            ran = "r.node > ?" + (f" AND {has_verdict('r.node')}" if verdict is not None else "")
+            sql = (f"SELECT name FROM ({sql}) UNION SELECT node FROM (SELECT DISTINCT r.node FROM latest_runs r"
+                   f" WHERE {ran} ORDER BY r.node LIMIT ?)")
+            params += [after, *([verdict] if verdict is not None else []), limit]
+        return [r[0] for r in self._rows(f"SELECT name FROM ({sql}) ORDER BY name LIMIT ?", [*params, limit])]
+
+    def changes(self, since: ChangeCursor,
+                families: Collection[tuple[str, str]] | None = None) -> tuple[Changes, ChangeCursor]:
+        """The rows of the current state written after ``since`` (every row for ``ChangeCursor()``), of the
+        (probe, name) ``families`` only for measurements and judged series, and the cursor to pass next time.
+        Raises ``LookupError`` when a table went back behind the cursor (rows renumbered): read everything
+        again from ``ChangeCursor()``."""
+        names = sorted({n for _, n in families or ()})
+        with self._lock:
+            marks = {key: int(self._db.execute(top).fetchone()[0]) for key, top in _MARKS}
+            for key, high in marks.items():
+                if high < getattr(since, key):
+                    raise LookupError(f"{key} went back from {getattr(since, key)} to {high}")
+            latest = self._rows("SELECT probe, node, name, labels, run_id, value, at FROM latest"
+                                f" WHERE seq > ? AND seq <= ?{_names(families)}",
+                                [since.latest, marks["latest"], *names])
+            runs = self._rows("SELECT node, probe, finished_at, outcome, reason, run_id, last_success_at,"
+                              " submitted_at, started_at, duration_s FROM latest_runs WHERE seq > ? AND seq <= ?",
+                              [since.runs, marks["runs"]])
+            if since.verdicts == 0:
+                verdicts = self.current_verdicts_of(None)
+            else:
+                verdicts = [_verdict(r) for r in self._rows(
+                    "SELECT node, probe, outcome, reason, reason_code, run_ids, evidence, at FROM verdicts"
+                    " WHERE id > ? AND id <= ? ORDER BY id", [since.verdicts, marks["verdicts"]])]
+            series = self._rows("SELECT probe, name, node, labels, last_value, last_at, floor, baseline, spread"
+                                f" FROM judge_series WHERE rowid > ? AND rowid <= ?{_names(families)}",
+                                [since.series, marks["series"], *names])
+        if families is not None:
+            latest = [r for r in latest if (r[0], r[2]) in families]
+            series = [r for r in series if (r[0], r[1]) in families]
+        return Changes(
+            latest=tuple(MeasurementRow(run_id=r[4], probe=r[0], node=r[1], name=r[2], labels=labels_of(r[3]),
+                                        value=r[5], at=r[6]) for r in latest),
+            runs=tuple((LastRun(node=r[0], probe=r[1], last_run_at=r[2], last_outcome=Outcome(r[3]),
+                                last_reason=r[4], last_run_id=r[5], last_success_at=r[6]),
+                        RunTiming(node=r[0], probe=r[1], queue_wait_s=max(0.0, (r[8] or r[7]) - r[7]),
+                                  duration_s=r[9] or 0.0, gpus=0)) for r in runs),
+            verdicts=tuple(verdicts),
+            series=tuple(_series_row(r) for r in series),
+        ), ChangeCursor(**marks)
+
+    def _rows(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return self._db.execute(sql, params).fetchall()
