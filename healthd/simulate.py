@@ -543,9 +543,20 @@ class SimReport:
         }
 
 
+@dataclass
+class TickTimings:
+    """Wall seconds of each simulated tick's phases (``bench/scale.py`` reads them)."""
+
+    collect: list[float] = field(default_factory=list)
+    judge: list[tuple[float, int]] = field(default_factory=list)
+    """(seconds, results judged) per tick that collected something."""
+    plan: list[float] = field(default_factory=list)
+
+
 class Simulation:
     def __init__(self, scenario: Scenario, workdir: Path, *, echo: bool = True) -> None:
         self.scenario = scenario
+        self.timings = TickTimings()
         self.settings = scenario_settings(scenario, workdir / "state")
         self.cluster = SimCluster(scenario, reason_prefix=self.settings.remediation.reason_prefix)
         self.store = Store(workdir / "sim.sqlite")
@@ -607,16 +618,21 @@ class Simulation:
 
     def _tick(self, rnd: int, line: RoundLine) -> None:
         now = self.cluster.now
+        clock = time.perf_counter()
         done = self.collector.collect()
+        self.timings.collect.append(time.perf_counter() - clock)
         for c in done:
             line.runs[c.outcome.value] += 1
         if done:
+            clock = time.perf_counter()
             out = judge_collected(self.judge, self.store, done, now=now, nodes=self.nodes)
+            self.timings.judge.append((time.perf_counter() - clock, len(done)))
             actions = self.remediator.apply(out)
             self._account(rnd, line, out, actions, done)
         self.nodes = self.cluster.list_nodes()
         self.store.upsert_nodes(self.nodes, now)
         probes = self.settings.probes
+        clock = time.perf_counter()
         runs = self.store.unfinished_runs()
         attempts = self.store.last_attempts()
         requests = self.judge.priority_requests(self.remediator.recheck_nodes(), probes, attempts, now)
@@ -624,6 +640,7 @@ class Simulation:
         jobs = plan(self.nodes, probes=probes, last_attempts=attempts,
                     busy_nodes={n for r in runs for n in r.nodes}, in_flight=len(runs), now=now,
                     limits=self.limits, priority=requests)
+        self.timings.plan.append(time.perf_counter() - clock)
         for job in jobs:
             self.collector.launch(job)
         self.jobs += len(jobs)

@@ -39,6 +39,7 @@ class Database:
         self.path = path
         self._lock = threading.RLock()
         self._commits = 0
+        self._series_ids: dict[tuple[str, str, str, tuple[tuple[str, str], ...]], int] = {}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=BUSY_TIMEOUT_S)

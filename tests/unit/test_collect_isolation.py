@@ -103,14 +103,14 @@ def test_a_result_the_store_refuses_closes_that_run_as_error(
     daemon: Daemon, fake: FakeSlurmClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     bad, good = launch_two(daemon, fake)
-    real = daemon.store.finish_run
+    real = daemon.store._insert_result
 
-    def finish_run(run_id: str, **kw: object) -> bool:
-        if run_id == bad and kw.get("result") is not None:
-            raise sqlite3.IntegrityError("NOT NULL constraint failed: measurements.value")
-        return real(run_id, **kw)  # type: ignore[arg-type]
+    def insert_result(db: sqlite3.Connection, position: int, run_id: str, probe: str, result: ProbeResult) -> None:
+        if run_id == bad:
+            raise sqlite3.IntegrityError("NOT NULL constraint failed: samples.value")
+        real(db, position, run_id, probe, result)
 
-    monkeypatch.setattr(daemon.store, "finish_run", finish_run)
+    monkeypatch.setattr(daemon.store, "_insert_result", insert_result)
     daemon.collect()
     bad_run, good_run = daemon.store.run(bad), daemon.store.run(good)
     assert bad_run is not None and bad_run.outcome is Outcome.ERROR and "NOT NULL constraint" in bad_run.reason

@@ -1,0 +1,227 @@
+"""How healthd scales with the fleet (issue 18): an N-node history built through the real code paths.
+
+The simulator's in-memory cluster (``healthd.simulate``) runs ``--rounds`` rounds of gemm and nccl on
+``--nodes`` 8-GPU nodes (1% of them faulty) through the real collector, store, judge, remediation and
+planner; ``--days`` of older history are then written through the store's batched write path (the
+simulated rounds' results, shifted back one day at a time, ``--day-rounds`` rounds per day) and the
+housekeeping rollup is applied, as the daemon would. Then it measures:
+
+- ``scrape_ms``, ``scrape_bytes``, ``series``: one ``/metrics`` build (the daemon's registry);
+- ``api_nodes_page_ms``: one ``GET /api/v1/nodes?limit=100`` through the WSGI app;
+- ``plan_tick_ms``, ``collect_tick_ms``: median of the last round's ticks;
+- ``judge_ms_per_result``: the last round's judging time over its results;
+- ``store_10k_results_s``: 10,000 results stored the way the collector stores a tick's results;
+- ``store_mb_per_day``: the store's growth over the simulated rounds, per simulated day;
+- ``rss_mb``, ``startup_s``: peak RSS and judge-state load of a fresh process that opens the store,
+  loads the judge (the daemon's start-up) and builds one scrape.
+
+    .venv/bin/python bench/scale.py --nodes 1000 --json [--days 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+from wsgiref.util import setup_testing_defaults
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from healthd.http import HttpApp
+from healthd.judge.persist import load_judge
+from healthd.logging import setup_logging
+from healthd.metrics import StoreCollector
+from healthd.model import Outcome, RunKind
+from healthd.simulate import Scenario, Simulation, scenario_settings
+from healthd.store import Store
+from healthd.store.runs import FinishedRun
+from probes.result import Measurement, ProbeResult
+
+KEYS = ("nodes", "series", "scrape_ms", "scrape_bytes", "api_nodes_page_ms", "plan_tick_ms", "collect_tick_ms",
+        "judge_ms_per_result", "store_10k_results_s", "rss_mb", "store_mb_per_day")
+DAY_S = 86400.0
+
+
+def scenario(nodes: int, rounds: int) -> Scenario:
+    """``nodes`` 8xH100 nodes, the judgement benchmark's series, 1% of the nodes 15% slow from round 2."""
+    width = len(str(nodes - 1))
+    faulty = [f"gpu{i:0{width}d}" for i in range(0, nodes, 100)]
+    return Scenario.model_validate({
+        "name": f"scale-{nodes}", "seed": 7, "rounds": rounds, "round_s": 900.0, "tick_s": 90.0,
+        "probe_seconds": {"gemm": 45.0, "nccl": 75.0},
+        "healthd": {
+            "backend": "local",
+            "probes": {"gemm": {"interval_s": 840.0, "jitter_s": 60.0, "timeout_s": 180.0},
+                       "nccl": {"interval_s": 840.0, "jitter_s": 60.0, "timeout_s": 180.0, "nodes_per_job": 2}},
+            "slurm": {"max_concurrent_jobs": max(8, nodes), "max_idle_share": 1.0},
+            "remediation": {"mode": "recommend"},
+        },
+        "classes": [{"name": "h100x8", "count": nodes, "prefix": "gpu", "gpus": 8, "gpu_type": "h100", "series": [
+            {"probe": "gemm", "name": "flop_per_second", "per": "gpu", "labels": {"dtype": "bf16"}, "value": 700e12},
+            {"probe": "gemm", "name": "memory_bandwidth_bytes_per_second", "per": "gpu", "value": 2.9e12},
+            {"probe": "nccl", "name": "busbw_bytes_per_second", "per": "node",
+             "labels": {"collective": "all_reduce", "size_bytes": "1073741824", "scope": "node"}, "value": 480e9},
+            {"probe": "nccl", "name": "busbw_bytes_per_second", "per": "group",
+             "labels": {"collective": "all_reduce", "size_bytes": "1073741824", "scope": "group"}, "value": 440e9},
+        ]}],
+        "faults": [{"kind": "node", "node": n, "probe": "nccl", "name": "busbw_bytes_per_second", "factor": 0.85,
+                    "from_round": 2} for n in faulty],
+    })
+
+
+def _size_mb(path: Path) -> float:
+    return sum(p.stat().st_size for p in path.parent.glob(path.name + "*")) / 1e6
+
+
+def synthetic_results(count: int, nodes: list[str], at: float, prefix: str) -> list[tuple[str, str, ProbeResult]]:
+    """``count`` gemm results (16 measurements each, like one 8-GPU node's), for the write benchmark."""
+    out = []
+    for i in range(count):
+        node = nodes[i % len(nodes)]
+        ms = [Measurement.model_construct(name=name, value=1e12 + i, labels={**labels, "gpu": str(g)}, node=node,
+                                          per_rank=None)
+              for g in range(8) for name, labels in (("flop_per_second", {"dtype": "bf16"}),
+                                                     ("memory_bandwidth_bytes_per_second", {}))]
+        run_id = f"{prefix}{i:06d}"
+        out.append((run_id, node, ProbeResult(probe="gemm", run_id=run_id, outcome=Outcome.PASS, reason="",
+                                              started_at=at - 45, finished_at=at, nodes=[node], measurements=ms)))
+    return out
+
+
+def store_results(store: Store, results: list[tuple[str, str, ProbeResult]]) -> float:
+    """Seconds to record and close ``results`` as the collector does: runs added at launch, closed in one batch."""
+    for run_id, node, r in results:
+        store.add_run(run_id=run_id, probe=r.probe, nodes=[node], backend="sim", job_id=None,
+                      submitted_at=r.started_at, result_path=None, kind=RunKind.PROBE)
+    started = time.perf_counter()
+    store.finish_runs([FinishedRun(run_id, Outcome.PASS, "", r.finished_at, r, r.started_at, judge=False)
+                       for run_id, _, r in results])
+    return time.perf_counter() - started
+
+
+def backfill(store: Store, days: int, day_rounds: int, sim_start: float) -> None:
+    """``days`` of older history: the simulated rounds' results again, one day further back each time."""
+    runs = [r for r in store.recent_runs(limit=10**9) if r.state == "finished" and r.outcome is not None]
+    by_round = sorted(runs, key=lambda r: r.submitted_at)[: day_rounds * max(1, len(runs) // max(1, day_rounds))]
+    for day in range(1, days + 1):
+        shift = day * DAY_S
+        batch = []
+        for r in by_round:
+            ms = [Measurement.model_construct(name=m.name, value=m.value, labels=m.labels, node=m.node, per_rank=None)
+                  for m in store.measurements(run_id=r.run_id)]
+            run_id = f"d{day}-{r.run_id}"
+            at = (r.finished_at or sim_start) - shift
+            result = ProbeResult(probe=r.probe, run_id=run_id, outcome=r.outcome or Outcome.PASS, reason=r.reason,
+                                 started_at=at - (r.duration_s or 0.0), finished_at=at, nodes=list(r.nodes),
+                                 measurements=ms)
+            store.add_run(run_id=run_id, probe=r.probe, nodes=r.nodes, backend="sim", job_id=None,
+                          submitted_at=r.submitted_at - shift, result_path=None, kind=RunKind.PROBE)
+            batch.append(FinishedRun(run_id, result.outcome, r.reason, at, result, result.started_at, judge=False))
+        store.finish_runs(batch)
+
+
+def fresh_process(db: Path, settings_dir: Path, nodes: int) -> dict[str, float]:
+    """Peak RSS and judge start-up of a new process over the store (what a restarted daemon pays)."""
+    out = subprocess.run([sys.executable, __file__, "--fresh", str(db), "--workdir", str(settings_dir),
+                          "--nodes", str(nodes)], capture_output=True, text=True, timeout=3600, check=True)
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def _fresh(db: Path, workdir: Path, nodes: int) -> None:
+    settings = scenario_settings(scenario(nodes, 1), workdir / "state")
+    store = Store(db)
+    started = time.perf_counter()
+    load_judge(store, settings.judge, now=store_now(store))
+    startup = time.perf_counter() - started
+    registry = CollectorRegistry()
+    registry.register(StoreCollector(store.snapshot, lambda: "sim"))
+    generate_latest(registry)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"rss_mb": round(rss, 1), "startup_s": round(startup, 3)}))
+
+
+def store_now(store: Store) -> float:
+    newest = store.recent_runs(limit=1)
+    return (newest[0].finished_at or newest[0].submitted_at) if newest else time.time()
+
+
+def api_page_ms(store: Store, registry: CollectorRegistry) -> float:
+    app = HttpApp(registry, store, lambda: (True, "ok"))
+    environ: dict[str, Any] = {"PATH_INFO": "/api/v1/nodes", "QUERY_STRING": "limit=100"}
+    setup_testing_defaults(environ)
+    started = time.perf_counter()
+    b"".join(app(environ, lambda status, headers, exc_info=None: lambda data: None))
+    return (time.perf_counter() - started) * 1000
+
+
+def run(nodes: int, rounds: int, days: int, day_rounds: int, workdir: Path) -> dict[str, Any]:
+    sim = Simulation(scenario(nodes, rounds), workdir, echo=False)
+    db = workdir / "sim.sqlite"
+    sim.run()
+    simulated_s = rounds * sim.scenario.round_s
+    grown_mb = _size_mb(db)
+    ticks = round(sim.scenario.round_s / sim.scenario.tick_s)
+    judged = sim.timings.judge[-ticks:]
+    if days:
+        backfill(sim.store, days, day_rounds, store_now(sim.store))
+        sim.store.rollup(older_than=store_now(sim.store) - sim.settings.store.detail_days * DAY_S)
+    registry = CollectorRegistry()
+    registry.register(StoreCollector(sim.store.snapshot, lambda: "sim"))
+    started = time.perf_counter()
+    body = generate_latest(registry)
+    scrape_ms = (time.perf_counter() - started) * 1000
+    series = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
+    api_ms = api_page_ms(sim.store, registry)
+    names = sorted(sim.cluster.nodes)
+    store_s = store_results(sim.store, synthetic_results(10_000, names, store_now(sim.store) + 60, "w"))
+    sim.store.close()
+    fresh = fresh_process(db, workdir, nodes)
+    return {
+        "nodes": nodes, "series": series, "scrape_ms": round(scrape_ms, 1), "scrape_bytes": len(body),
+        "api_nodes_page_ms": round(api_ms, 1),
+        "plan_tick_ms": round(statistics.median(sim.timings.plan[-ticks:]) * 1000, 1),
+        "collect_tick_ms": round(statistics.median(sim.timings.collect[-ticks:]) * 1000, 1),
+        "judge_ms_per_result": round(sum(s for s, _ in judged) * 1000 / max(1, sum(n for _, n in judged)), 3),
+        "store_10k_results_s": round(store_s, 2), "rss_mb": fresh["rss_mb"],
+        "store_mb_per_day": round(grown_mb * DAY_S / simulated_s, 1),
+        "startup_s": fresh["startup_s"], "days": days, "rounds": rounds, "store_mb": round(_size_mb(db), 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--nodes", type=int, default=1000)
+    ap.add_argument("--rounds", type=int, default=3, help="simulated rounds of 15 min (default 3)")
+    ap.add_argument("--days", type=int, default=0, help="days of older history written before measuring")
+    ap.add_argument("--day-rounds", type=int, default=2, help="rounds of results per backfilled day (default 2)")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--workdir", type=Path)
+    ap.add_argument("--fresh", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    setup_logging("error")
+    if args.fresh is not None:
+        _fresh(args.fresh, args.workdir, args.nodes)
+        return 0
+    if args.workdir is not None:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+        result = run(args.nodes, args.rounds, args.days, args.day_rounds, args.workdir)
+    else:
+        with tempfile.TemporaryDirectory(prefix="healthd-scale-") as tmp:
+            result = run(args.nodes, args.rounds, args.days, args.day_rounds, Path(tmp))
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+    else:
+        for key, value in result.items():
+            print(f"{key:>22}  {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
