@@ -106,21 +106,24 @@ def store_results(store: Store, results: list[tuple[str, str, ProbeResult]]) -> 
     return time.perf_counter() - started
 
 
-def backfill(store: Store, days: int, day_rounds: int, sim_start: float) -> None:
-    """``days`` of older history: the simulated rounds' results again, one day further back each time."""
-    runs = [r for r in store.recent_runs(limit=10**9) if r.state == "finished" and r.outcome is not None]
-    by_round = sorted(runs, key=lambda r: r.submitted_at)[: day_rounds * max(1, len(runs) // max(1, day_rounds))]
-    for day in range(1, days + 1):
+def backfill(store: Store, days: int, day_rounds: int, round_s: float) -> None:
+    """``days`` of older history: the last ``day_rounds`` simulated rounds' results again, one day further
+    back each time, stored the way the collector stores them."""
+    newest = store_now(store)
+    runs = [r for r in store.recent_runs(limit=10**9)
+            if r.state == "finished" and r.outcome is not None and r.submitted_at >= newest - day_rounds * round_s]
+    values = {r.run_id: [Measurement.model_construct(name=m.name, value=m.value, labels=m.labels, node=m.node,
+                                                     per_rank=None) for m in store.measurements(run_id=r.run_id)]
+              for r in runs}
+    for day in range(days, 0, -1):
         shift = day * DAY_S
         batch = []
-        for r in by_round:
-            ms = [Measurement.model_construct(name=m.name, value=m.value, labels=m.labels, node=m.node, per_rank=None)
-                  for m in store.measurements(run_id=r.run_id)]
+        for r in runs:
             run_id = f"d{day}-{r.run_id}"
-            at = (r.finished_at or sim_start) - shift
+            at = (r.finished_at or r.submitted_at) - shift
             result = ProbeResult(probe=r.probe, run_id=run_id, outcome=r.outcome or Outcome.PASS, reason=r.reason,
                                  started_at=at - (r.duration_s or 0.0), finished_at=at, nodes=list(r.nodes),
-                                 measurements=ms)
+                                 measurements=values[r.run_id])
             store.add_run(run_id=run_id, probe=r.probe, nodes=r.nodes, backend="sim", job_id=None,
                           submitted_at=r.submitted_at - shift, result_path=None, kind=RunKind.PROBE)
             batch.append(FinishedRun(run_id, result.outcome, r.reason, at, result, result.started_at, judge=False))
@@ -170,7 +173,7 @@ def run(nodes: int, rounds: int, days: int, day_rounds: int, workdir: Path) -> d
     ticks = round(sim.scenario.round_s / sim.scenario.tick_s)
     judged = sim.timings.judge[-ticks:]
     if days:
-        backfill(sim.store, days, day_rounds, store_now(sim.store))
+        backfill(sim.store, days, day_rounds, sim.scenario.round_s)
         sim.store.rollup(older_than=store_now(sim.store) - sim.settings.store.detail_days * DAY_S)
     registry = CollectorRegistry()
     registry.register(StoreCollector(sim.store.snapshot, lambda: "sim"))

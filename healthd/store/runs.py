@@ -11,16 +11,16 @@ from typing import Any
 
 from healthd.errors import StoreError
 from healthd.model import Outcome, ProbeResult, RunKind
-from probes.result import Measurement
 from healthd.store.db import Database
 from healthd.store.rows import LastRun, MeasurementRow, RollupRow, RunRow, RunTiming, canonical_labels
-
+from probes.result import Measurement
 
 SERIES_CACHE = 200_000
 """Series ids kept in memory (the cache starts over when full)."""
 ROLLUP_BATCH = 2000
 """Runs rolled up per transaction (housekeeping holds the write lock this long at most)."""
-ROLLUP_WATERMARK = "rollup_position"
+ROLLUP_AT = "rollup_finished_at"
+ROLLUP_POSITION = "rollup_position"
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,9 @@ class RunsStore(Database):
                     " DO UPDATE SET submitted_at = MAX(submitted_at, excluded.submitted_at)",
                     [(n, probe, submitted_at) for n in nodes],
                 )
+        if kind is not RunKind.INGEST and self._attempts is not None:
+            for n in nodes:
+                self._attempts[(n, probe)] = max(submitted_at, self._attempts.get((n, probe), submitted_at))
 
     def set_job_id(self, run_id: str, job_id: str) -> None:
         with self._tx() as db:
@@ -136,6 +139,7 @@ class RunsStore(Database):
                     out.append(self._finish(db, run, known, bumps))
                 except sqlite3.IntegrityError as exc:
                     db.execute("ROLLBACK TO one_run")
+                    self._series_ids.clear()
                     out.append(self._finish(db, refused(run, exc), known, bumps))
                 db.execute("RELEASE one_run")
             for (name, probe, outcome), by in sorted(bumps.items()):
@@ -302,9 +306,13 @@ class RunsStore(Database):
         ]
 
     def last_attempts(self) -> dict[tuple[str, str], float]:
-        """Per (node, probe): when a run was last submitted, whatever became of it (for planning)."""
+        """Per (node, probe): when a run was last submitted, whatever became of it (for planning). Read from
+        the store once, then kept in memory as this object adds runs."""
         with self._lock:
-            return {(r[0], r[1]): r[2] for r in self._db.execute("SELECT node, probe, submitted_at FROM attempts")}
+            if self._attempts is None:
+                self._attempts = {(r[0], r[1]): r[2]
+                                  for r in self._db.execute("SELECT node, probe, submitted_at FROM attempts")}
+            return dict(self._attempts)
     # -- measurements -----------------------------------------------------------------------
     def latest_measurements(self) -> list[MeasurementRow]:
         """The newest value of every (probe, node, name, labels) series.
@@ -372,41 +380,41 @@ class RunsStore(Database):
         return int(deleted)
 
     def rollup(self, *, older_than: float, batch: int = ROLLUP_BATCH) -> int:
-        """Fold the per-value detail of runs submitted before ``older_than`` into per-node daily summaries
+        """Fold the per-value detail of runs finished before ``older_than`` into per-node daily summaries
         (``rollups``: count, min, mean and max of each node's series, its GPUs pooled) and delete that
-        detail and the run's passed checks. Incremental: runs are taken in store order from where the last
-        call stopped, ``batch`` per transaction, up to the first one that is too young or unfinished.
-        Returns how many runs were folded."""
+        detail and the runs' passed checks. Incremental: runs are taken in order of finish from where the
+        last call stopped, ``batch`` per transaction (a run stored later with an older finish, such as an
+        ingested one, keeps its detail until ``prune``). Returns how many runs were folded."""
         folded = 0
         while True:
             with self._tx() as db:
-                row = db.execute("SELECT value FROM store_state WHERE key = ?", (ROLLUP_WATERMARK,)).fetchone()
-                after = int(row[0]) if row else 0
-                last = after
-                for position, submitted_at, state in db.execute(
-                        "SELECT rowid, submitted_at, state FROM runs WHERE rowid > ? ORDER BY rowid LIMIT ?",
-                        (after, batch)):
-                    if submitted_at >= older_than or state != "finished":
-                        break
-                    last = position
-                if last == after:
+                mark = dict(db.execute("SELECT key, value FROM store_state WHERE key IN (?, ?)",
+                                       (ROLLUP_AT, ROLLUP_POSITION)).fetchall())
+                at, position = mark.get(ROLLUP_AT, float("-inf")), int(mark.get(ROLLUP_POSITION, 0))
+                chosen = db.execute(
+                    "SELECT rowid, finished_at FROM runs WHERE state = 'finished' AND finished_at < ?"
+                    " AND (finished_at > ? OR (finished_at = ? AND rowid > ?)) ORDER BY finished_at, rowid LIMIT ?",
+                    (older_than, at, at, position, batch)).fetchall()
+                if not chosen:
                     return folded
-                self._fold(db, after, last)
-                db.execute("INSERT INTO store_state (key, value) VALUES (?, ?)"
-                           " ON CONFLICT (key) DO UPDATE SET value = excluded.value", (ROLLUP_WATERMARK, last))
-                folded += int(db.execute("SELECT COUNT(*) FROM runs WHERE rowid > ? AND rowid <= ?",
-                                         (after, last)).fetchone()[0])
+                self._fold(db, json.dumps([r[0] for r in chosen]))
+                db.executemany("INSERT INTO store_state (key, value) VALUES (?, ?)"
+                               " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                               [(ROLLUP_AT, chosen[-1][1]), (ROLLUP_POSITION, chosen[-1][0])])
+                folded += len(chosen)
 
     @staticmethod
-    def _fold(db: sqlite3.Connection, after: int, last: int) -> None:
+    def _fold(db: sqlite3.Connection, positions: str) -> None:
+        """Fold the runs at ``positions`` (a JSON list of ``runs`` rowids)."""
         sums: dict[tuple[str, str, str, str, int], list[float]] = {}
         pooled: dict[str, str] = {}
         for node, probe, name, labels, day, value in db.execute(
             "SELECT COALESCE(NULLIF(s.node, ''), rn.node), s.probe, s.name, s.labels,"
             " CAST(r.finished_at / 86400 AS INTEGER), x.value"
             " FROM samples x JOIN runs r ON r.rowid = x.run JOIN series s ON s.id = x.series"
-            " LEFT JOIN run_nodes rn ON s.node = '' AND rn.run_id = r.run_id WHERE x.run > ? AND x.run <= ?",
-            (after, last),
+            " LEFT JOIN run_nodes rn ON s.node = '' AND rn.run_id = r.run_id"
+            " WHERE x.run IN (SELECT value FROM json_each(?))",
+            (positions,),
         ):
             if labels not in pooled:
                 pooled[labels] = canonical_labels({k: v for k, v in json.loads(labels).items() if k != "gpu"})
@@ -422,9 +430,9 @@ class RunsStore(Database):
             " mean = (mean * n + excluded.mean * excluded.n) / (n + excluded.n)",
             [(*key, int(n), lo, total / n, hi) for key, (n, lo, total, hi) in sums.items()],
         )
-        db.execute("DELETE FROM samples WHERE run > ? AND run <= ?", (after, last))
-        db.execute("DELETE FROM checks WHERE ok = 1 AND run_id IN (SELECT run_id FROM runs WHERE rowid > ? AND rowid <= ?)",
-                   (after, last))
+        db.execute("DELETE FROM samples WHERE run IN (SELECT value FROM json_each(?))", (positions,))
+        db.execute("DELETE FROM checks WHERE ok = 1 AND run_id IN"
+                   " (SELECT run_id FROM runs WHERE rowid IN (SELECT value FROM json_each(?)))", (positions,))
 
     def rollups(self, *, node: str | None = None, probe: str | None = None) -> list[RollupRow]:
         """The per-node daily summaries of history beyond the detail window, oldest day first."""
