@@ -11,7 +11,9 @@ housekeeping rollup is applied, as the daemon would. Then it measures:
 - ``plan_tick_ms``, ``collect_tick_ms``: median of the last round's ticks;
 - ``judge_ms_per_result``: the last round's judging time over its results;
 - ``store_10k_results_s``: 10,000 results stored the way the collector stores a tick's results;
-- ``store_mb_per_day``: the store's growth over the simulated rounds, per simulated day;
+- ``store_mb_per_day``: the growth of the history tables (``HISTORY``) over the last simulated round,
+  per day at the scenario's schedule (gemm and nccl every 14-15 min on every node), with
+  ``bytes_per_run`` and ``runs_per_day``; ``store_mb``: the whole store at the end;
 - ``rss_mb``, ``startup_s``: peak RSS and judge-state load of a fresh process that opens the store,
   loads the judge (the daemon's start-up) and builds one scrape.
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -76,8 +79,25 @@ def scenario(nodes: int, rounds: int) -> Scenario:
     })
 
 
-def _size_mb(path: Path) -> float:
-    return sum(p.stat().st_size for p in path.parent.glob(path.name + "*")) / 1e6
+HISTORY = ("runs", "run_nodes", "samples", "series", "checks", "rollups", "attempts", "counters")
+"""The tables that grow with days of history (with their indexes); the judge's tables hold per-series
+state (a bounded window of passing values) and the confirmation window's marks: bounded by the fleet."""
+
+
+def _size_mb(path: Path, tables: tuple[str, ...] = ()) -> float:
+    """The pages the store uses (its WAL included, free pages not); of ``tables`` and their indexes if given."""
+    db = sqlite3.connect(path)
+    try:
+        if tables:
+            marks = ",".join("?" * len(tables))
+            used = db.execute(f"SELECT COALESCE(SUM(pgsize), 0) FROM dbstat WHERE name IN"
+                              f" (SELECT name FROM sqlite_master WHERE tbl_name IN ({marks}))", tables).fetchone()[0]
+            return float(used / 1e6)
+        pages, free, size = (db.execute(f"PRAGMA {p}").fetchone()[0] for p in ("page_count", "freelist_count",
+                                                                              "page_size"))
+    finally:
+        db.close()
+    return float((pages - free) * size / 1e6)
 
 
 def synthetic_results(count: int, nodes: list[str], at: float, prefix: str) -> list[tuple[str, str, ProbeResult]]:
@@ -164,12 +184,22 @@ def api_page_ms(store: Store, registry: CollectorRegistry) -> float:
     return (time.perf_counter() - started) * 1000
 
 
-def run(nodes: int, rounds: int, days: int, day_rounds: int, workdir: Path) -> dict[str, Any]:
+def run(nodes: int, rounds: int, days: int, day_rounds: int, workdir: Path, store_count: int = 10_000
+        ) -> dict[str, Any]:
     sim = Simulation(scenario(nodes, rounds), workdir, echo=False)
     db = workdir / "sim.sqlite"
+    sizes: dict[int, float] = {}
+    jobs: dict[int, int] = {}
+
+    def measure(rnd: int) -> None:
+        sizes[rnd], jobs[rnd] = _size_mb(db, HISTORY), sim.jobs
+
+    sim.on_round = measure
     sim.run()
-    simulated_s = rounds * sim.scenario.round_s
-    grown_mb = _size_mb(db)
+    # steady state: the last round's growth (the first rounds also fill the series dictionary and judge state)
+    grown_mb = sizes[rounds] - sizes.get(rounds - 1, 0.0)
+    round_jobs = jobs[rounds] - jobs.get(rounds - 1, 0)
+    simulated_s = sim.scenario.round_s
     ticks = round(sim.scenario.round_s / sim.scenario.tick_s)
     judged = sim.timings.judge[-ticks:]
     if days:
@@ -183,7 +213,8 @@ def run(nodes: int, rounds: int, days: int, day_rounds: int, workdir: Path) -> d
     series = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
     api_ms = api_page_ms(sim.store, registry)
     names = sorted(sim.cluster.nodes)
-    store_s = store_results(sim.store, synthetic_results(10_000, names, store_now(sim.store) + 60, "w"))
+    store_s = store_results(sim.store, synthetic_results(store_count, names, store_now(sim.store) + 60, "w"))
+    store_s *= 10_000 / store_count
     sim.store.close()
     fresh = fresh_process(db, workdir, nodes)
     return {
@@ -194,7 +225,9 @@ def run(nodes: int, rounds: int, days: int, day_rounds: int, workdir: Path) -> d
         "judge_ms_per_result": round(sum(s for s, _ in judged) * 1000 / max(1, sum(n for _, n in judged)), 3),
         "store_10k_results_s": round(store_s, 2), "rss_mb": fresh["rss_mb"],
         "store_mb_per_day": round(grown_mb * DAY_S / simulated_s, 1),
-        "startup_s": fresh["startup_s"], "days": days, "rounds": rounds, "store_mb": round(_size_mb(db), 1),
+        "startup_s": fresh["startup_s"], "bytes_per_run": round(grown_mb * 1e6 / max(1, round_jobs)),
+        "runs_per_day": round(round_jobs * DAY_S / simulated_s), "days": days, "rounds": rounds,
+        "store_mb": round(_size_mb(db), 1),
     }
 
 
@@ -204,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="simulated rounds of 15 min (default 3)")
     ap.add_argument("--days", type=int, default=0, help="days of older history written before measuring")
     ap.add_argument("--day-rounds", type=int, default=2, help="rounds of results per backfilled day (default 2)")
+    ap.add_argument("--store-results", type=int, default=10_000,
+                    help="results in the write benchmark (default 10,000; the figure is scaled to 10,000)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--workdir", type=Path)
     ap.add_argument("--fresh", type=Path, help=argparse.SUPPRESS)
@@ -214,10 +249,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.workdir is not None:
         args.workdir.mkdir(parents=True, exist_ok=True)
-        result = run(args.nodes, args.rounds, args.days, args.day_rounds, args.workdir)
+        result = run(args.nodes, args.rounds, args.days, args.day_rounds, args.workdir, args.store_results)
     else:
         with tempfile.TemporaryDirectory(prefix="healthd-scale-") as tmp:
-            result = run(args.nodes, args.rounds, args.days, args.day_rounds, Path(tmp))
+            result = run(args.nodes, args.rounds, args.days, args.day_rounds, Path(tmp), args.store_results)
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:

@@ -19,7 +19,7 @@ import tempfile
 import time
 import tomllib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -557,6 +557,7 @@ class Simulation:
     def __init__(self, scenario: Scenario, workdir: Path, *, echo: bool = True) -> None:
         self.scenario = scenario
         self.timings = TickTimings()
+        self.on_round: Callable[[int], None] | None = None
         self.settings = scenario_settings(scenario, workdir / "state")
         self.cluster = SimCluster(scenario, reason_prefix=self.settings.remediation.reason_prefix)
         self.store = Store(workdir / "sim.sqlite")
@@ -602,6 +603,8 @@ class Simulation:
                 self.cluster.now = SIM_EPOCH + (rnd - 1) * s.round_s + k * s.tick_s
                 self._tick(rnd, line)
             lines.append(line)
+            if self.on_round is not None:
+                self.on_round(rnd)
             if self.echo:
                 print(format_round(line), flush=True)
         return SimReport(s, lines, self.outcomes, self.false_recs, self.false_drains, self.fleet_events,

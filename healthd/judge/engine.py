@@ -928,12 +928,16 @@ class Judge:
             for node in nodes:
                 self.classes[node.name] = class_of(node)
             self.drained = {n.name for n in nodes if n.drained}
+            pooled: dict[SeriesKey, SeriesKey] = {}
             for saved in state.series:
-                st = replace(saved, accepted=list(saved.accepted))
+                st = SeriesState(saved.node, saved.key, list(saved.accepted), saved.last_value, saved.last_at,
+                                 saved.last_run_id, saved.floor, saved.baseline, saved.spread)
                 self.series[(st.node, st.key)] = st
                 if st.last_value is not None:
-                    self.pools[(self.node_class(st.node), st.key.without("gpu"))][(st.node, st.key)] = \
-                        (st.last_value, st.last_at)
+                    fkey = pooled.get(st.key)
+                    if fkey is None:
+                        fkey = pooled[st.key] = st.key.without("gpu")
+                    self.pools[(self.node_class(st.node), fkey)][(st.node, st.key)] = (st.last_value, st.last_at)
             for mark in sorted(state.marks, key=lambda m: (m.at, m.run_id)):
                 self._add_mark(mark)
                 self.status[(mark.node, mark.probe)] = _Status("judged", mark.at, mark.run_id, "")
