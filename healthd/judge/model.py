@@ -284,7 +284,7 @@ class JudgeOutput:
     """(node, probe) whose pending re-probe was answered or given up."""
 
 
-@dataclass
+@dataclass(slots=True)
 class SeriesState:
     """Per node and series: the accepted (passing) history, the latest value, the floor."""
 

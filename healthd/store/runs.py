@@ -206,10 +206,11 @@ class RunsStore(Database):
                 for m in result.measurements
             ],
         )
-        db.executemany(
-            "INSERT INTO checks (run_id, name, ok, detail, node, gpu, rank) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            [(run_id, c.name, int(c.ok), c.detail, c.node, c.gpu, c.rank) for c in result.checks],
-        )
+        if result.checks:
+            db.executemany(
+                "INSERT INTO checks (run_id, name, ok, detail, node, gpu, rank) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(run_id, c.name, int(c.ok), c.detail, c.node, c.gpu, c.rank) for c in result.checks],
+            )
 
     def record_result(
         self, result: ProbeResult, *, nodes: Sequence[str], backend: str, source: str, result_path: str | None
