@@ -266,7 +266,7 @@ class RunsStore(Database):
         ]
 
     def unfinished_runs(self) -> list[RunRow]:
-        return self._runs("r.state != 'finished'", ())
+        return self._runs("r.state IN ('submitted', 'running')", ())
 
     def run(self, run_id: str) -> RunRow | None:
         rows = self._runs("r.run_id = ?", (run_id,))
