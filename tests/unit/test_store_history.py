@@ -125,3 +125,17 @@ def test_a_version_4_store_keeps_its_measurements_through_the_migration(tmp_path
     got = sorted((m.node or "", m.value, m.at) for m in store.measurements(run_id="r1"))
     assert got == [("", 5.0, 20.0), ("n1", 7.0, 20.0)]
     assert store.last_attempts() == {("n1", "nccl"): 10.0, ("n2", "nccl"): 10.0}
+
+
+def test_what_a_tick_reads_never_scans_the_history(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    add(store, "r1", "n1", 10.0)
+    store.last_attempts()
+    statements: list[str] = []
+    store._db.set_trace_callback(statements.append)
+    store.unfinished_runs()
+    assert store.last_attempts() == {("n1", "gemm"): 10.0}
+    store._db.set_trace_callback(None)
+    plans = [row[3] for sql in statements if sql.lstrip().upper().startswith("SELECT")
+             for row in store._db.execute("EXPLAIN QUERY PLAN " + sql)]
+    assert plans and not [p for p in plans if p.split()[:2] in (["SCAN", "r"], ["SCAN", "runs"])]
