@@ -184,8 +184,8 @@ def api_page_ms(store: Store, registry: CollectorRegistry) -> float:
     return (time.perf_counter() - started) * 1000
 
 
-def run(nodes: int, rounds: int, days: int, day_rounds: int, workdir: Path, store_count: int = 10_000
-        ) -> dict[str, Any]:
+def run(nodes: int, rounds: int, days: int, day_rounds: int, workdir: Path, store_count: int = 10_000,
+        api: bool = True) -> dict[str, Any]:
     sim = Simulation(scenario(nodes, rounds), workdir, echo=False)
     db = workdir / "sim.sqlite"
     sizes: dict[int, float] = {}
@@ -211,7 +211,7 @@ def run(nodes: int, rounds: int, days: int, day_rounds: int, workdir: Path, stor
     body = generate_latest(registry)
     scrape_ms = (time.perf_counter() - started) * 1000
     series = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
-    api_ms = api_page_ms(sim.store, registry)
+    api_ms = api_page_ms(sim.store, registry) if api else None
     names = sorted(sim.cluster.nodes)
     store_s = store_results(sim.store, synthetic_results(store_count, names, store_now(sim.store) + 60, "w"))
     store_s *= 10_000 / store_count
@@ -219,7 +219,7 @@ def run(nodes: int, rounds: int, days: int, day_rounds: int, workdir: Path, stor
     fresh = fresh_process(db, workdir, nodes)
     return {
         "nodes": nodes, "series": series, "scrape_ms": round(scrape_ms, 1), "scrape_bytes": len(body),
-        "api_nodes_page_ms": round(api_ms, 1),
+        "api_nodes_page_ms": round(api_ms, 1) if api_ms is not None else None,
         "plan_tick_ms": round(statistics.median(sim.timings.plan[-ticks:]) * 1000, 1),
         "collect_tick_ms": round(statistics.median(sim.timings.collect[-ticks:]) * 1000, 1),
         "judge_ms_per_result": round(sum(s for s, _ in judged) * 1000 / max(1, sum(n for _, n in judged)), 3),
@@ -239,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--day-rounds", type=int, default=2, help="rounds of results per backfilled day (default 2)")
     ap.add_argument("--store-results", type=int, default=10_000,
                     help="results in the write benchmark (default 10,000; the figure is scaled to 10,000)")
+    ap.add_argument("--no-api", action="store_true", help="skip /api/v1/nodes (its key is then null)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--workdir", type=Path)
     ap.add_argument("--fresh", type=Path, help=argparse.SUPPRESS)
@@ -247,12 +248,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.fresh is not None:
         _fresh(args.fresh, args.workdir, args.nodes)
         return 0
+    shape = (args.nodes, args.rounds, args.days, args.day_rounds)
     if args.workdir is not None:
         args.workdir.mkdir(parents=True, exist_ok=True)
-        result = run(args.nodes, args.rounds, args.days, args.day_rounds, args.workdir, args.store_results)
+        result = run(*shape, args.workdir, args.store_results, not args.no_api)
     else:
         with tempfile.TemporaryDirectory(prefix="healthd-scale-") as tmp:
-            result = run(args.nodes, args.rounds, args.days, args.day_rounds, Path(tmp), args.store_results)
+            result = run(*shape, Path(tmp), args.store_results, not args.no_api)
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:
