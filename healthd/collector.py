@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import sqlite3
 import stat
 import time
 from collections.abc import Callable, Sequence
@@ -30,6 +31,7 @@ from healthd.parsers.expand import MAX_REASON_CHARS, expand_result
 from healthd.parsers.healthd_json import MAX_BYTES as MAX_RESULT_BYTES
 from healthd.parsers.healthd_json import parse_result
 from healthd.store.rows import RunRow
+from healthd.store.runs import FinishedRun
 
 log = get_logger(__name__)
 
@@ -58,7 +60,19 @@ class RunLedger(Protocol):
     def finish_run(self, run_id: str, *, outcome: Outcome, reason: str, finished_at: float,
                    result: ProbeResult | None = None, started_at: float | None = None, judge: bool = ...) -> bool: ...
 
+    def finish_runs(self, runs: Sequence[FinishedRun], *,
+                    refused: Callable[[FinishedRun, sqlite3.IntegrityError], FinishedRun] | None = ...
+                    ) -> list[FinishedRun | None]: ...
+
     def unfinished_runs(self) -> list[RunRow]: ...
+
+
+@dataclass(frozen=True)
+class _Closing:
+    """A run closed in this tick, before it is stored."""
+
+    run: RunRow
+    record: FinishedRun
 
 
 @dataclass(frozen=True)
@@ -267,25 +281,57 @@ class Collector:
             return []
         job_ids = [r.job_id for r in runs if r.job_id]
         statuses = self.backend.poll(job_ids) if job_ids else {}
-        done: list[Collected] = []
+        closing: list[_Closing] = []
         store_down: StoreError | None = None
         now = self.clock()
         for run in runs:
             status = statuses.get(run.job_id) if run.job_id else None
             try:
-                collected = self._isolated(run, partial(self._advance, run, status, now))
+                step = self._isolated(run, partial(self._advance, run, status, now))
             except StoreError as exc:
                 store_down = store_down or exc
                 continue
-            if collected is not None:
-                done.append(collected)
+            if step is not None:
+                closing.append(step)
+        done = self._store(closing)
         closed = {c.run_id for c in done}
         self.backend.forget([r.job_id for r in runs if r.job_id and r.run_id in closed])
         if store_down is not None:
             raise store_down
         return done
 
-    def _isolated(self, run: RunRow, step: Callable[[], Collected | None]) -> Collected | None:
+    def _store(self, closing: Sequence[_Closing]) -> list[Collected]:
+        """Store the runs closed in one tick in one transaction; a result the store refuses closes its
+        run as ``error`` with the reason, in the same transaction."""
+        if not closing:
+            return []
+        runs = {c.run.run_id: c.run for c in closing}
+
+        def refused(record: FinishedRun, exc: sqlite3.IntegrityError) -> FinishedRun:
+            self.on_error("collect")
+            log.error("run_result_refused", run_id=record.run_id, error=str(exc))
+            reason = f"healthd could not collect this run: {type(exc).__name__}: {exc}"[:MAX_REASON_CHARS]
+            return FinishedRun(record.run_id, Outcome.ERROR, reason, self.clock(), None, record.started_at,
+                               judge=runs[record.run_id].kind is not RunKind.SWEEP)
+
+        try:
+            stored = self.store.finish_runs([c.record for c in closing], refused=refused)
+        except StoreUnavailable as exc:
+            self.on_error("store")
+            log.error("run_not_stored", error=str(exc), runs=len(closing))
+            raise
+        done = []
+        for c, record in zip(closing, stored, strict=True):
+            final = record or c.record
+            if record is not None:
+                logger = log.warning if final.outcome is Outcome.ERROR else log.info
+                logger("probe_finished", run_id=final.run_id, probe=c.run.probe, outcome=final.outcome.value,
+                       reason=final.reason, measurements=len(final.result.measurements) if final.result else 0)
+            done.append(Collected(c.run.run_id, c.run.probe, c.run.nodes, final.outcome, final.reason, final.result,
+                                  c.run.kind))
+        return done
+
+    def _isolated(self, run: RunRow, step: Callable[[], _Closing | None]) -> _Closing | None:
         """``step`` for one run; any exception but the store's closes the run as ``error`` with its reason."""
         with structlog.contextvars.bound_contextvars(run_id=run.run_id, probe=run.probe, node=",".join(run.nodes)):
             try:
@@ -300,7 +346,7 @@ class Collector:
                 reason = f"healthd could not collect this run: {type(exc).__name__}: {exc}"
                 return self._close(run, Outcome.ERROR, reason[:MAX_REASON_CHARS], None)
 
-    def _advance(self, run: RunRow, status: JobStatus | None, now: float) -> Collected | None:
+    def _advance(self, run: RunRow, status: JobStatus | None, now: float) -> _Closing | None:
         if status is None:
             if now - run.submitted_at < LOST_GRACE_S:
                 return None
@@ -321,7 +367,7 @@ class Collector:
             return None
         return self._finish(run, status)
 
-    def _finish(self, run: RunRow, status: JobStatus | None, fallback_reason: str = "") -> Collected:
+    def _finish(self, run: RunRow, status: JobStatus | None, fallback_reason: str = "") -> _Closing:
         path = Path(run.result_path) if run.result_path else self.result_path(run.run_id)
         result: ProbeResult | None = None
         parse_error: str | None = None
@@ -340,17 +386,12 @@ class Collector:
 
     def _close(
         self, run: RunRow, outcome: Outcome, reason: str, result: ProbeResult | None, started_at: float | None = None
-    ) -> Collected:
+    ) -> _Closing:
         finished_at = result.finished_at if result is not None else self.clock()
-        stored = self.store.finish_run(
-            run.run_id, outcome=outcome, reason=reason, finished_at=finished_at, result=result,
-            started_at=result.started_at if result is not None else started_at, judge=run.kind is not RunKind.SWEEP,
-        )
-        if stored:
-            logger = log.warning if outcome is Outcome.ERROR else log.info
-            logger("probe_finished", outcome=outcome.value, reason=reason,
-                   measurements=len(result.measurements) if result else 0)
-        return Collected(run.run_id, run.probe, run.nodes, outcome, reason, result, run.kind)
+        return _Closing(run, FinishedRun(
+            run.run_id, outcome, reason, finished_at, result,
+            result.started_at if result is not None else started_at, judge=run.kind is not RunKind.SWEEP,
+        ))
 
     def recover(self) -> list[Collected]:
         """At start-up: re-adopt runs the cluster still knows, close the others.
@@ -366,18 +407,21 @@ class Collector:
         job_ids = [r.job_id for r in runs if r.job_id]
         known.update(self.backend.poll(job_ids) if job_ids else {})
         by_name = {s.name: s for s in known.values() if s.name}
-        closed: list[Collected] = []
+        closing: list[_Closing] = []
         for run in runs:
             status = known.get(run.job_id) if run.job_id else None
             try:
-                collected = self._isolated(run, partial(self._recover, run, status, by_name))
+                step = self._isolated(run, partial(self._recover, run, status, by_name))
             except StoreError:
                 continue
-            if collected is not None:
-                closed.append(collected)
-        return closed
+            if step is not None:
+                closing.append(step)
+        try:
+            return self._store(closing)
+        except StoreError:
+            return []
 
-    def _recover(self, run: RunRow, status: JobStatus | None, by_name: dict[str, JobStatus]) -> Collected | None:
+    def _recover(self, run: RunRow, status: JobStatus | None, by_name: dict[str, JobStatus]) -> _Closing | None:
         if status is None:
             status = next((s for name, s in by_name.items() if name.endswith(run.run_id)), None)
             if status is not None:

@@ -82,6 +82,9 @@ class StoreSettings(_Section):
     path: Path | None = None
     """SQLite file; default ``<state_dir>/healthd.sqlite``."""
     retention_days: float = Field(default=90.0, ge=MIN_SECONDS / 86400, le=3660)
+    detail_days: float = Field(default=7.0, ge=MIN_SECONDS / 86400, le=3660)
+    """Every measured value is kept this long; older ones are folded into per-node daily summaries
+    (count, min, mean, max) by housekeeping. Runs, verdicts and summaries stay ``retention_days``."""
 
 
 class SchedulerSettings(_Section):
@@ -294,8 +297,13 @@ class FleetSettings(_Section):
     event_share: float = Field(default=0.2, gt=0, le=1)
     """...this share flagged at once is a fleet event, not that many broken nodes..."""
     event_recent: int = Field(default=12, ge=1, le=10_000)
+    event_recent_fraction: float = Field(default=0.05, ge=0, le=1)
     event_recent_share: float = Field(default=0.5, gt=0, le=1)
-    """...as is this share of the ``event_recent`` newest results (a change seen as it starts)."""
+    """...as is this share of the newest results (``event_recent``, or ``event_recent_fraction`` of the
+    sample if more: a change seen as it starts)..."""
+    event_recent_min_share: float = Field(default=0.05, ge=0, le=1)
+    """...provided this share of the whole sample is flagged too (the nodes re-probed most often are the
+    flagged ones: in a large class they alone fill the newest results)."""
     event_min_nodes: Count = 3
 
 

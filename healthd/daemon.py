@@ -336,12 +336,16 @@ class Daemon:
                 lambda: judge_runs(self.judge, self.store, left + fresh, now=now)))
 
     def housekeeping(self) -> None:
-        cutoff = time.time() - self.settings.store.retention_days * 86400
+        now = time.time()
+        cutoff = now - self.settings.store.retention_days * 86400
         deleted = self.store.prune(cutoff)
         self.store.prune_judgement(cutoff)
         self.store.prune_probe_requests(cutoff)
         if deleted:
             log.info("store_pruned", runs=deleted)
+        folded = self.store.rollup(older_than=now - self.settings.store.detail_days * 86400)
+        if folded:
+            log.info("store_rolled_up", runs=folded)
 
     def _refresh_metrics(self) -> None:
         """Bring the exposition up to date with what the tick (or another process) wrote: scrapes only

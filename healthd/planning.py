@@ -7,6 +7,7 @@ not from a random generator: the plan is reproducible and spreads nodes over the
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -50,6 +51,7 @@ def why_not_probeable(node: Node, limits: PlanLimits) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=1 << 17)
 def jitter(node: str, probe: str, span_s: float) -> float:
     if span_s <= 0:
         return 0.0

@@ -19,7 +19,7 @@ import tempfile
 import time
 import tomllib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -543,9 +543,21 @@ class SimReport:
         }
 
 
+@dataclass
+class TickTimings:
+    """Wall seconds of each simulated tick's phases (``bench/scale.py`` reads them)."""
+
+    collect: list[float] = field(default_factory=list)
+    judge: list[tuple[float, int]] = field(default_factory=list)
+    """(seconds, results judged) per tick that collected something."""
+    plan: list[float] = field(default_factory=list)
+
+
 class Simulation:
     def __init__(self, scenario: Scenario, workdir: Path, *, echo: bool = True) -> None:
         self.scenario = scenario
+        self.timings = TickTimings()
+        self.on_round: Callable[[int], None] | None = None
         self.settings = scenario_settings(scenario, workdir / "state")
         self.cluster = SimCluster(scenario, reason_prefix=self.settings.remediation.reason_prefix)
         self.store = Store(workdir / "sim.sqlite")
@@ -585,6 +597,8 @@ class Simulation:
         for rnd in range(1, s.rounds + 1):
             line = self.play_round(rnd)
             lines.append(line)
+            if self.on_round is not None:
+                self.on_round(rnd)
             if self.echo:
                 print(format_round(line), flush=True)
         return SimReport(s, lines, self.outcomes, self.false_recs, self.false_drains, self.fleet_events,
@@ -612,16 +626,21 @@ class Simulation:
 
     def _tick(self, rnd: int, line: RoundLine) -> None:
         now = self.cluster.now
+        clock = time.perf_counter()
         done = self.collector.collect()
+        self.timings.collect.append(time.perf_counter() - clock)
         for c in done:
             line.runs[c.outcome.value] += 1
         if done:
+            clock = time.perf_counter()
             out = judge_collected(self.judge, self.store, done, now=now, nodes=self.nodes)
+            self.timings.judge.append((time.perf_counter() - clock, len(done)))
             actions = self.remediator.apply(out)
             self._account(rnd, line, out, actions, done)
         self.nodes = self.cluster.list_nodes()
         self.store.upsert_nodes(self.nodes, now)
         probes = self.settings.probes
+        clock = time.perf_counter()
         runs = self.store.unfinished_runs()
         attempts = self.store.last_attempts()
         requests = self.judge.priority_requests(self.remediator.recheck_nodes(), probes, attempts, now)
@@ -629,6 +648,7 @@ class Simulation:
         jobs = plan(self.nodes, probes=probes, last_attempts=attempts,
                     busy_nodes={n for r in runs for n in r.nodes}, in_flight=len(runs), now=now,
                     limits=self.limits, priority=requests)
+        self.timings.plan.append(time.perf_counter() - clock)
         for job in jobs:
             self.collector.launch(job)
         self.jobs += len(jobs)

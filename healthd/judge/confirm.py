@@ -118,11 +118,21 @@ def split(nodes: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 def pick_partners(suspect: str, pool: Iterable[str], k: int) -> tuple[str, ...]:
-    """``k`` partners from ``pool`` in an order that depends on the suspect (spreads the load)."""
-    def rank(name: str) -> bytes:
-        return hashlib.blake2b(f"{suspect}\0{name}".encode(), digest_size=8).digest()
-
-    return tuple(sorted((p for p in pool if p != suspect), key=rank)[:k])
+    """``k`` partners from ``pool``: consecutive names of the sorted pool from a place that depends on the
+    suspect (spreads the load). A ``tuple`` pool is taken as sorted and unique already (a plan tick
+    builds each pool once): the cost is then ``k``, not the pool's size."""
+    ordered = pool if isinstance(pool, tuple) else tuple(sorted(set(pool)))
+    if not ordered:
+        return ()
+    start = int.from_bytes(hashlib.blake2b(suspect.encode(), digest_size=8).digest(), "big") % len(ordered)
+    out: list[str] = []
+    for i in range(len(ordered)):
+        name = ordered[(start + i) % len(ordered)]
+        if len(out) >= k:
+            break
+        if name != suspect:
+            out.append(name)
+    return tuple(out)
 
 
 def max_severity(records: Iterable[GroupRecord]) -> Severity:

@@ -820,7 +820,7 @@ class Judge:
                 groups.setdefault((req.probe, req.nodes), req)
         busy = {n for n, _ in self.pending}
         out: list[PriorityRequest] = []
-        pools: dict[tuple[str, str], list[str]] = {}
+        pools: dict[str, dict[str, tuple[str, ...]]] = {}
         for (probe, nodes), req in sorted(groups.items(), key=lambda item: (item[1].requested_at, item[0])):
             settings = probes.get(probe)
             if settings is None or not settings.enabled:
@@ -829,12 +829,9 @@ class Judge:
             partners: tuple[str, ...] = ()
             if size > len(nodes):
                 cls = self.node_class(nodes[0])
-                if (cls, probe) not in pools:
-                    pools[(cls, probe)] = sorted(
-                        n for (n, p), v in self.verdicts.items()
-                        if p == probe and v.outcome is Outcome.PASS and self.node_class(n) == cls
-                        and n not in busy and n not in self.drained)
-                partners = pick_partners(nodes[0], pools[(cls, probe)], self.settings.confirm.partners
+                if probe not in pools:
+                    pools[probe] = self._partner_pools(probe, busy)
+                partners = pick_partners(nodes[0], pools[probe].get(cls, ()), self.settings.confirm.partners
                                          + size - len(nodes) - 1)
             out.append(PriorityRequest(probe, nodes, partners, size, reason=f"{req.kind}: {req.reason}"[:200]))
         return out
@@ -846,24 +843,33 @@ class Judge:
             return self._partners(node, probe, k, exclude)
 
     def _partners(self, node: str, probe: str, k: int, exclude: Iterable[str]) -> tuple[str, ...]:
-        cls = self.node_class(node)
         busy = {n for n, _ in self.pending} | set(exclude)
-        pool = [n for (n, p), v in self.verdicts.items()
-                if p == probe and v.outcome is Outcome.PASS and n not in busy and n not in self.drained
-                and self.node_class(n) == cls]
-        return pick_partners(node, pool, k)
+        return pick_partners(node, self._partner_pools(probe, busy).get(self.node_class(node), ()), k)
+
+    def _partner_pools(self, probe: str, busy: set[str]) -> dict[str, tuple[str, ...]]:
+        """Per class, sorted: the nodes whose latest verdict for ``probe`` is a pass, not ``busy``, not drained."""
+        pools: dict[str, list[str]] = {}
+        for (n, p), v in self.verdicts.items():
+            if p == probe and v.outcome is Outcome.PASS and n not in busy and n not in self.drained:
+                pools.setdefault(self.node_class(n), []).append(n)
+        return {cls: tuple(sorted(names)) for cls, names in pools.items()}
 
     def priority_requests(self, own_drains: Mapping[str, Sequence[str]], probes: Mapping[str, ProbeSettings],
                           last_attempts: Mapping[tuple[str, str], float], now: float) -> list[PriorityRequest]:
         """Everything the planner should run before the regular schedule: pending confirmation and
         localisation re-probes, rechecks of healthd's own drains (``own_drains``: node → probes), and
         rechecks of nodes with a confirmed finding."""
-        confirmed = {n: p for n, p in self.confirmed_findings().items() if n not in own_drains}
-        return [
-            *self.requests(now, probes),
-            *self.recheck_requests(own_drains, probes, last_attempts, now),
-            *self.recheck_requests(confirmed, probes, last_attempts, now, drained=False),
-        ]
+        with self._lock:
+            keys = self._confirmed()
+            confirmed: dict[str, tuple[str, ...]] = {}
+            for node, probe in sorted(keys):
+                if node not in own_drains:
+                    confirmed[node] = (*confirmed.get(node, ()), probe)
+            return [
+                *self._requests(now, probes),
+                *self._recheck_requests(own_drains, probes, last_attempts, now, True, keys),
+                *self._recheck_requests(confirmed, probes, last_attempts, now, False, keys),
+            ]
 
     def recheck_requests(self, rechecks: Mapping[str, Sequence[str]], probes: Mapping[str, ProbeSettings],
                          last_attempts: Mapping[tuple[str, str], float], now: float, *,
@@ -878,9 +884,11 @@ class Judge:
 
     def _recheck_requests(self, rechecks: Mapping[str, Sequence[str]], probes: Mapping[str, ProbeSettings],
                           last_attempts: Mapping[tuple[str, str], float], now: float,
-                          drained: bool) -> list[PriorityRequest]:
+                          drained: bool, confirmed: set[tuple[str, str]] | None = None) -> list[PriorityRequest]:
         out: list[PriorityRequest] = []
-        confirmed = self._confirmed()
+        confirmed = self._confirmed() if confirmed is None else confirmed
+        busy = {n for n, _ in self.pending} | set(rechecks)
+        pools: dict[str, dict[str, tuple[str, ...]]] = {}
         for node, wanted in sorted(rechecks.items()):
             for probe in sorted(set(wanted)):
                 settings = probes.get(probe)
@@ -892,8 +900,12 @@ class Judge:
                 if now - last_attempts.get((node, probe), float("-inf")) < interval:
                     continue
                 size = settings.nodes_per_job
-                partners = self._partners(node, probe, self.settings.confirm.partners + size - 2,
-                                          rechecks) if size > 1 else ()
+                partners: tuple[str, ...] = ()
+                if size > 1:
+                    if probe not in pools:
+                        pools[probe] = self._partner_pools(probe, busy)
+                    partners = pick_partners(node, pools[probe].get(self.node_class(node), ()),
+                                             self.settings.confirm.partners + size - 2)
                 out.append(PriorityRequest(probe, (node,), partners, size, allow_drained=drained,
                                            reason="recheck of a healthd drain" if drained
                                            else "recheck of a confirmed finding"))
@@ -923,12 +935,16 @@ class Judge:
             for node in nodes:
                 self.classes[node.name] = class_of(node)
             self.drained = {n.name for n in nodes if n.drained}
+            pooled: dict[SeriesKey, SeriesKey] = {}
             for saved in state.series:
-                st = replace(saved, accepted=list(saved.accepted))
+                st = SeriesState(saved.node, saved.key, list(saved.accepted), saved.last_value, saved.last_at,
+                                 saved.last_run_id, saved.floor, saved.baseline, saved.spread)
                 self.series[(st.node, st.key)] = st
                 if st.last_value is not None:
-                    self.pools[(self.node_class(st.node), st.key.without("gpu"))][(st.node, st.key)] = \
-                        (st.last_value, st.last_at)
+                    fkey = pooled.get(st.key)
+                    if fkey is None:
+                        fkey = pooled[st.key] = st.key.without("gpu")
+                    self.pools[(self.node_class(st.node), fkey)][(st.node, st.key)] = (st.last_value, st.last_at)
             for mark in sorted(state.marks, key=lambda m: (m.at, m.run_id)):
                 self._add_mark(mark)
                 self.status[(mark.node, mark.probe)] = _Status("judged", mark.at, mark.run_id, "")

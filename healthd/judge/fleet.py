@@ -93,15 +93,17 @@ class EventCheck:
 def check_event(samples: Sequence[tuple[float, bool]], settings: FleetSettings, *, active: bool) -> EventCheck | None:
     """Whether the class is in a fleet event, from each node's latest regular ``(at, flagged)``.
 
-    Starts when ``event_share`` of the sample, or ``event_recent_share`` of the ``event_recent``
-    newest results, are flagged (and at least ``event_min_nodes`` nodes); an active event ends
-    when both shares fall under half their thresholds. Returns the check when the class is (still)
-    in an event, else ``None``.
+    Every rule is a share of the class's sample, so the judgement does not change with the fleet's
+    size. Starts when ``event_share`` of the sample is flagged, or when ``event_recent_share`` of the
+    newest results (``event_recent`` of them, or ``event_recent_fraction`` of the sample if more) and
+    ``event_recent_min_share`` of the sample are (and at least ``event_min_nodes`` nodes); an active
+    event ends when every share falls under half its threshold (hysteresis). Returns the check when
+    the class is (still) in an event, else ``None``.
     """
     if not samples:
         return None
     ordered = sorted(samples, key=lambda s: s[0], reverse=True)
-    recent = ordered[: settings.event_recent]
+    recent = ordered[: max(settings.event_recent, math.ceil(settings.event_recent_fraction * len(ordered)))]
     flagged = sum(1 for _, f in ordered if f)
     recent_flagged = sum(1 for _, f in recent if f)
     scale = 0.5 if active else 1.0
@@ -109,7 +111,7 @@ def check_event(samples: Sequence[tuple[float, bool]], settings: FleetSettings, 
     need_recent = max(settings.event_min_nodes if not active else 1,
                       math.ceil(settings.event_recent_share * scale * len(recent)))
     by_window = flagged >= need_all and flagged >= (1 if active else settings.event_min_nodes)
-    by_recent = recent_flagged >= need_recent
+    by_recent = recent_flagged >= need_recent and flagged >= settings.event_recent_min_share * scale * len(ordered)
     if not (by_window or by_recent):
         return None
     source = recent if by_recent and not by_window else ordered

@@ -292,7 +292,7 @@ class JudgeOutput:
     """(node, probe) → its consecutive error runs, for each pair this evaluation saw (0: no streak)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class SeriesState:
     """Per node and series: the accepted (passing) history, the latest value, the floor."""
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from healthd.errors import StoreError, StoreUnavailable
+from healthd.model import Node
 from healthd.store.rows import canonical_labels
 from healthd.store.schema import migrate
 
@@ -39,6 +40,9 @@ class Database:
         self.path = path
         self._lock = threading.RLock()
         self._commits = 0
+        self._series_ids: dict[tuple[str, str, str, tuple[tuple[str, str], ...]], int] = {}
+        self._attempts: dict[tuple[str, str], float] | None = None
+        self._nodes_written: dict[str, tuple[Node, float]] = {}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=BUSY_TIMEOUT_S)
@@ -76,6 +80,7 @@ class Database:
                 self._commits += 1
             except BaseException as exc:
                 self._rollback()
+                self._series_ids.clear()
                 if isinstance(exc, sqlite3.Error) and not isinstance(exc, sqlite3.IntegrityError):
                     raise _store_error(self.path, exc) from exc
                 raise

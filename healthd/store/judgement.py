@@ -75,10 +75,14 @@ def _findings(text: str) -> tuple[Finding, ...]:
         for d in json.loads(text))
 
 
-def _series(r: sqlite3.Row) -> SeriesState:
-    return SeriesState(r["node"], SeriesKey.of(r["probe"], r["name"], json.loads(r["labels"])),
-                       [(float(a), float(v)) for a, v in json.loads(r["accepted"])], r["last_value"], r["last_at"],
-                       r["last_run_id"], r["floor"], r["baseline"], r["spread"])
+def _series(r: sqlite3.Row, keys: dict[tuple[str, str, str], SeriesKey]) -> SeriesState:
+    """One saved series; ``keys``: the keys already read (a fleet's nodes share a few hundred at most)."""
+    text = (r["probe"], r["name"], r["labels"])
+    key = keys.get(text)
+    if key is None:
+        key = keys[text] = SeriesKey.of(r["probe"], r["name"], json.loads(r["labels"]))
+    return SeriesState(r["node"], key, [(float(a), float(v)) for a, v in json.loads(r["accepted"])],
+                       r["last_value"], r["last_at"], r["last_run_id"], r["floor"], r["baseline"], r["spread"])
 
 
 def _mark(r: sqlite3.Row) -> Mark:
@@ -212,9 +216,10 @@ class JudgementStore(Database):
         """What ``Judge.restore`` needs: every series, marks and group records since ``since``,
         active fleet events, pending re-probes, current verdicts, undrain times, chance-flag counters and
         error streaks."""
+        keys: dict[tuple[str, str, str], SeriesKey] = {}
         with self._lock:
             return JudgeState(
-                series=tuple(_series(r) for r in self._query("SELECT * FROM judge_series")),
+                series=tuple(_series(r, keys) for r in self._query("SELECT * FROM judge_series")),
                 marks=tuple(_mark(r) for r in self._query(
                     "SELECT * FROM judge_marks WHERE at >= ? ORDER BY at", (since,))),
                 groups=tuple(_group(r) for r in self._query(

@@ -53,6 +53,22 @@ class MeasurementRow:
 
 
 @dataclass(frozen=True)
+class RollupRow:
+    """One node's series over one UTC day beyond the detail window (GPUs pooled)."""
+
+    node: str
+    probe: str
+    name: str
+    labels: dict[str, str]
+    day: float
+    """The day's start (epoch seconds)."""
+    n: int
+    lo: float
+    mean: float
+    hi: float
+
+
+@dataclass(frozen=True)
 class LastRun:
     """Per (node, probe): the newest finished run and the newest passing one."""
 

@@ -5,13 +5,35 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from healthd.errors import StoreError
 from healthd.model import Outcome, ProbeResult, RunKind
 from healthd.store.latest import LatestStore
-from healthd.store.rows import MeasurementRow, RunRow, canonical_labels
+from healthd.store.rows import MeasurementRow, RollupRow, RunRow, canonical_labels
+from probes.result import Measurement
+
+SERIES_CACHE = 200_000
+"""Series ids kept in memory (the cache starts over when full)."""
+ROLLUP_BATCH = 2000
+"""Runs rolled up per transaction (housekeeping holds the write lock this long at most)."""
+ROLLUP_AT = "rollup_finished_at"
+ROLLUP_POSITION = "rollup_position"
+
+
+@dataclass(frozen=True)
+class FinishedRun:
+    """One run to close (``RunsStore.finish_runs``)."""
+
+    run_id: str
+    outcome: Outcome
+    reason: str
+    finished_at: float
+    result: ProbeResult | None = None
+    started_at: float | None = None
+    judge: bool = False
 
 
 class RunsStore(LatestStore):
@@ -37,6 +59,15 @@ class RunsStore(LatestStore):
             db.executemany(
                 "INSERT INTO run_nodes (run_id, node) VALUES (?, ?)", [(run_id, n) for n in nodes]
             )
+            if kind is not RunKind.INGEST:
+                db.executemany(
+                    "INSERT INTO attempts (node, probe, submitted_at) VALUES (?, ?, ?) ON CONFLICT (node, probe)"
+                    " DO UPDATE SET submitted_at = MAX(submitted_at, excluded.submitted_at)",
+                    [(n, probe, submitted_at) for n in nodes],
+                )
+        if kind is not RunKind.INGEST and self._attempts is not None:
+            for n in nodes:
+                self._attempts[(n, probe)] = max(submitted_at, self._attempts.get((n, probe), submitted_at))
 
     def set_job_id(self, run_id: str, job_id: str) -> None:
         with self._tx() as db:
@@ -68,58 +99,119 @@ class RunsStore(LatestStore):
         closed with ``judge`` waits for its judgement (``unjudged_runs``) until ``save_judgement``
         names it.
         """
+        return self.finish_runs([FinishedRun(run_id, outcome, reason, finished_at, result, started_at, judge)])[0] \
+            is not None
+
+    def finish_runs(
+        self, runs: Sequence[FinishedRun], *, refused: Callable[[FinishedRun, sqlite3.IntegrityError], FinishedRun]
+        | None = None,
+    ) -> list[FinishedRun | None]:
+        """Close ``runs`` (each as ``finish_run``) in one transaction: per run, what was stored (``None``:
+        it was already finished). A run whose result the store refuses (``sqlite3.IntegrityError``) is
+        stored as ``refused`` makes it when given (the batch is then redone run by run), else the whole
+        batch is refused."""
+        try:
+            return self._finish_batch(runs, None)
+        except sqlite3.IntegrityError:
+            if refused is None:
+                raise
+        return self._finish_batch(runs, refused)
+
+    def _finish_batch(
+        self, runs: Sequence[FinishedRun], refused: Callable[[FinishedRun, sqlite3.IntegrityError], FinishedRun] | None,
+    ) -> list[FinishedRun | None]:
+        out: list[FinishedRun | None] = []
+        bumps: dict[tuple[str, str, str], float] = {}
         with self._tx() as db:
-            row = db.execute("SELECT state, probe, submitted_at, started_at FROM runs WHERE run_id = ?",
-                             (run_id,)).fetchone()
-            if row is None:
-                raise StoreError(f"no run {run_id!r} in the store")
-            state, probe, submitted_at, known_start = row
-            if state == "finished":
-                return False
-            start = started_at or known_start or submitted_at
-            db.execute(
-                "UPDATE runs SET state = 'finished', outcome = ?, reason = ?, finished_at = ?,"
-                " started_at = ?, duration_s = ?, judged = ? WHERE run_id = ?",
-                (outcome.value, reason, finished_at, start, max(0.0, finished_at - start), int(not judge), run_id),
-            )
-            if result is not None:
-                self._insert_result(db, run_id, probe, result, finished_at)
-            self._update_latest(db, run_id, probe, outcome, result)
-            self._bump(db, "probe_runs_total", {"probe": probe, "outcome": outcome.value}, 1.0)
-            seconds = max(0.0, finished_at - start)
-            self._bump(db, "probe_seconds_total", {"probe": probe}, seconds)
-            gpus = db.execute(
-                "SELECT COALESCE(SUM(n.gpus), 0) FROM run_nodes r JOIN nodes n ON n.name = r.node WHERE r.run_id = ?",
-                (run_id,),
-            ).fetchone()[0]
-            if outcome is not Outcome.SKIPPED:
-                self._bump(db, "probe_gpu_seconds_total", {"probe": probe}, seconds * gpus)
-            return True
+            known: dict[str, tuple[int, str, str, float, float | None, int]] = {
+                r[0]: r[1:] for r in db.execute(
+                    "SELECT r.run_id, r.rowid, r.state, r.probe, r.submitted_at, r.started_at,"
+                    " (SELECT COALESCE(SUM(n.gpus), 0) FROM run_nodes x JOIN nodes n ON n.name = x.node"
+                    "  WHERE x.run_id = r.run_id) FROM runs r WHERE r.run_id IN (SELECT value FROM json_each(?))",
+                    (json.dumps([run.run_id for run in runs]),))
+            }
+            for run in runs:
+                if refused is None:
+                    out.append(self._finish(db, run, known, bumps))
+                    continue
+                db.execute("SAVEPOINT one_run")
+                try:
+                    out.append(self._finish(db, run, known, bumps))
+                except sqlite3.IntegrityError as exc:
+                    db.execute("ROLLBACK TO one_run")
+                    self._series_ids.clear()
+                    out.append(self._finish(db, refused(run, exc), known, bumps))
+                db.execute("RELEASE one_run")
+            for (name, probe, outcome), by in sorted(bumps.items()):
+                self._bump(db, name, {"probe": probe, "outcome": outcome} if outcome else {"probe": probe}, by)
+        return out
+
+    def _finish(self, db: sqlite3.Connection, run: FinishedRun,
+                known: dict[str, tuple[int, str, str, float, float | None, int]],
+                bumps: dict[tuple[str, str, str], float]) -> FinishedRun | None:
+        row = known.get(run.run_id)
+        if row is None:
+            raise StoreError(f"no run {run.run_id!r} in the store")
+        position, state, probe, submitted_at, known_start, gpus = row
+        if state == "finished":
+            return None
+        outcome, finished_at = run.outcome, run.finished_at
+        start = run.started_at or known_start or submitted_at
+        db.execute(
+            "UPDATE runs SET state = 'finished', outcome = ?, reason = ?, finished_at = ?,"
+            " started_at = ?, duration_s = ?, judged = ? WHERE rowid = ?",
+            (outcome.value, run.reason, finished_at, start, max(0.0, finished_at - start), int(not run.judge),
+             position),
+        )
+        if run.result is not None:
+            self._insert_result(db, position, run.run_id, probe, run.result)
+        self._update_latest(db, run.run_id, probe, outcome, run.result)
+        seconds = max(0.0, finished_at - start)
+        for key, by in (("probe_runs_total", probe, outcome.value), 1.0), (("probe_seconds_total", probe, ""), seconds):
+            bumps[key] = bumps.get(key, 0.0) + by
+        if outcome is not Outcome.SKIPPED:
+            key = ("probe_gpu_seconds_total", probe, "")
+            bumps[key] = bumps.get(key, 0.0) + seconds * gpus
+        known[run.run_id] = (position, "finished", probe, submitted_at, known_start, gpus)
+        return run
+
+    def _series_id(self, db: sqlite3.Connection, probe: str, m: Measurement) -> int:
+        """The series dictionary's id of the measurement's (probe, node or '', name, labels), added when new."""
+        key = (probe, m.node or "", m.name, tuple(sorted(m.labels.items())))
+        known = self._series_ids.get(key)
+        if known is not None:
+            return known
+        params = (probe, m.node or "", m.name, canonical_labels(m.labels))
+        row = db.execute("SELECT id FROM series WHERE probe = ? AND node = ? AND name = ? AND labels = ?",
+                         params).fetchone()
+        if row is None:
+            row = db.execute("INSERT INTO series (probe, node, name, labels) VALUES (?, ?, ?, ?) RETURNING id",
+                             params).fetchone()
+        if len(self._series_ids) >= SERIES_CACHE:
+            self._series_ids.clear()
+        self._series_ids[key] = int(row[0])
+        return int(row[0])
 
     def _insert_result(
-        self, db: sqlite3.Connection, run_id: str, probe: str, result: ProbeResult, at: float
+        self, db: sqlite3.Connection, position: int, run_id: str, probe: str, result: ProbeResult
     ) -> None:
         db.executemany(
-            "INSERT INTO measurements (run_id, probe, node, name, labels, value, per_rank, at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO samples (run, series, value, per_rank) VALUES (?, ?, ?, ?)",
             [
                 (
-                    run_id,
-                    probe,
-                    m.node,
-                    m.name,
-                    canonical_labels(m.labels),
+                    position,
+                    self._series_id(db, probe, m),
                     m.value,
                     json.dumps(m.per_rank) if m.per_rank is not None else None,
-                    at,
                 )
                 for m in result.measurements
             ],
         )
-        db.executemany(
-            "INSERT INTO checks (run_id, name, ok, detail, node, gpu, rank) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            [(run_id, c.name, int(c.ok), c.detail, c.node, c.gpu, c.rank) for c in result.checks],
-        )
+        if result.checks:
+            db.executemany(
+                "INSERT INTO checks (run_id, name, ok, detail, node, gpu, rank) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(run_id, c.name, int(c.ok), c.detail, c.node, c.gpu, c.rank) for c in result.checks],
+            )
 
     def record_result(
         self, result: ProbeResult, *, nodes: Sequence[str], backend: str, source: str, result_path: str | None
@@ -175,7 +267,7 @@ class RunsStore(LatestStore):
         ]
 
     def unfinished_runs(self) -> list[RunRow]:
-        return self._runs("r.state != 'finished'", ())
+        return self._runs("r.state IN ('submitted', 'running')", ())
 
     def run(self, run_id: str) -> RunRow | None:
         rows = self._runs("r.run_id = ?", (run_id,))
@@ -188,12 +280,13 @@ class RunsStore(LatestStore):
         return self._runs("r.run_id IN (SELECT run_id FROM run_nodes WHERE node = ?)", (node, limit), tail)
 
     def last_attempts(self) -> dict[tuple[str, str], float]:
-        """Per (node, probe): when a run was last submitted, whatever became of it (for planning)."""
-        rows = self._query(
-            "SELECT n.node, r.probe, MAX(r.submitted_at) FROM runs r JOIN run_nodes n ON n.run_id = r.run_id"
-            " WHERE r.kind != 'ingest' GROUP BY n.node, r.probe"
-        )
-        return {(r[0], r[1]): r[2] for r in rows}
+        """Per (node, probe): when a run was last submitted, whatever became of it (for planning). Read from
+        the store once, then kept in memory as this object adds runs."""
+        with self._lock:
+            if self._attempts is None:
+                self._attempts = {(r[0], r[1]): r[2]
+                                  for r in self._db.execute("SELECT node, probe, submitted_at FROM attempts")}
+            return dict(self._attempts)
     # -- measurements -----------------------------------------------------------------------
     def measurements(
         self, *, probe: str | None = None, node: str | None = None, since: float = 0.0,
@@ -231,6 +324,8 @@ class RunsStore(LatestStore):
         The newest verdict per (node, probe) is kept whatever its age. Counters are not touched.
         """
         with self._tx() as db:
+            db.execute("DELETE FROM samples WHERE run IN (SELECT rowid FROM runs WHERE state = 'finished'"
+                       " AND finished_at < ?)", (older_than,))
             deleted = db.execute(
                 "DELETE FROM runs WHERE state = 'finished' AND finished_at < ?", (older_than,)
             ).rowcount
@@ -240,3 +335,66 @@ class RunsStore(LatestStore):
                 (older_than,),
             )
         return int(deleted)
+
+    def rollup(self, *, older_than: float, batch: int = ROLLUP_BATCH) -> int:
+        """Fold the per-value detail of runs finished before ``older_than`` into per-node daily summaries
+        (``rollups``: count, min, mean and max of each node's series, its GPUs pooled) and delete that
+        detail and the runs' passed checks. Incremental: runs are taken in order of finish from where the
+        last call stopped, ``batch`` per transaction (a run stored later with an older finish, such as an
+        ingested one, keeps its detail until ``prune``). Returns how many runs were folded."""
+        folded = 0
+        while True:
+            with self._tx() as db:
+                mark = dict(db.execute("SELECT key, value FROM store_state WHERE key IN (?, ?)",
+                                       (ROLLUP_AT, ROLLUP_POSITION)).fetchall())
+                at, position = mark.get(ROLLUP_AT, float("-inf")), int(mark.get(ROLLUP_POSITION, 0))
+                chosen = db.execute(
+                    "SELECT rowid, finished_at FROM runs WHERE state = 'finished' AND finished_at < ?"
+                    " AND (finished_at > ? OR (finished_at = ? AND rowid > ?)) ORDER BY finished_at, rowid LIMIT ?",
+                    (older_than, at, at, position, batch)).fetchall()
+                if not chosen:
+                    return folded
+                self._fold(db, json.dumps([r[0] for r in chosen]))
+                db.executemany("INSERT INTO store_state (key, value) VALUES (?, ?)"
+                               " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                               [(ROLLUP_AT, chosen[-1][1]), (ROLLUP_POSITION, chosen[-1][0])])
+                folded += len(chosen)
+
+    @staticmethod
+    def _fold(db: sqlite3.Connection, positions: str) -> None:
+        """Fold the runs at ``positions`` (a JSON list of ``runs`` rowids)."""
+        sums: dict[tuple[str, str, str, str, int], list[float]] = {}
+        pooled: dict[str, str] = {}
+        for node, probe, name, labels, day, value in db.execute(
+            "SELECT COALESCE(NULLIF(s.node, ''), rn.node), s.probe, s.name, s.labels,"
+            " CAST(r.finished_at / 86400 AS INTEGER), x.value"
+            " FROM samples x JOIN runs r ON r.rowid = x.run JOIN series s ON s.id = x.series"
+            " LEFT JOIN run_nodes rn ON s.node = '' AND rn.run_id = r.run_id"
+            " WHERE x.run IN (SELECT value FROM json_each(?))",
+            (positions,),
+        ):
+            if labels not in pooled:
+                pooled[labels] = canonical_labels({k: v for k, v in json.loads(labels).items() if k != "gpu"})
+            acc = sums.setdefault((node or "", probe, name, pooled[labels], day), [0.0, value, 0.0, value])
+            acc[0] += 1
+            acc[1] = min(acc[1], value)
+            acc[2] += value
+            acc[3] = max(acc[3], value)
+        db.executemany(
+            "INSERT INTO rollups (node, probe, name, labels, day, n, lo, mean, hi) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (node, probe, name, labels, day) DO UPDATE SET n = n + excluded.n,"
+            " lo = MIN(lo, excluded.lo), hi = MAX(hi, excluded.hi),"
+            " mean = (mean * n + excluded.mean * excluded.n) / (n + excluded.n)",
+            [(*key, int(n), lo, total / n, hi) for key, (n, lo, total, hi) in sums.items()],
+        )
+        db.execute("DELETE FROM samples WHERE run IN (SELECT value FROM json_each(?))", (positions,))
+        db.execute("DELETE FROM checks WHERE ok = 1 AND run_id IN"
+                   " (SELECT run_id FROM runs WHERE rowid IN (SELECT value FROM json_each(?)))", (positions,))
+
+    def rollups(self, *, node: str | None = None, probe: str | None = None) -> list[RollupRow]:
+        """The per-node daily summaries of history beyond the detail window, oldest day first."""
+        rows = self._query(
+            "SELECT * FROM rollups WHERE (? IS NULL OR node = ?) AND (? IS NULL OR probe = ?)"
+            " ORDER BY day, node, probe, name, labels", (node, node, probe, probe))
+        return [RollupRow(r["node"], r["probe"], r["name"], json.loads(r["labels"]), r["day"] * 86400.0, r["n"],
+                          r["lo"], r["mean"], r["hi"]) for r in rows]

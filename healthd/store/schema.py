@@ -268,8 +268,64 @@ MIGRATIONS: tuple[str, ...] = (
         WHERE r.state = 'finished' AND r.outcome != 'skipped'
     ) f WHERE f.k = 1
     """,
-    # 6: placeholder (store compaction, merged next)
-    "",
+    # 6: compact history: a series dictionary and one narrow row per value keyed by the run's store
+    # position (runs.rowid), per-node daily rollups beyond the detail window, and when each
+    # (node, probe) was last attempted (the planner's input, kept on write)
+    """
+    CREATE TABLE series (
+        id     INTEGER PRIMARY KEY,
+        probe  TEXT NOT NULL,
+        node   TEXT NOT NULL,
+        name   TEXT NOT NULL,
+        labels TEXT NOT NULL,
+        UNIQUE (probe, node, name, labels)
+    );
+    CREATE TABLE samples (
+        run      INTEGER NOT NULL,
+        series   INTEGER NOT NULL,
+        value    REAL NOT NULL,
+        per_rank TEXT,
+        PRIMARY KEY (run, series)
+    ) WITHOUT ROWID;
+    INSERT OR IGNORE INTO series (probe, node, name, labels)
+        SELECT probe, COALESCE(node, ''), name, labels FROM measurements ORDER BY id;
+    INSERT OR REPLACE INTO samples (run, series, value, per_rank)
+        SELECT r.rowid, s.id, m.value, m.per_rank FROM measurements m
+        JOIN runs r ON r.run_id = m.run_id
+        JOIN series s ON s.probe = m.probe AND s.node = COALESCE(m.node, '') AND s.name = m.name
+                     AND s.labels = m.labels;
+    DROP TABLE measurements;
+    CREATE VIEW measurements AS
+        SELECT r.rowid * 65536 + x.series AS id, r.run_id, s.probe, NULLIF(s.node, '') AS node, s.name, s.labels,
+               x.value, x.per_rank, r.finished_at AS at
+        FROM samples x JOIN runs r ON r.rowid = x.run JOIN series s ON s.id = x.series;
+    CREATE INDEX runs_finished ON runs (finished_at) WHERE state = 'finished';
+    CREATE TABLE rollups (
+        node  TEXT NOT NULL,
+        probe TEXT NOT NULL,
+        name   TEXT NOT NULL,
+        labels TEXT NOT NULL,
+        day    INTEGER NOT NULL,
+        n      INTEGER NOT NULL,
+        lo     REAL NOT NULL,
+        mean   REAL NOT NULL,
+        hi     REAL NOT NULL,
+        PRIMARY KEY (node, probe, name, labels, day)
+    ) WITHOUT ROWID;
+    CREATE TABLE attempts (
+        node         TEXT NOT NULL,
+        probe        TEXT NOT NULL,
+        submitted_at REAL NOT NULL,
+        PRIMARY KEY (node, probe)
+    ) WITHOUT ROWID;
+    INSERT INTO attempts (node, probe, submitted_at)
+        SELECT n.node, r.probe, MAX(r.submitted_at) FROM runs r JOIN run_nodes n ON n.run_id = r.run_id
+        WHERE r.kind != 'ingest' GROUP BY n.node, r.probe;
+    CREATE TABLE store_state (
+        key   TEXT PRIMARY KEY,
+        value REAL NOT NULL
+    )
+    """,
     # 7: the judge's chance-flag counters and error streaks (they survive a restart)
     """
     CREATE TABLE judge_flag_rates (

@@ -103,14 +103,14 @@ def test_a_result_the_store_refuses_closes_that_run_as_error(
     daemon: Daemon, fake: FakeSlurmClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     bad, good = launch_two(daemon, fake)
-    real = daemon.store.finish_run
+    real = daemon.store._insert_result
 
-    def finish_run(run_id: str, **kw: object) -> bool:
-        if run_id == bad and kw.get("result") is not None:
-            raise sqlite3.IntegrityError("NOT NULL constraint failed: measurements.value")
-        return real(run_id, **kw)  # type: ignore[arg-type]
+    def insert_result(db: sqlite3.Connection, position: int, run_id: str, probe: str, result: ProbeResult) -> None:
+        if run_id == bad:
+            raise sqlite3.IntegrityError("NOT NULL constraint failed: samples.value")
+        real(db, position, run_id, probe, result)
 
-    monkeypatch.setattr(daemon.store, "finish_run", finish_run)
+    monkeypatch.setattr(daemon.store, "_insert_result", insert_result)
     daemon.collect()
     bad_run, good_run = daemon.store.run(bad), daemon.store.run(good)
     assert bad_run is not None and bad_run.outcome is Outcome.ERROR and "NOT NULL constraint" in bad_run.reason
@@ -263,3 +263,17 @@ def test_a_store_locked_by_another_process_keeps_the_runs_for_the_next_tick(
     other.close()
     daemon._tick("collect", daemon.collect)()
     assert daemon.store.unfinished_runs() == [] and daemon.store.unjudged_runs() == []
+
+
+def test_housekeeping_folds_detail_older_than_detail_days(daemon: Daemon) -> None:
+    old = time.time() - (daemon.settings.store.detail_days + 1) * 86400
+    daemon.store.add_run(run_id="old", probe="gemm", nodes=("n1",), backend="slurm", job_id=None,
+                         submitted_at=old - 60, result_path=None)
+    daemon.store.finish_run("old", outcome=Outcome.PASS, reason="", finished_at=old, result=ProbeResult(
+        probe="gemm", run_id="old", outcome=Outcome.PASS, started_at=old - 30, finished_at=old, nodes=["n1"],
+        measurements=[Measurement(name="flop_per_second", labels={"gpu": "0"}, node="n1", value=5.0)]))
+    daemon.housekeeping()
+    assert daemon.store.measurements(run_id="old") == []
+    (day,) = daemon.store.rollups(node="n1")
+    assert (day.name, day.n, day.mean) == ("flop_per_second", 1, 5.0)
+    assert daemon.store.run("old") is not None

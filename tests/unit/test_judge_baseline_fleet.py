@@ -120,3 +120,20 @@ def test_active_event_ends_under_half_the_thresholds() -> None:
     assert check_event(sample(100, flagged_oldest=10), SETTINGS, active=True) is not None
     assert check_event(sample(100, flagged_oldest=9), SETTINGS, active=True) is None
     assert check_event([], SETTINGS, active=True) is None
+
+
+@pytest.mark.parametrize("nodes", [1000, 3000, 10_000])
+def test_one_percent_of_bad_nodes_rechecked_most_often_is_no_event_at_any_fleet_size(nodes: int) -> None:
+    # the bad nodes are re-probed every couple of minutes: their results are always the newest
+    bad = nodes // 100
+    samples = [(float(i), i >= nodes - bad) for i in range(nodes)]
+    assert check_event(samples, SETTINGS, active=False) is None
+    assert check_event(samples, SETTINGS, active=True) is None
+
+
+@pytest.mark.parametrize("nodes", [100, 1000, 10_000])
+def test_a_class_wide_change_starts_an_event_early_at_any_fleet_size(nodes: int) -> None:
+    # the change is seen by the newest 6% of the class so far
+    seen = math.ceil(nodes * 0.06)
+    check = check_event([(float(i), i >= nodes - seen) for i in range(nodes)], SETTINGS, active=False)
+    assert check is not None and check.flagged == seen

@@ -39,7 +39,8 @@ def test_migrates_an_older_file_forward(tmp_path: Path) -> None:
     store = Store(path)
     assert store.schema_version == SCHEMA_VERSION
     tables = {r[0] for r in sqlite3.connect(path).execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    assert {"runs", "run_nodes", "measurements", "checks", "verdicts", "nodes", "counters"} <= tables
+    assert {"runs", "run_nodes", "series", "samples", "rollups", "attempts", "checks", "verdicts", "nodes",
+            "counters"} <= tables
 
 
 def test_refuses_a_newer_schema(tmp_path: Path) -> None:

@@ -1,0 +1,141 @@
+"""Compact history (issue 18): the series dictionary, batched closing, rollups and the planner's attempts."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from healthd.model import Outcome, RunKind
+from healthd.store import Store
+from healthd.store.runs import FinishedRun
+from healthd.store.schema import MIGRATIONS
+from probes.result import Measurement, ProbeResult
+
+DAY = 86400.0
+
+
+def gemm(run_id: str, node: str, at: float, value: float) -> ProbeResult:
+    return ProbeResult(probe="gemm", run_id=run_id, outcome=Outcome.PASS, started_at=at - 10, finished_at=at,
+                       nodes=[node], measurements=[
+                           Measurement(name="flop_per_second", value=value + gpu, node=node,
+                                       labels={"dtype": "bf16", "gpu": str(gpu)}) for gpu in range(4)])
+
+
+def add(store: Store, run_id: str, node: str, at: float, kind: RunKind = RunKind.PROBE, probe: str = "gemm") -> None:
+    store.add_run(run_id=run_id, probe=probe, nodes=(node,), backend="sim", job_id=None, submitted_at=at,
+                  result_path=None, kind=kind)
+
+
+def test_a_series_label_text_is_stored_once_whatever_the_number_of_runs(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    for i in range(5):
+        add(store, f"r{i}", "n1", 100.0 * i)
+        store.finish_run(f"r{i}", outcome=Outcome.PASS, reason="", finished_at=100.0 * i + 50,
+                         result=gemm(f"r{i}", "n1", 100.0 * i + 50, 1e12 * (i + 1)))
+    db = sqlite3.connect(tmp_path / "s.sqlite")
+    assert db.execute("SELECT COUNT(*) FROM series").fetchone()[0] == 4
+    assert db.execute("SELECT COUNT(*) FROM samples").fetchone()[0] == 20
+    got = store.measurements(run_id="r3")
+    assert sorted((m.labels["gpu"], m.value, m.at, m.node) for m in got) == [
+        (str(g), 4e12 + g, 350.0, "n1") for g in range(4)]
+    assert {m.labels["gpu"]: m.value for m in store.latest_measurements()} == {str(g): 5e12 + g for g in range(4)}
+
+
+def test_a_batch_is_closed_in_one_transaction_and_a_run_closed_twice_is_stored_once(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    for i in range(3):
+        add(store, f"r{i}", f"n{i}", 0.0)
+    commits = store.data_version()[0]
+    batch = [FinishedRun(f"r{i}", Outcome.PASS, "", 40.0, gemm(f"r{i}", f"n{i}", 40.0, 1e12)) for i in range(3)]
+    assert store.finish_runs([*batch, batch[0]]) == [*batch, None]
+    assert store.data_version()[0] == commits + 1
+    assert store.finish_runs(batch[:1]) == [None]
+    assert ("probe_runs_total", {"outcome": "pass", "probe": "gemm"}, 3.0) in store.counters()
+    assert len(store.measurements()) == 12
+
+
+def test_a_refused_result_closes_only_its_own_run_as_what_refused_makes_it(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    add(store, "good", "n1", 0.0)
+    add(store, "bad", "n2", 0.0)
+    bad = gemm("bad", "n2", 40.0, 1e12)
+    bad.measurements[0].__dict__["value"] = None  # NOT NULL
+    batch = [FinishedRun("good", Outcome.PASS, "", 40.0, gemm("good", "n1", 40.0, 1e12)),
+             FinishedRun("bad", Outcome.PASS, "", 40.0, bad)]
+    with pytest.raises(sqlite3.IntegrityError):
+        store.finish_runs(batch)
+    assert store.unfinished_runs() != []
+    stored = store.finish_runs(batch, refused=lambda r, exc: FinishedRun(r.run_id, Outcome.ERROR, str(exc), 41.0))
+    assert [s.outcome if s else None for s in stored] == [Outcome.PASS, Outcome.ERROR]
+    assert store.measurements(run_id="bad") == [] and len(store.measurements(run_id="good")) == 4
+
+
+def test_last_attempts_are_kept_on_write_and_ignore_ingested_runs(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    add(store, "a", "n1", 10.0)
+    add(store, "b", "n1", 30.0)
+    add(store, "c", "n1", 20.0)
+    add(store, "d", "n2", 50.0, kind=RunKind.INGEST)
+    add(store, "e", "n2", 5.0, probe="nccl")
+    assert store.last_attempts() == {("n1", "gemm"): 30.0, ("n2", "nccl"): 5.0}
+
+
+def test_rollup_folds_old_detail_into_per_node_days_incrementally(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    for day in range(3):
+        for k in range(2):
+            run_id = f"d{day}k{k}"
+            at = day * DAY + 3600.0 * (k + 1)
+            add(store, run_id, "n1", at - 60)
+            store.finish_run(run_id, outcome=Outcome.PASS, reason="", finished_at=at,
+                             result=gemm(run_id, "n1", at, 100.0 * (k + 1)))
+    assert store.rollup(older_than=1 * DAY, batch=1) == 2
+    assert store.rollup(older_than=1 * DAY) == 0
+    (day0,) = store.rollups()
+    assert (day0.node, day0.probe, day0.name, day0.labels, day0.day) == ("n1", "gemm", "flop_per_second",
+                                                                         {"dtype": "bf16"}, 0.0)
+    assert (day0.n, day0.lo, day0.hi) == (8, 100.0, 203.0)
+    assert day0.mean == pytest.approx((sum(100.0 + g for g in range(4)) + sum(200.0 + g for g in range(4))) / 8)
+    assert store.measurements(run_id="d0k0") == [] and len(store.measurements(run_id="d1k0")) == 4
+    assert store.run("d0k0") is not None
+    assert store.rollup(older_than=3 * DAY) == 4
+    assert [r.day for r in store.rollups()] == [0.0, DAY, 2 * DAY]
+    assert store.measurements() == []
+
+
+def test_a_version_4_store_keeps_its_measurements_through_the_migration(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite"
+    db = sqlite3.connect(path)
+    for number in range(4):
+        db.executescript(MIGRATIONS[number])
+    db.execute("PRAGMA user_version = 4")
+    db.execute("INSERT INTO runs (run_id, probe, backend, state, outcome, submitted_at, finished_at)"
+               " VALUES ('r1', 'nccl', 'local', 'finished', 'pass', 10, 20)")
+    db.execute("INSERT INTO run_nodes VALUES ('r1', 'n1'), ('r1', 'n2')")
+    labels = json.dumps({"size_bytes": "8"}, separators=(",", ":"))
+    db.execute("INSERT INTO measurements (run_id, probe, node, name, labels, value, at)"
+               " VALUES ('r1', 'nccl', NULL, 'busbw', ?, 5.0, 20), ('r1', 'nccl', 'n1', 'busbw', ?, 7.0, 20)",
+               (labels, labels))
+    db.commit()
+    db.close()
+    store = Store(path)
+    got = sorted((m.node or "", m.value, m.at) for m in store.measurements(run_id="r1"))
+    assert got == [("", 5.0, 20.0), ("n1", 7.0, 20.0)]
+    assert store.last_attempts() == {("n1", "nccl"): 10.0, ("n2", "nccl"): 10.0}
+
+
+def test_what_a_tick_reads_never_scans_the_history(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    add(store, "r1", "n1", 10.0)
+    store.last_attempts()
+    statements: list[str] = []
+    store._db.set_trace_callback(statements.append)
+    store.unfinished_runs()
+    assert store.last_attempts() == {("n1", "gemm"): 10.0}
+    store._db.set_trace_callback(None)
+    plans = [row[3] for sql in statements if sql.lstrip().upper().startswith("SELECT")
+             for row in store._db.execute("EXPLAIN QUERY PLAN " + sql)]
+    assert plans and not [p for p in plans if p.split()[:2] in (["SCAN", "r"], ["SCAN", "runs"])]
