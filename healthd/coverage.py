@@ -7,6 +7,8 @@ one per enabled probe. Coverage is the share of known nodes fully checked within
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -70,14 +72,36 @@ class CoverageCollector(Collector):
     """``healthd_node_last_full_check_timestamp_seconds`` (one series per node), coverage per class and
     in all, and the probe budget: GPU-seconds spent in the last 24 h, the limit, the share of the cluster."""
 
-    def __init__(self, inputs: Callable[[], CoverageInputs]) -> None:
+    def __init__(self, inputs: Callable[[], CoverageInputs], max_age_s: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._inputs = inputs
+        self._max_age_s = max_age_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._families: tuple[float, list[Metric]] | None = None
 
     def describe(self) -> list[Metric]:
         return []
 
+    def refresh(self, *, force: bool = False) -> bool:
+        """Read the inputs and build the families again when they are older than ``max_age_s`` (or
+        ``force``): the daemon calls this after its ticks, so a scrape never waits for the store's
+        history queries. Whether it did."""
+        with self._lock:
+            now = self._clock()
+            if not force and self._families is not None and now - self._families[0] < self._max_age_s:
+                return False
+            self._families = (now, list(self._build(self._inputs())))
+            return True
+
     def collect(self) -> Iterator[Metric]:
-        x = self._inputs()
+        if self._families is None:
+            self.refresh()
+        assert self._families is not None
+        yield from self._families[1]
+
+    @staticmethod
+    def _build(x: CoverageInputs) -> Iterator[Metric]:
         checks = full_check_times((n.name for n in x.nodes), x.enabled_probes, x.last_judged)
         last = GaugeMetricFamily("healthd_node_last_full_check_timestamp_seconds",
                                  "When the node was last fully checked: every enabled probe had passed or been"

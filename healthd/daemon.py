@@ -60,6 +60,8 @@ ON_DEMAND_WAIT_S = 600.0
 """An on-demand probe request whose node is not free (healthd's own probe on it, no partner) this long expires."""
 FAILING_TICKS = 3
 """Consecutive failures of one tick after which ``/healthz`` answers 503."""
+COVERAGE_MAX_AGE_S = 60.0
+"""How often the coverage and budget figures are read again from the store's run history (after a tick)."""
 
 
 class Daemon:
@@ -89,7 +91,8 @@ class Daemon:
         self.metrics.slurm_up.set(0)
         self.observed = ObservedBackend(self.backend, self._backend_call_ok)
         self.exposition = Exposition(self.store, lambda: self.backend.name, settings.metrics.detail)
-        self.registry.register(CoverageCollector(self._coverage_inputs))
+        self.coverage = CoverageCollector(self._coverage_inputs, max_age_s=COVERAGE_MAX_AGE_S)
+        self.registry.register(self.coverage)
         self.judge = load_judge(self.store, settings.judge, now=time.time())
         self._judge_stale = False
         self.remediator = Remediator(self.store, self.backend, settings.remediation)
@@ -353,6 +356,7 @@ class Daemon:
         meanwhile waits for it)."""
         try:
             self.exposition.refresh_if_changed()
+            self.coverage.refresh()
         except HealthdError as exc:
             log.error("metrics_refresh_failed", error=str(exc))
 

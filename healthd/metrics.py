@@ -102,7 +102,6 @@ STORE_COUNTERS = {"probe_runs_total": ("probe", "outcome"), "probe_seconds_total
                   "probe_gpu_seconds_total": ("probe",)}
 
 HEADLINES: dict[tuple[str, str], dict[str, tuple[str, ...]]] = {
-    ("env", "visible_gpus"): {},
     ("gemm", "flop_per_second"): {"dtype": ("bf16", "fp16", "tf32", "fp32", "fp8")},
     ("nccl", "busbw_bytes_per_second"): {"scope": ("node", "group", "rail"), "collective": ("all_reduce",),
                                          "placement": ("out_of_place", "in_place")},

@@ -53,10 +53,19 @@ ALLOWED_EMPTY_METRICS: dict[str, str] = {
     "healthd_scaling_busbw_bytes_per_second": "the scaling sweep needs two or more nodes; this test has one",
     "healthd_drain_recommended": "no drain is recommended on a healthy machine (and no 0 rows with detail = summary)",
     "healthd_node_probe_baseline_ratio": "a baseline needs several passing runs of the node; this test sees one",
+    "healthd_ddp_mfu_ratio": "the 'local' node class (a CPU) has no peak in healthd/judge/peaks.toml",
+    **{name: "the compute probe is off by default (and its figures are full detail)"
+       for name in ("healthd_compute_mlp_flop_per_second", "healthd_compute_embedding_bag_bytes_per_second",
+                    "healthd_baseline_compute_mlp_flop_per_second",
+                    "healthd_baseline_compute_embedding_bag_bytes_per_second",
+                    "healthd_floor_compute_mlp_flop_per_second",
+                    "healthd_floor_compute_embedding_bag_bytes_per_second")},
     **{name: 'exported with [metrics] detail = "full" only; this test runs the default, "summary"'
        for name in (*FULL_ONLY, "healthd_nccl_algbw_bytes_per_second", "healthd_nccl_time_seconds",
                     "healthd_gemm_memory_bandwidth_bytes_per_second", "healthd_ddp_step_seconds",
-                    "healthd_ddp_scaling_efficiency_ratio", "healthd_ddp_single_rank_throughput_samples_per_second")},
+                    "healthd_ddp_scaling_efficiency_ratio", "healthd_ddp_single_rank_throughput_samples_per_second",
+                    "healthd_env_visible_gpus", "healthd_ddp_model_flop_per_second",
+                    "healthd_baseline_ddp_model_flop_per_second", "healthd_floor_ddp_model_flop_per_second")},
 }
 """Metrics that may be absent from the scrape. A query that uses one may return nothing."""
 
@@ -73,7 +82,7 @@ FIRING_ON_A_HEALTHY_MACHINE: dict[str, str] = {}
 
 GRAFANA_INTERVALS = {"__rate_interval": "1m", "__interval": "15s", "__range": "1h"}
 PROBES = ("env", "gemm", "nccl", "ddp")
-MEASUREMENTS = ("healthd_env_visible_gpus", "healthd_gemm_flop_per_second", "healthd_nccl_busbw_bytes_per_second",
+MEASUREMENTS = ("healthd_gemm_flop_per_second", "healthd_nccl_busbw_bytes_per_second",
                 "healthd_ddp_throughput_samples_per_second")
 
 

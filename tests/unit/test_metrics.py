@@ -125,6 +125,7 @@ def eight_gpu_node(store: Store, node: str, at: float) -> None:
                  for c in ("all_gather", "all_reduce") for size in (8192, 1 << 20, 1 << 26, 1 << 30)
                  for p in ("in_place", "out_of_place")],
         "ddp": [Measurement(name="throughput_samples_per_second", value=2400.0, node=node),
+                Measurement(name="model_flop_per_second", value=1e14, node=node, labels={"dtype": "bf16"}),
                 Measurement(name="step_seconds", value=0.1, node=node, labels={"quantile": "0.5"})],
     }
     series = []
@@ -145,13 +146,19 @@ def node_series(text: bytes, node: str) -> list[str]:
     return [line for line in text.decode().splitlines() if f'node="{node}"' in line and not line.startswith("#")]
 
 
+def v_mfu(text: bytes) -> float | None:
+    return lookup(text)("healthd_ddp_mfu_ratio", {"node": "g1", "dtype": "bf16"})
+
+
 def test_summary_keeps_an_eight_gpu_node_within_the_budget(tmp_path: Path) -> None:
     store = Store(tmp_path / "s.sqlite")
     store.upsert_nodes([Node("g1", "idle", gpus=8, gpu_type="h100", node_class="h100x8")], 1.0)
     eight_gpu_node(store, "g1", 100.0)
     summary, full = scrape(store, "summary"), scrape(store, "full")
-    # 2 + 2 x 4 probes + (1 env + 8 GEMM GPUs + 1 NCCL + 1 DDP) headline + 4 baseline ratios (docs/metrics.md)
-    assert len(node_series(summary, "g1")) == 25
+    # 2 + 2 x 4 probes + (8 GEMM GPUs + 1 NCCL + 1 DDP + 1 MFU) headline + 3 baseline ratios (docs/metrics.md);
+    # the 25th, the last full check, comes from the daemon's coverage collector
+    assert len(node_series(summary, "g1")) == 24
+    assert v_mfu(summary) == pytest.approx(1e14 / 989.4e12)
     assert len(node_series(full, "g1")) > 150
     v = lookup(summary)
     assert v("healthd_nccl_busbw_bytes_per_second", {"node": "g1", "collective": "all_reduce", "scope": "node",
