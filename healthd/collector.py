@@ -325,7 +325,8 @@ class Collector:
             final = record or c.record
             if record is not None:
                 logger = log.warning if final.outcome is Outcome.ERROR else log.info
-                logger("probe_finished", run_id=final.run_id, probe=c.run.probe, outcome=final.outcome.value,
+                logger("probe_finished", run_id=final.run_id, probe=c.run.probe, node=",".join(c.run.nodes),
+                       outcome=final.outcome.value,
                        reason=final.reason, measurements=len(final.result.measurements) if final.result else 0)
             done.append(Collected(c.run.run_id, c.run.probe, c.run.nodes, final.outcome, final.reason, final.result,
                                   c.run.kind))
