@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections import defaultdict
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -87,47 +88,70 @@ class Changes:
     series: tuple[dict[str, Any], ...]
 
 
+@dataclass(frozen=True)
+class FinishedLatest:
+    """What ``latest`` and ``latest_runs`` take of a run just finished."""
+
+    run_id: str
+    probe: str
+    outcome: Outcome
+    reason: str
+    submitted_at: float
+    started_at: float
+    finished_at: float
+    duration_s: float
+    result: ProbeResult | None
+
+
 class LatestStore(Database):
     @staticmethod
-    def _update_latest(db: sqlite3.Connection, run_id: str, probe: str, outcome: Outcome,
-                       result: ProbeResult | None) -> None:
-        """Bring ``latest`` and ``latest_runs`` up to date with the run just finished (in its transaction)."""
-        seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM latest_runs").fetchone()[0]
-        if outcome is not Outcome.SKIPPED:
-            db.execute(
-                "INSERT INTO latest_runs (node, probe, run_id, outcome, reason, submitted_at, started_at, finished_at,"
-                " duration_s, last_success_at, seq)"
-                " SELECT n.node, r.probe, r.run_id, r.outcome, r.reason, r.submitted_at, r.started_at, r.finished_at,"
-                " r.duration_s, CASE WHEN r.outcome = 'pass' THEN r.finished_at END, ?"
-                " FROM runs r JOIN run_nodes n ON n.run_id = r.run_id WHERE r.run_id = ?"
-                " ON CONFLICT (node, probe) DO UPDATE SET run_id = excluded.run_id, outcome = excluded.outcome,"
-                " reason = excluded.reason, submitted_at = excluded.submitted_at, started_at = excluded.started_at,"
-                " finished_at = excluded.finished_at, duration_s = excluded.duration_s, seq = excluded.seq"
-                " WHERE excluded.finished_at >= latest_runs.finished_at",
-                (seq, run_id),
-            )
-            if outcome is Outcome.PASS:
-                db.execute(
-                    "UPDATE latest_runs SET last_success_at = (SELECT finished_at FROM runs WHERE run_id = ?), seq = ?"
-                    " WHERE probe = ? AND node IN (SELECT node FROM run_nodes WHERE run_id = ?)"
-                    " AND COALESCE(last_success_at, 0) < (SELECT finished_at FROM runs WHERE run_id = ?)",
-                    (run_id, seq, probe, run_id, run_id),
-                )
-        if result is None or not result.measurements:
+    def _update_latest(db: sqlite3.Connection, finished: Sequence[FinishedLatest]) -> None:
+        """Bring ``latest`` and ``latest_runs`` up to date with the runs just finished (in their transaction):
+        one sequence number per call, a few statements whatever the number of runs."""
+        if not finished:
             return
-        run_nodes = [r[0] for r in db.execute("SELECT node FROM run_nodes WHERE run_id = ?", (run_id,))]
-        at = db.execute("SELECT finished_at FROM runs WHERE run_id = ?", (run_id,)).fetchone()[0]
-        rows: dict[tuple[str, str, str], float] = {}
-        for m in result.measurements:
-            labels = canonical_labels(m.labels)
-            for node in ([m.node] if m.node is not None else run_nodes):
-                rows[(node, m.name, labels)] = m.value
+        nodes_of: dict[str, list[str]] = defaultdict(list)
+        ids = json.dumps([f.run_id for f in finished])
+        for run_id, node in db.execute("SELECT run_id, node FROM run_nodes WHERE run_id IN"
+                                       " (SELECT value FROM json_each(?))", (ids,)):
+            nodes_of[run_id].append(node)
+        seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM latest_runs").fetchone()[0]
+        judged = [f for f in finished if f.outcome is not Outcome.SKIPPED]
+        db.executemany(
+            "INSERT INTO latest_runs (node, probe, run_id, outcome, reason, submitted_at, started_at, finished_at,"
+            " duration_s, last_success_at, seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (node, probe) DO UPDATE SET run_id = excluded.run_id, outcome = excluded.outcome,"
+            " reason = excluded.reason, submitted_at = excluded.submitted_at, started_at = excluded.started_at,"
+            " finished_at = excluded.finished_at, duration_s = excluded.duration_s, seq = excluded.seq"
+            " WHERE excluded.finished_at >= latest_runs.finished_at",
+            [(node, f.probe, f.run_id, f.outcome.value, f.reason, f.submitted_at, f.started_at, f.finished_at,
+              f.duration_s, f.finished_at if f.outcome is Outcome.PASS else None, seq)
+             for f in judged for node in nodes_of[f.run_id]],
+        )
+        db.executemany(
+            "UPDATE latest_runs SET last_success_at = ?, seq = ? WHERE node = ? AND probe = ?"
+            " AND COALESCE(last_success_at, 0) < ?",
+            [(f.finished_at, seq, node, f.probe, f.finished_at)
+             for f in judged if f.outcome is Outcome.PASS for node in nodes_of[f.run_id]],
+        )
+        rows: dict[tuple[str, str, str, str], tuple[float, float, str]] = {}
+        for f in finished:
+            if f.result is None:
+                continue
+            for m in f.result.measurements:
+                labels = canonical_labels(m.labels)
+                for node in ([m.node] if m.node is not None else nodes_of[f.run_id]):
+                    key = (node, f.probe, m.name, labels)
+                    if key not in rows or rows[key][1] <= f.finished_at:
+                        rows[key] = (m.value, f.finished_at, f.run_id)
+        if not rows:
+            return
         seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM latest").fetchone()[0]
         db.executemany(
             "INSERT INTO latest (node, probe, name, labels, value, at, run_id, seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
             " ON CONFLICT (node, probe, name, labels) DO UPDATE SET value = excluded.value, at = excluded.at,"
             " run_id = excluded.run_id, seq = excluded.seq WHERE excluded.at >= latest.at",
-            [(node, probe, name, labels, value, at, run_id, seq) for (node, name, labels), value in rows.items()],
+            [(*key, value, at, run_id, seq) for key, (value, at, run_id) in rows.items()],
         )
 
     def latest_measurements(self, nodes: Sequence[str] | None = None,

@@ -11,7 +11,7 @@ from typing import Any
 
 from healthd.errors import StoreError
 from healthd.model import Outcome, ProbeResult, RunKind
-from healthd.store.latest import LatestStore
+from healthd.store.latest import FinishedLatest, LatestStore
 from healthd.store.rows import MeasurementRow, RollupRow, RunRow, canonical_labels
 from probes.result import Measurement
 
@@ -130,25 +130,29 @@ class RunsStore(LatestStore):
                     "  WHERE x.run_id = r.run_id) FROM runs r WHERE r.run_id IN (SELECT value FROM json_each(?))",
                     (json.dumps([run.run_id for run in runs]),))
             }
+            latest: list[FinishedLatest] = []
             for run in runs:
                 if refused is None:
-                    out.append(self._finish(db, run, known, bumps))
+                    out.append(self._finish(db, run, known, bumps, latest))
                     continue
                 db.execute("SAVEPOINT one_run")
+                kept = len(latest)
                 try:
-                    out.append(self._finish(db, run, known, bumps))
+                    out.append(self._finish(db, run, known, bumps, latest))
                 except sqlite3.IntegrityError as exc:
                     db.execute("ROLLBACK TO one_run")
                     self._series_ids.clear()
-                    out.append(self._finish(db, refused(run, exc), known, bumps))
+                    del latest[kept:]
+                    out.append(self._finish(db, refused(run, exc), known, bumps, latest))
                 db.execute("RELEASE one_run")
+            self._update_latest(db, latest)
             for (name, probe, outcome), by in sorted(bumps.items()):
                 self._bump(db, name, {"probe": probe, "outcome": outcome} if outcome else {"probe": probe}, by)
         return out
 
     def _finish(self, db: sqlite3.Connection, run: FinishedRun,
                 known: dict[str, tuple[int, str, str, float, float | None, int]],
-                bumps: dict[tuple[str, str, str], float]) -> FinishedRun | None:
+                bumps: dict[tuple[str, str, str], float], latest: list[FinishedLatest]) -> FinishedRun | None:
         row = known.get(run.run_id)
         if row is None:
             raise StoreError(f"no run {run.run_id!r} in the store")
@@ -165,8 +169,9 @@ class RunsStore(LatestStore):
         )
         if run.result is not None:
             self._insert_result(db, position, run.run_id, probe, run.result)
-        self._update_latest(db, run.run_id, probe, outcome, run.result)
         seconds = max(0.0, finished_at - start)
+        latest.append(FinishedLatest(run.run_id, probe, outcome, run.reason, submitted_at, start, finished_at, seconds,
+                                     run.result))
         for key, by in (("probe_runs_total", probe, outcome.value), 1.0), (("probe_seconds_total", probe, ""), seconds):
             bumps[key] = bumps.get(key, 0.0) + by
         if outcome is not Outcome.SKIPPED:
