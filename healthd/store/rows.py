@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Literal, TypeAlias
 
 from healthd.model import Node, Outcome, RunKind, Verdict
@@ -18,8 +19,14 @@ JudgedMark: TypeAlias = tuple[float, str, int, str]
 """(at, probe, severity, code) of one judged result a node took part in."""
 
 
-def canonical_labels(labels: dict[str, str]) -> str:
-    return json.dumps(labels, sort_keys=True, separators=(",", ":"))
+def canonical_labels(labels: Mapping[str, str]) -> str:
+    """The one text form of a label set (sorted keys, no spaces): how the store keys series by labels."""
+    return _canonical(tuple(sorted(labels.items())))
+
+
+@lru_cache(maxsize=65536)
+def _canonical(items: tuple[tuple[str, str], ...]) -> str:
+    return json.dumps(dict(items), separators=(",", ":"))
 
 
 @dataclass(frozen=True)

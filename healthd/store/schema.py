@@ -230,7 +230,7 @@ MIGRATIONS: tuple[str, ...] = (
         run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
         seq    INTEGER NOT NULL,
         PRIMARY KEY (node, probe, name, labels)
-    );
+    ) WITHOUT ROWID;
     CREATE INDEX latest_seq ON latest (seq);
     CREATE INDEX latest_run ON latest (run_id);
     INSERT INTO latest (node, probe, name, labels, value, at, run_id, seq)
@@ -253,7 +253,7 @@ MIGRATIONS: tuple[str, ...] = (
         last_success_at REAL,
         seq             INTEGER NOT NULL,
         PRIMARY KEY (node, probe)
-    );
+    ) WITHOUT ROWID;
     CREATE INDEX latest_runs_seq ON latest_runs (seq);
     CREATE INDEX latest_runs_run ON latest_runs (run_id);
     INSERT INTO latest_runs (node, probe, run_id, outcome, reason, submitted_at, started_at, finished_at, duration_s,
