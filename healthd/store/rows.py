@@ -21,11 +21,12 @@ JudgedMark: TypeAlias = tuple[float, str, int, str]
 
 def canonical_labels(labels: Mapping[str, str]) -> str:
     """The one text form of a label set (sorted keys, no spaces): how the store keys series by labels."""
-    return _canonical(tuple(sorted(labels.items())))
+    return canonical_items(tuple(sorted(labels.items())))
 
 
 @lru_cache(maxsize=65536)
-def _canonical(items: tuple[tuple[str, str], ...]) -> str:
+def canonical_items(items: tuple[tuple[str, str], ...]) -> str:
+    """``canonical_labels`` of label items already sorted."""
     return json.dumps(dict(items), separators=(",", ":"))
 
 

@@ -105,10 +105,11 @@ def test_a_result_the_store_refuses_closes_that_run_as_error(
     bad, good = launch_two(daemon, fake)
     real = daemon.store._insert_result
 
-    def insert_result(db: sqlite3.Connection, position: int, run_id: str, probe: str, result: ProbeResult) -> None:
+    def insert_result(db: sqlite3.Connection, position: int, run_id: str, probe: str, result: ProbeResult,
+                      series: dict[int, int] | None = None) -> None:
         if run_id == bad:
             raise sqlite3.IntegrityError("NOT NULL constraint failed: samples.value")
-        real(db, position, run_id, probe, result)
+        real(db, position, run_id, probe, result, series)
 
     monkeypatch.setattr(daemon.store, "_insert_result", insert_result)
     daemon.collect()
