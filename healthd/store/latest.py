@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections import defaultdict
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -105,9 +105,11 @@ class FinishedLatest:
 
 class LatestStore(Database):
     @staticmethod
-    def _update_latest(db: sqlite3.Connection, finished: Sequence[FinishedLatest]) -> None:
+    def _update_latest(db: sqlite3.Connection, finished: Sequence[FinishedLatest],
+                       label_text: Mapping[int, str] | None = None) -> None:
         """Bring ``latest`` and ``latest_runs`` up to date with the runs just finished (in their transaction):
-        one sequence number per call, a few statements whatever the number of runs."""
+        one sequence number per call, a few statements whatever the number of runs. ``label_text``: the
+        canonical label text of measurements by ``id()``, where the caller has it already."""
         if not finished:
             return
         nodes_of: dict[str, list[str]] = defaultdict(list)
@@ -135,11 +137,12 @@ class LatestStore(Database):
              for f in judged if f.outcome is Outcome.PASS for node in nodes_of[f.run_id]],
         )
         rows: dict[tuple[str, str, str, str], tuple[float, float, str]] = {}
+        texts = label_text or {}
         for f in finished:
             if f.result is None:
                 continue
             for m in f.result.measurements:
-                labels = canonical_labels(m.labels)
+                labels = texts.get(id(m)) or canonical_labels(m.labels)
                 for node in ([m.node] if m.node is not None else nodes_of[f.run_id]):
                     key = (node, f.probe, m.name, labels)
                     if key not in rows or rows[key][1] <= f.finished_at:

@@ -146,7 +146,7 @@ class RunsStore(LatestStore):
                     del latest[kept:]
                     out.append(self._finish(db, refused(run, exc), known, bumps, latest, series))
                 db.execute("RELEASE one_run")
-            self._update_latest(db, latest)
+            self._update_latest(db, latest, {mid: text for mid, (_, text) in series.items()})
             for (name, probe, outcome), by in sorted(bumps.items()):
                 self._bump(db, name, {"probe": probe, "outcome": outcome} if outcome else {"probe": probe}, by)
         return out
@@ -154,7 +154,7 @@ class RunsStore(LatestStore):
     def _finish(self, db: sqlite3.Connection, run: FinishedRun,
                 known: dict[str, tuple[int, str, str, float, float | None, int]],
                 bumps: dict[tuple[str, str, str], float], latest: list[FinishedLatest],
-                series: dict[int, int]) -> FinishedRun | None:
+                series: dict[int, tuple[int, str]]) -> FinishedRun | None:
         row = known.get(run.run_id)
         if row is None:
             raise StoreError(f"no run {run.run_id!r} in the store")
@@ -182,11 +182,13 @@ class RunsStore(LatestStore):
         known[run.run_id] = (position, "finished", probe, submitted_at, known_start, gpus)
         return run
 
-    def _prefetch_series(self, db: sqlite3.Connection, runs: Sequence[FinishedRun],
-                         known: dict[str, tuple[int, str, str, float, float | None, int]]) -> dict[int, int]:
-        """The series id of every value of ``runs`` (by ``id()`` of its ``Measurement``), read in one statement
-        (and the new series inserted in one more) rather than one lookup per value: a tick of a big fleet
-        stores hundreds of thousands."""
+    def _prefetch_series(
+        self, db: sqlite3.Connection, runs: Sequence[FinishedRun],
+        known: dict[str, tuple[int, str, str, float, float | None, int]],
+    ) -> dict[int, tuple[int, str]]:
+        """The series id and label text of every value of ``runs`` (by ``id()`` of its ``Measurement``), read
+        in one statement (and the new series inserted in one more) rather than one lookup per value: a tick
+        of a big fleet stores hundreds of thousands."""
         keys: dict[int, tuple[str, str, str, str]] = {}
         for run in runs:
             row = known.get(run.run_id)
@@ -205,7 +207,7 @@ class RunsStore(LatestStore):
         if new:
             db.executemany("INSERT INTO series (probe, node, name, labels) VALUES (?, ?, ?, ?)", new)
             ids.update({tuple(t): int(sid) for sid, *t in db.execute(lookup, (json.dumps(new),))})
-        return {mid: ids[key] for mid, key in keys.items()}
+        return {mid: (ids[key], key[3]) for mid, key in keys.items()}
 
     def _series_id(self, db: sqlite3.Connection, probe: str, m: Measurement) -> int:
         """The series dictionary's id of the measurement's (probe, node or '', name, labels), added when new."""
@@ -226,14 +228,14 @@ class RunsStore(LatestStore):
 
     def _insert_result(
         self, db: sqlite3.Connection, position: int, run_id: str, probe: str, result: ProbeResult,
-        series: dict[int, int] | None = None,
+        series: dict[int, tuple[int, str]] | None = None,
     ) -> None:
         db.executemany(
             "INSERT INTO samples (run, series, value, per_rank) VALUES (?, ?, ?, ?)",
             [
                 (
                     position,
-                    (series or {}).get(id(m)) or self._series_id(db, probe, m),
+                    known[0] if (known := (series or {}).get(id(m))) else self._series_id(db, probe, m),
                     m.value,
                     json.dumps(m.per_rank) if m.per_rank is not None else None,
                 )
