@@ -14,7 +14,9 @@ housekeeping rollup is applied, as the daemon would. Then it measures:
 - ``store_10k_results_s``: 10,000 results stored the way the collector stores a tick's results;
 - ``store_mb_per_day``: the growth of the history tables (``HISTORY``) over the last simulated round,
   per day at the scenario's schedule (gemm and nccl every 14-15 min on every node), with
-  ``bytes_per_run`` and ``runs_per_day``; ``store_mb``: the whole store at the end;
+  ``bytes_per_run`` and ``runs_per_day``; ``store_mb_per_day_default_schedule``: the same bytes per run at
+  the runs a day the default schedule allows (``DEFAULT_RUNS_PER_DAY``); ``store_mb``: the whole store at
+  the end;
 - ``rss_mb``, ``startup_s``, ``exposition_first_read_s``: peak RSS, judge-state load and the exposition's
   first full read of a fresh process that opens the store (the daemon's start-up).
 
@@ -35,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from healthd.config import Settings
 from healthd.judge.persist import load_judge
 from healthd.logging import setup_logging
 from healthd.metrics import Exposition
@@ -50,6 +53,9 @@ from bench.scrape import measure as scrape_measure
 KEYS = ("nodes", "series", "scrape_ms", "scrape_bytes", "api_nodes_page_ms", "plan_tick_ms", "collect_tick_ms",
         "judge_ms_per_result", "store_10k_results_s", "rss_mb", "store_mb_per_day")
 DAY_S = 86400.0
+DEFAULT_RUNS_PER_DAY = Settings().slurm.max_concurrent_jobs * DAY_S / 75.0
+"""Runs a day the default schedule allows at most: ``slurm.max_concurrent_jobs`` jobs of ~75 s (60-90 s with
+the queue wait) at once, whatever the fleet (docs/admin-guide.md, "Store size and the schedule")."""
 
 
 def scenario(nodes: int, rounds: int) -> Scenario:
@@ -215,6 +221,8 @@ def run(nodes: int, rounds: int, days: int, day_rounds: int, workdir: Path, stor
         "exposition_first_read_s": fresh["exposition_first_read_s"], "series_per_node": served["series_per_node"],
         "api_node_ms": served["api_node_ms"], "bytes_per_run": round(grown_mb * 1e6 / max(1, round_jobs)),
         "runs_per_day": round(round_jobs * DAY_S / simulated_s), "days": days, "rounds": rounds,
+        "store_mb_per_day_default_schedule": round(
+            grown_mb / max(1, round_jobs) * min(round_jobs * DAY_S / simulated_s, DEFAULT_RUNS_PER_DAY), 1),
         "store_mb": round(_size_mb(db), 1),
     }
 
