@@ -361,6 +361,8 @@ class RunsStore(LatestStore):
         with self._tx() as db:
             db.execute("DELETE FROM samples WHERE run IN (SELECT rowid FROM runs WHERE state = 'finished'"
                        " AND finished_at < ?)", (older_than,))
+            # a latest value is as old as its run (no foreign key: one index less on every value written)
+            db.execute("DELETE FROM latest WHERE at < ?", (older_than,))
             deleted = db.execute(
                 "DELETE FROM runs WHERE state = 'finished' AND finished_at < ?", (older_than,)
             ).rowcount

@@ -227,12 +227,11 @@ MIGRATIONS: tuple[str, ...] = (
         labels TEXT NOT NULL,
         value  REAL NOT NULL,
         at     REAL NOT NULL,
-        run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+        run_id TEXT NOT NULL,
         seq    INTEGER NOT NULL,
         PRIMARY KEY (node, probe, name, labels)
     ) WITHOUT ROWID;
     CREATE INDEX latest_seq ON latest (seq);
-    CREATE INDEX latest_run ON latest (run_id);
     INSERT INTO latest (node, probe, name, labels, value, at, run_id, seq)
     SELECT node, probe, name, labels, value, at, run_id, 1 FROM (
         SELECT m.run_id, m.probe, COALESCE(m.node, rn.node) AS node, m.name, m.labels, m.value, m.at,
