@@ -162,6 +162,8 @@ class Judge:
         self.last_group_pass: dict[str, dict[str, float]] = defaultdict(dict)
         self.samples: dict[tuple[str, str], dict[str, tuple[float, bool]]] = defaultdict(dict)
         self.events: dict[tuple[str, str], FleetEvent] = {}
+        self.event_spans: dict[tuple[str, str], tuple[float, float]] = {}
+        """(class, probe) → (start, end) of its last ended fleet event: runs then carry no retest shortfalls."""
         self.pending: dict[tuple[str, str], Request] = {}
         self.verdicts: dict[tuple[str, str], Verdict] = {}
         self.classes: dict[str, str] = {}
@@ -368,7 +370,7 @@ class Judge:
                               noise_allowed=k * noise)
                     if f is not None:
                         found.append(f)
-                    if m.node and noise > 0 and st.baseline:
+                    if m.node and noise > 0 and st.baseline and (cls, run.probe) not in self.events:
                         gap = (st.baseline - m.value) if direction == "higher" else (m.value - st.baseline)
                         ev.shortfalls.setdefault(node, []).append((key, gap / (noise * abs(st.baseline))))
                 in_event = (cls, run.probe) in self.events
@@ -477,6 +479,7 @@ class Judge:
                 changed.add((cls, probe))
             elif active is not None and check is None:
                 ended = replace(active, ended_at=now, text=active.text + "; over")
+                self.event_spans[(cls, probe)] = (active.started_at, now)
                 del self.events[(cls, probe)]
                 out.fleet_events.append(ended)
                 changed.add((cls, probe))
@@ -605,6 +608,8 @@ class Judge:
         cutoff = max(now - self.settings.confirm.window_s, self.resets.get(node, float("-inf")))
         event = self.events.get((self.node_class(node), probe))
         marks = [mk for mk in self.marks.get((node, probe), []) if mk.at >= cutoff]
+        start, end = self.event_spans.get((self.node_class(node), probe), (0.0, float("-inf")))
+        marks = [replace(mk, shortfalls=()) if mk.shortfalls and start <= mk.at <= end else mk for mk in marks]
         if event is None:
             return marks
         return [replace(self._under_event(mk, event), shortfalls=()) if mk.at >= event.started_at else mk
