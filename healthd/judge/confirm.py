@@ -48,22 +48,26 @@ _ANY = SeriesKey("", "", ())
 """The series of a flagged mark saved without its findings."""
 
 
-def mean_confirmed(marks: Sequence[Mark], k: float, *, severity: Severity = Severity.DEGRADED,
+def mean_confirmed(marks: Sequence[Mark], k: float, *, fraction: float = 0.0, severity: Severity = Severity.DEGRADED,
                    min_retests: int = 2) -> dict[SeriesKey, float]:
     """Series a retest mean confirms. The first mark with a finding at or above ``severity`` is the
     trigger; the marks after it are its retests. A series the trigger flagged is confirmed when its
     retests' shortfalls (noise units below the node's own baseline), ``n >= min_retests`` of them, average
-    more than ``k / sqrt(n)``: a node that is really worse is worse on average, even when one retest
-    passes by chance. The trigger itself is left out (it was selected for being low). Series → the mean
-    x sqrt(n).
+    more than ``k / sqrt(n)`` and most of them are at least ``fraction`` of the baseline low (what counts
+    as a fault at all): a node that is really worse is worse on average, even when one retest passes by
+    chance. The trigger itself is left out (it was selected for being low), and no retest counts for
+    more than ``k`` units (one far-off run is as likely an outlier as a fault: it never decides alone).
+    Series → the mean x sqrt(n).
 
     >>> from healthd.judge.model import Finding, ReasonCode
     >>> key = SeriesKey("nccl", "busbw", ())
     >>> f = Finding(ReasonCode.BASELINE_DRIFT, Severity.DEGRADED, key, 0.8, 1.0, 0.83, "low")
     >>> mk = lambda s, fs=(): Mark("r", "a", "nccl", 0.0, s, ReasonCode.OK, "", True, findings=fs,
-    ...                            shortfalls=((key, 4.0),))
+    ...                            shortfalls=((key, 4.0, 0.2),))
     >>> mean_confirmed([mk(Severity.DEGRADED, (f,)), mk(Severity.NONE), mk(Severity.DEGRADED, (f,))], 5.0)
     {SeriesKey(probe='nccl', name='busbw', labels=()): 5.66}
+    >>> mean_confirmed([mk(Severity.DEGRADED, (f,)), mk(Severity.NONE), mk(Severity.NONE)], 5.0, fraction=0.25)
+    {}
     """
     last = list(marks)
     first = next((i for i, mk in enumerate(last) if mk.severity >= severity), None)
@@ -71,10 +75,10 @@ def mean_confirmed(marks: Sequence[Mark], k: float, *, severity: Severity = Seve
         return {}
     out: dict[SeriesKey, float] = {}
     for key in dict.fromkeys(f.key for f in last[first].findings if f.severity >= severity):
-        values = [v for mk in last[first + 1:] for k2, v in mk.shortfalls if k2 == key]
+        values = [(z, rel) for mk in last[first + 1:] for k2, z, rel in mk.shortfalls if k2 == key]
         if len(values) >= min_retests:
-            z = sum(values) / len(values) * math.sqrt(len(values))
-            if z >= k:
+            z = sum(min(v, k) for v, _ in values) / len(values) * math.sqrt(len(values))
+            if z >= k and 2 * sum(rel >= fraction for _, rel in values) > len(values):
                 out[key] = round(z, 2)
     return out
 

@@ -131,8 +131,8 @@ class _RunEval:
     group_findings: list[Finding] = field(default_factory=list)
     values: list[tuple[str, SeriesKey, float, bool]] = field(default_factory=list)
     """(node, series, value, from a group measurement)."""
-    shortfalls: dict[str, list[tuple[SeriesKey, float]]] = field(default_factory=dict)
-    """Node → (series, distance from its own baseline in noise units, positive: worse)."""
+    shortfalls: dict[str, list[tuple[SeriesKey, float, float]]] = field(default_factory=dict)
+    """Node → (series, distance from its own baseline in noise units and relative, positive: worse)."""
 
 
 class Judge:
@@ -372,7 +372,8 @@ class Judge:
                         found.append(f)
                     if m.node and noise > 0 and st.baseline and (cls, run.probe) not in self.events:
                         gap = (st.baseline - m.value) if direction == "higher" else (m.value - st.baseline)
-                        ev.shortfalls.setdefault(node, []).append((key, gap / (noise * abs(st.baseline))))
+                        rel = gap / abs(st.baseline)
+                        ev.shortfalls.setdefault(node, []).append((key, rel / noise, rel))
                 in_event = (cls, run.probe) in self.events
                 if stats is not None:
                     f = outlier(key, m.value, stats, direction, z_threshold=z_threshold,
@@ -681,7 +682,8 @@ class Judge:
         recent = marks[-window:]
         series = max((len(mk.shortfalls) for mk in recent), default=1)
         by_mean = mean_confirmed(recent, k_for(self.settings.false_drains_per_1000_node_days,
-                                               self.settings.runs_per_node_day, max(series, 1), 1, 1))
+                                               self.settings.runs_per_node_day, max(series, 1), 1, 1),
+                                 fraction=self.drift_fraction)
         mean_sev = max((f.severity for mk in recent for f in mk.findings if f.key in by_mean), default=Severity.NONE)
         if mean_sev > node_sev:
             node_sev = mean_sev
