@@ -16,6 +16,7 @@ So an innocent partner of a bad node is cleared by its next good pairing and nev
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -45,6 +46,41 @@ def repeated(marks: Sequence[Mark], m: int, severity: Severity) -> tuple[int, in
 
 _ANY = SeriesKey("", "", ())
 """The series of a flagged mark saved without its findings."""
+
+
+def mean_confirmed(marks: Sequence[Mark], k: float, *, fraction: float = 0.0, severity: Severity = Severity.DEGRADED,
+                   min_retests: int = 2) -> dict[SeriesKey, float]:
+    """Series a retest mean confirms. The first mark with a finding at or above ``severity`` is the
+    trigger; the marks after it are its retests. A series the trigger flagged is confirmed when its
+    retests' shortfalls (noise units below the node's own baseline), ``n >= min_retests`` of them, average
+    more than ``k / sqrt(n)`` and most of them are at least ``fraction`` of the baseline low (what counts
+    as a fault at all): a node that is really worse is worse on average, even when one retest passes by
+    chance. The trigger itself is left out (it was selected for being low), and no retest counts for
+    more than ``k`` units (one far-off run is as likely an outlier as a fault: it never decides alone).
+    Series → the mean x sqrt(n).
+
+    >>> from healthd.judge.model import Finding, ReasonCode
+    >>> key = SeriesKey("nccl", "busbw", ())
+    >>> f = Finding(ReasonCode.BASELINE_DRIFT, Severity.DEGRADED, key, 0.8, 1.0, 0.83, "low")
+    >>> mk = lambda s, fs=(): Mark("r", "a", "nccl", 0.0, s, ReasonCode.OK, "", True, findings=fs,
+    ...                            shortfalls=((key, 4.0, 0.2),))
+    >>> mean_confirmed([mk(Severity.DEGRADED, (f,)), mk(Severity.NONE), mk(Severity.DEGRADED, (f,))], 5.0)
+    {SeriesKey(probe='nccl', name='busbw', labels=()): 5.66}
+    >>> mean_confirmed([mk(Severity.DEGRADED, (f,)), mk(Severity.NONE), mk(Severity.NONE)], 5.0, fraction=0.25)
+    {}
+    """
+    last = list(marks)
+    first = next((i for i, mk in enumerate(last) if mk.severity >= severity), None)
+    if first is None:
+        return {}
+    out: dict[SeriesKey, float] = {}
+    for key in dict.fromkeys(f.key for f in last[first].findings if f.severity >= severity):
+        values = [(z, rel) for mk in last[first + 1:] for k2, z, rel in mk.shortfalls if k2 == key]
+        if len(values) >= min_retests:
+            z = sum(min(v, k) for v, _ in values) / len(values) * math.sqrt(len(values))
+            if z >= k and 2 * sum(rel >= fraction for _, rel in values) > len(values):
+                out[key] = round(z, 2)
+    return out
 
 
 def confirmed(marks: Sequence[Mark], *, n: int, m: int, severity: Severity) -> bool:

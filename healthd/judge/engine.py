@@ -35,6 +35,7 @@ from healthd.judge.confirm import (
     attribute,
     blame_confirmed,
     max_severity,
+    mean_confirmed,
     pick_partners,
     repeated,
     split,
@@ -130,6 +131,8 @@ class _RunEval:
     group_findings: list[Finding] = field(default_factory=list)
     values: list[tuple[str, SeriesKey, float, bool]] = field(default_factory=list)
     """(node, series, value, from a group measurement)."""
+    shortfalls: dict[str, list[tuple[SeriesKey, float, float]]] = field(default_factory=dict)
+    """Node → (series, distance from its own baseline in noise units and relative, positive: worse)."""
 
 
 class Judge:
@@ -159,6 +162,8 @@ class Judge:
         self.last_group_pass: dict[str, dict[str, float]] = defaultdict(dict)
         self.samples: dict[tuple[str, str], dict[str, tuple[float, bool]]] = defaultdict(dict)
         self.events: dict[tuple[str, str], FleetEvent] = {}
+        self.event_spans: dict[tuple[str, str], tuple[float, float]] = {}
+        """(class, probe) → (start, end) of its last ended fleet event: runs then carry no retest shortfalls."""
         self.pending: dict[tuple[str, str], Request] = {}
         self.verdicts: dict[tuple[str, str], Verdict] = {}
         self.classes: dict[str, str] = {}
@@ -365,6 +370,10 @@ class Judge:
                               noise_allowed=k * noise)
                     if f is not None:
                         found.append(f)
+                    if m.node and noise > 0 and st.baseline and (cls, run.probe) not in self.events:
+                        gap = (st.baseline - m.value) if direction == "higher" else (m.value - st.baseline)
+                        rel = gap / abs(st.baseline)
+                        ev.shortfalls.setdefault(node, []).append((key, rel / noise, rel))
                 in_event = (cls, run.probe) in self.events
                 if stats is not None:
                     f = outlier(key, m.value, stats, direction, z_threshold=z_threshold,
@@ -471,6 +480,7 @@ class Judge:
                 changed.add((cls, probe))
             elif active is not None and check is None:
                 ended = replace(active, ended_at=now, text=active.text + "; over")
+                self.event_spans[(cls, probe)] = (active.started_at, now)
                 del self.events[(cls, probe)]
                 out.fleet_events.append(ended)
                 changed.add((cls, probe))
@@ -504,7 +514,8 @@ class Judge:
                 code, sev, text = ReasonCode.OK, Severity.NONE, PASS_TEXT
             mark = Mark(run.run_id, n, probe, run.at, sev, code, text, not run.priority,
                         event_proof=any(f.event_proof for f in kept), findings=tuple(kept),
-                        raw_flagged=bool(raw) or bool(ev.group_findings))
+                        raw_flagged=bool(raw) or bool(ev.group_findings),
+                        shortfalls=tuple(ev.shortfalls.get(n, ())))
             if mark.regular:
                 rate = self.flag_rates[(self.node_class(n), probe, False)]
                 rate[0] += mark.flagged
@@ -598,9 +609,12 @@ class Judge:
         cutoff = max(now - self.settings.confirm.window_s, self.resets.get(node, float("-inf")))
         event = self.events.get((self.node_class(node), probe))
         marks = [mk for mk in self.marks.get((node, probe), []) if mk.at >= cutoff]
+        start, end = self.event_spans.get((self.node_class(node), probe), (0.0, float("-inf")))
+        marks = [replace(mk, shortfalls=()) if mk.shortfalls and start <= mk.at <= end else mk for mk in marks]
         if event is None:
             return marks
-        return [self._under_event(mk, event) for mk in marks]
+        return [replace(self._under_event(mk, event), shortfalls=()) if mk.at >= event.started_at else mk
+                for mk in marks]
 
     @staticmethod
     def _under_event(mark: Mark, event: FleetEvent) -> Mark:
@@ -665,11 +679,19 @@ class Judge:
         recommend = False
         evidence: dict[str, object] = {}
         node_sev = Severity.FAIL if fail_n >= need else Severity.DEGRADED if bad_n >= need else Severity.NONE
+        recent = marks[-window:]
+        series = max((len(mk.shortfalls) for mk in recent), default=1)
+        by_mean = mean_confirmed(recent, k_for(self.settings.false_drains_per_1000_node_days,
+                                               self.settings.runs_per_node_day, max(series, 1), 1, 1),
+                                 fraction=self.drift_fraction)
+        mean_sev = max((f.severity for mk in recent for f in mk.findings if f.key in by_mean), default=Severity.NONE)
+        if mean_sev > node_sev:
+            node_sev = mean_sev
         blame_sev = max_severity(blamed) if blamed and blame_n >= blame_need else Severity.NONE
         if node_sev or blame_sev:
             if node_sev >= blame_sev:
                 counts = fail_keys if node_sev is Severity.FAIL else bad_keys
-                sure = {key for key, n in counts.items() if n >= need}
+                sure = {key for key, n in counts.items() if n >= need} | set(by_mean)
                 flagged = [mk for mk in marks[-window:] if mk.severity >= node_sev
                            and (not mk.findings or any(f.key in sure for f in mk.findings))]
                 top = worst(f for mk in flagged for f in mk.findings if f.key in sure) or None
@@ -691,6 +713,8 @@ class Judge:
                 findings = [f for r in blamed for f in r.findings]
                 evidence["partners"] = partners
             evidence.update(self._evidence(node, findings, run_ids, f"{max(len(run_ids), blame_n)}/{window}"))
+            if by_mean and node_sev >= blame_sev:
+                evidence["retest_mean_z"] = max(by_mean.values())
             evidence["stage"] = CONFIRMED
             verdict = Verdict(node, probe, outcome, text, code.value, run_ids, _flat(evidence, top), at)
             recommend = True

@@ -201,6 +201,10 @@ class Mark:
     findings: tuple[Finding, ...] = ()
     raw_flagged: bool = False
     """Any finding before fleet-event attribution (what fleet-event detection samples)."""
+    shortfalls: tuple[tuple[SeriesKey, float, float], ...] = ()
+    """Each series' distance from the node's own baseline in units of its noise and as a fraction of the
+    baseline (positive: worse), for the mean test of retests (``confirm.mean_confirmed``); not stored, so
+    empty after a restart."""
 
     @property
     def flagged(self) -> bool:

@@ -5,8 +5,17 @@ from __future__ import annotations
 import itertools
 
 from healthd.config import ProbeSettings
-from healthd.judge.confirm import attribute, blame_confirmed, candidates, confirmed, count_flagged, pick_partners, split
-from healthd.judge.model import GroupRecord, Mark, ReasonCode, Severity
+from healthd.judge.confirm import (
+    attribute,
+    blame_confirmed,
+    candidates,
+    confirmed,
+    count_flagged,
+    mean_confirmed,
+    pick_partners,
+    split,
+)
+from healthd.judge.model import Finding, GroupRecord, Mark, ReasonCode, SeriesKey, Severity
 from healthd.model import Node, RunKind
 from healthd.planning import PlanLimits, PriorityRequest, new_priority_run_id, new_run_id, plan
 
@@ -32,6 +41,43 @@ def test_n_of_m() -> None:
     assert not confirmed([mark(f), mark(f), mark(ok), mark(ok), mark(ok)], n=2, m=3, severity=d)
     # two passes are needed to clear a confirmed failure (m - n + 1)
     assert confirmed([mark(f), mark(f), mark(ok)], n=2, m=3, severity=f)
+
+
+BUSBW = SeriesKey("nccl", "busbw_bytes_per_second", (("scope", "node"),))
+GEMM = SeriesKey("gemm", "flop_per_second", (("gpu", "0"),))
+
+
+def scored(z: float, flagged: bool = False, key: SeriesKey = BUSBW) -> Mark:
+    """A run ``z`` noise units below the node's baseline, flagged on ``key`` or not."""
+    found = (Finding(ReasonCode.BASELINE_DRIFT, Severity.DEGRADED, key, 1.0 - z / 25, 1.0, 0.83, "low"),)
+    return Mark("r", "a", "nccl", 0.0, Severity.DEGRADED if flagged else Severity.NONE, ReasonCode.OK, "", True,
+                findings=found if flagged else (), shortfalls=((BUSBW, z, z * 0.04), (GEMM, 0.0, 0.0)))
+
+
+def test_retest_mean_confirms_a_node_whose_retests_pass_by_chance() -> None:
+    # -20% at 4% noise: ~5 units low per run; the second retest passes (3.9 units, under the ~4.3 threshold)
+    # and 2 of 3 flagged runs would not be enough while the class needs 3, but the mean of the retests
+    # (min(6.2, 5) + 3.9) / 2 x sqrt(2) = 6.3 is past k = 5.
+    runs = [scored(5.5, True), scored(6.2, True), scored(3.9)]
+    assert mean_confirmed(runs, 5.0) == {BUSBW: 6.29}
+    # the trigger does not count (it was chosen for being low), and one retest is not a mean
+    assert mean_confirmed(runs[:2], 5.0) == {}
+    assert mean_confirmed([scored(9.0, True), scored(2.0), scored(2.0)], 5.0) == {}
+    # significant, but most retests less than the configured fraction low: no fault (a quiet series)
+    assert mean_confirmed(runs, 5.0, fraction=0.25) == {}
+    assert mean_confirmed(runs, 5.0, fraction=0.1) == {BUSBW: 6.29}
+
+
+def test_retest_mean_ignores_chance_and_other_series() -> None:
+    # a healthy node: one chance flag, then retests around its baseline (one a 25% outlier, 6 units)
+    assert mean_confirmed([scored(4.5, True), scored(6.0), scored(-0.5)], 5.0) == {}
+    # at low noise an outlier is 25 units off: it counts for k at most, so it never decides alone
+    assert mean_confirmed([scored(25.0, True), scored(25.0), scored(0.5)], 5.0) == {}
+    assert mean_confirmed([scored(25.0, True), scored(25.0), scored(25.0)], 5.0) == {BUSBW: 7.07}
+    assert mean_confirmed([scored(4.5, True), scored(0.3), scored(-1.0), scored(6.0)], 5.0) == {}
+    # only the series the trigger flagged are tested; no trigger, no test
+    assert mean_confirmed([scored(4.5, True, key=GEMM), scored(6.0), scored(6.0)], 5.0) == {}
+    assert mean_confirmed([scored(6.0), scored(6.0), scored(6.0)], 5.0) == {}
 
 
 def test_innocent_partner_is_cleared_and_the_bad_node_blamed() -> None:
