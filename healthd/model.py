@@ -125,7 +125,7 @@ class JobStatus:
     name: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Verdict:
     """The judgement of one node for one probe (or ``probe='*'`` for the node overall)."""
 

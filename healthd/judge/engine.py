@@ -106,7 +106,7 @@ def worst(findings: Iterable[Finding]) -> Finding | None:
     return max(findings, key=rank, default=None)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Status:
     kind: Literal["judged", "error", "missing"]
     at: float
@@ -143,7 +143,7 @@ class Judge:
         self.floors = FloorTable(floor_rules(settings))
         self._lock = threading.RLock()
         self.series: dict[tuple[str, SeriesKey], SeriesState] = {}
-        self.pools: dict[tuple[str, SeriesKey], dict[tuple[str, SeriesKey], tuple[float, float]]] = defaultdict(dict)
+        self.pools: dict[tuple[str, SeriesKey], dict[tuple[str, SeriesKey], SeriesState]] = defaultdict(dict)
         self.marks: dict[tuple[str, str], list[Mark]] = {}
         self.status: dict[tuple[str, str], _Status] = {}
         self._unsettled: set[tuple[str, str]] = set()
@@ -293,7 +293,7 @@ class Judge:
             for node in (m.node,) if m.node else run.nodes:
                 st = self._state(node, key)
                 st.last_value, st.last_at, st.last_run_id = m.value, run.at, run.run_id
-                self.pools[(self.node_class(node), fkey)][(node, key)] = (m.value, run.at)
+                self.pools[(self.node_class(node), fkey)][(node, key)] = st
         return selected
 
     def _state(self, node: str, key: SeriesKey) -> SeriesState:
@@ -312,8 +312,9 @@ class Judge:
             cutoff = max(cutoff, event.started_at)
         values: list[float] = []
         nodes: set[str] = set()
-        for (node, _), (value, at) in self.pools.get((cls, fkey), {}).items():
-            if at >= cutoff:
+        for (node, _), st in self.pools.get((cls, fkey), {}).items():
+            value = st.last_value
+            if st.last_at >= cutoff and value is not None:
                 values.append(value)
                 nodes.add(node)
         peers = f"the {cls} class" + (" since its fleet event began" if event is not None else "")
@@ -359,13 +360,13 @@ class Judge:
                     f = below_floor(key, m.value, floor, direction)
                     if f is not None:
                         found.append(f)
-                if st.baseline is not None and st.spread is not None and len(st.accepted) >= s.baseline.min_samples:
-                    base = Baseline(st.baseline, st.spread, len(st.accepted))
+                if st.baseline is not None and st.spread is not None and st.accepted_count >= s.baseline.min_samples:
+                    base = Baseline(st.baseline, st.spread, st.accepted_count)
                     class_noise = self.class_noise(cls, fkey)
                     if class_noise is None and stats is not None and stats.median:
                         class_noise = stats.spread / abs(stats.median)
-                    noise = relative_noise(st.spread, st.baseline, len(st.accepted), class_noise)
-                    spread_k = s.baseline.spread_k if len(st.accepted) >= OWN_SPREAD_MIN else 0.0
+                    noise = relative_noise(st.spread, st.baseline, st.accepted_count, class_noise)
+                    spread_k = s.baseline.spread_k if st.accepted_count >= OWN_SPREAD_MIN else 0.0
                     f = drift(key, m.value, base, direction, fraction=self.drift_fraction, spread_k=spread_k,
                               noise_allowed=k * noise)
                     if f is not None:
@@ -410,9 +411,10 @@ class Judge:
             spreads: dict[tuple[str, SeriesKey], list[float]] = defaultdict(list)
             need = max(self.settings.baseline.min_samples, 3)
             for (node, key), st in self.series.items():
-                if st.spread is not None and st.baseline and len(st.accepted) >= need:
+                spread, baseline, count = st.spread, st.baseline, st.accepted_count
+                if spread is not None and baseline and count >= need:
                     spreads[(self.node_class(node), key.without("gpu"))].append(
-                        unbiased(abs(st.spread / st.baseline), len(st.accepted)))
+                        unbiased(abs(spread / baseline), count))
             self._class_noise = {k: typical(v) for k, v in spreads.items()}
         return self._class_noise.get((cls, fkey))
 
@@ -554,11 +556,11 @@ class Judge:
             st = self._state(node, key)
             if (node, key) not in flagged_keys:
                 history = [(a, v) for a, v in st.accepted if a >= oldest][-(window - 1):] if window > 1 else []
-                st.accepted = [*history, (run.at, value)]
-                base = baseline_of([v for _, v in st.accepted], min_samples=self.settings.baseline.min_samples)
+                history.append((run.at, value))
+                st.accepted = history
+                base = baseline_of([v for _, v in history], min_samples=self.settings.baseline.min_samples)
                 st.baseline, st.spread = (base.median, base.spread) if base else (None, None)
-            out.series.append(SeriesState(st.node, st.key, list(st.accepted), st.last_value, st.last_at,
-                                          st.last_run_id, st.floor, st.baseline, st.spread))
+            out.series.append(st.copy())
 
     def _under_suspicion(self, node: str, probe: str, at: float) -> bool:
         """In a re-probe, a member under suspicion (a pending request, or a verdict other than a pass)
@@ -954,21 +956,21 @@ class Judge:
 
     # -- persistence --------------------------------------------------------------------------
     def restore(self, state: JudgeState, nodes: Sequence[Node], *, now: float) -> None:
-        """Rebuild the state from what the store kept (``Store.load_judgement``; a daemon restart)."""
+        """Rebuild the state from what the store kept (``Store.load_judgement``; a daemon restart). The
+        state's series are taken over, not copied (a fleet has hundreds of thousands): do not reuse them."""
         with self._lock:
             for node in nodes:
                 self.classes[node.name] = class_of(node)
             self.drained = {n.name for n in nodes if n.drained}
             pooled: dict[SeriesKey, SeriesKey] = {}
-            for saved in state.series:
-                st = SeriesState(saved.node, saved.key, list(saved.accepted), saved.last_value, saved.last_at,
-                                 saved.last_run_id, saved.floor, saved.baseline, saved.spread)
-                self.series[(st.node, st.key)] = st
+            for st in state.series:
+                where = (st.node, st.key)
+                self.series[where] = st
                 if st.last_value is not None:
                     fkey = pooled.get(st.key)
                     if fkey is None:
                         fkey = pooled[st.key] = st.key.without("gpu")
-                    self.pools[(self.node_class(st.node), fkey)][(st.node, st.key)] = (st.last_value, st.last_at)
+                    self.pools[(self.node_class(st.node), fkey)][where] = st
             for mark in sorted(state.marks, key=lambda m: (m.at, m.run_id)):
                 self._add_mark(mark)
                 self.status[(mark.node, mark.probe)] = _Status("judged", mark.at, mark.run_id, "")

@@ -8,6 +8,8 @@ confirmation; see ``healthd.judge.engine``.
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from typing import Literal, NamedTuple
@@ -110,7 +112,7 @@ def _short_size(key: str, value: str) -> str:
     return value
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Finding:
     """One layer's statement about one value of one series."""
 
@@ -185,7 +187,7 @@ class RunInput:
         return self.kind is RunKind.REPROBE
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Mark:
     """What one judged run says about one node for its probe (``severity`` NONE: it passed)."""
 
@@ -211,7 +213,7 @@ class Mark:
         return self.severity > Severity.NONE
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class GroupRecord:
     """A multi-node result: who was in it, whether it was bad, and who was under suspicion."""
 
@@ -296,20 +298,123 @@ class JudgeOutput:
     """(node, probe) → its consecutive error runs, for each pair this evaluation saw (0: no streak)."""
 
 
-@dataclass(slots=True)
-class SeriesState:
-    """Per node and series: the accepted (passing) history, the latest value, the floor."""
+_NONE = float("nan")
+_HEAD = 5
+"""``SeriesState``'s packed array: last value, last time, floor, baseline, spread, then the window's (at, value)."""
 
-    node: str
-    key: SeriesKey
-    accepted: list[tuple[float, float]] = field(default_factory=list)
-    """(at, value) of recent passing results, oldest first, at most ``baseline.window``."""
-    last_value: float | None = None
-    last_at: float = 0.0
-    last_run_id: str = ""
-    floor: float | None = None
-    baseline: float | None = None
-    spread: float | None = None
+
+def _opt(x: float) -> float | None:
+    return None if x != x else x
+
+
+class SeriesState:
+    """Per node and series: the accepted (passing) history, the latest value, the floor.
+
+    Packed for a fleet's hundreds of thousands of series: the numbers live in one ``array('d')`` (NaN: None;
+    ~220 bytes a series with a window of 3, against ~1 KB as Python floats and tuples), read and written
+    through the attributes below. ``accepted`` builds a new list on each read: use ``accepted_count`` for its
+    length and assign a whole new window to change it."""
+
+    __slots__ = ("_v", "key", "last_run_id", "node")
+
+    def __init__(self, node: str, key: SeriesKey, accepted: Iterable[tuple[float, float]] = (),
+                 last_value: float | None = None, last_at: float = 0.0, last_run_id: str = "",
+                 floor: float | None = None, baseline: float | None = None, spread: float | None = None) -> None:
+        self.node = node
+        self.key = key
+        self.last_run_id = last_run_id
+        self._v = array("d", (_NONE if last_value is None else last_value, last_at,
+                              _NONE if floor is None else floor, _NONE if baseline is None else baseline,
+                              _NONE if spread is None else spread))
+        for at, value in accepted:
+            self._v.append(at)
+            self._v.append(value)
+
+    @classmethod
+    def packed(cls, node: str, key: SeriesKey, last_run_id: str, numbers: array[float]) -> SeriesState:
+        """From ``numbers`` as ``pack`` gives them (taken over, not copied): the store's fast path."""
+        if len(numbers) < _HEAD or len(numbers) % 2 != _HEAD % 2:
+            raise ValueError(f"a packed series state has 5 + 2n numbers, not {len(numbers)}")
+        st = cls.__new__(cls)
+        st.node, st.key, st.last_run_id, st._v = node, key, last_run_id, numbers
+        return st
+
+    def pack(self) -> array[float]:
+        """The numbers (last value, last time, floor, baseline, spread, then (at, value) pairs; NaN: None)."""
+        return array("d", self._v)
+
+    def copy(self) -> SeriesState:
+        return SeriesState.packed(self.node, self.key, self.last_run_id, self.pack())
+
+    @property
+    def accepted(self) -> list[tuple[float, float]]:
+        """(at, value) of recent passing results, oldest first, at most ``baseline.window``."""
+        v = self._v
+        return [(v[i], v[i + 1]) for i in range(_HEAD, len(v), 2)]
+
+    @accepted.setter
+    def accepted(self, window: Iterable[tuple[float, float]]) -> None:
+        del self._v[_HEAD:]
+        for at, value in window:
+            self._v.append(at)
+            self._v.append(value)
+
+    @property
+    def accepted_count(self) -> int:
+        return (len(self._v) - _HEAD) // 2
+
+    @property
+    def last_value(self) -> float | None:
+        return _opt(self._v[0])
+
+    @last_value.setter
+    def last_value(self, x: float | None) -> None:
+        self._v[0] = _NONE if x is None else x
+
+    @property
+    def last_at(self) -> float:
+        return self._v[1]
+
+    @last_at.setter
+    def last_at(self, x: float) -> None:
+        self._v[1] = x
+
+    @property
+    def floor(self) -> float | None:
+        return _opt(self._v[2])
+
+    @floor.setter
+    def floor(self, x: float | None) -> None:
+        self._v[2] = _NONE if x is None else x
+
+    @property
+    def baseline(self) -> float | None:
+        return _opt(self._v[3])
+
+    @baseline.setter
+    def baseline(self, x: float | None) -> None:
+        self._v[3] = _NONE if x is None else x
+
+    @property
+    def spread(self) -> float | None:
+        return _opt(self._v[4])
+
+    @spread.setter
+    def spread(self, x: float | None) -> None:
+        self._v[4] = _NONE if x is None else x
+
+    def _fields(self) -> tuple[object, ...]:
+        return (self.node, self.key, self.accepted, self.last_value, self.last_at, self.last_run_id, self.floor,
+                self.baseline, self.spread)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SeriesState) and self._fields() == other._fields()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        names = ("node", "key", "accepted", "last_value", "last_at", "last_run_id", "floor", "baseline", "spread")
+        return f"SeriesState({', '.join(f'{n}={v!r}' for n, v in zip(names, self._fields(), strict=True))})"
 
 
 @dataclass(frozen=True)

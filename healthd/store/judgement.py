@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import sys
+from array import array
 from collections.abc import Iterable, Mapping
+from sys import intern
 from typing import Any, cast, get_args
 
 from healthd.errors import StoreError
@@ -68,6 +71,8 @@ def _findings_json(findings: Iterable[Finding]) -> str:
 
 
 def _findings(text: str) -> tuple[Finding, ...]:
+    if text == "[]":
+        return ()
     return tuple(
         Finding(ReasonCode(d["code"]), Severity(d["severity"]), SeriesKey.of(d["probe"], d["name"], d["labels"]),
                 float(d["value"]), float(d["reference"]), float(d["threshold"]), d["detail"],
@@ -75,26 +80,60 @@ def _findings(text: str) -> tuple[Finding, ...]:
         for d in json.loads(text))
 
 
-def _series(r: sqlite3.Row, keys: dict[tuple[str, str, str], SeriesKey]) -> SeriesState:
-    """One saved series; ``keys``: the keys already read (a fleet's nodes share a few hundred at most)."""
-    text = (r["probe"], r["name"], r["labels"])
-    key = keys.get(text)
-    if key is None:
-        key = keys[text] = SeriesKey.of(r["probe"], r["name"], json.loads(r["labels"]))
-    return SeriesState(r["node"], key, [(float(a), float(v)) for a, v in json.loads(r["accepted"])],
-                       r["last_value"], r["last_at"], r["last_run_id"], r["floor"], r["baseline"], r["spread"])
+_SERIES_COLUMNS = "node, probe, name, labels, accepted, last_value, last_at, last_run_id, floor, baseline, spread"
+_BIG_ENDIAN = sys.byteorder == "big"
+
+
+def _window_blob(st: SeriesState) -> bytes:
+    """``judge_series.accepted``: the window's (at, value) pairs as little-endian doubles (16 bytes a pair). Rows
+    written before (a JSON list of pairs in the same column) are still read."""
+    numbers = st.pack()[5:]
+    if _BIG_ENDIAN:
+        numbers.byteswap()
+    return numbers.tobytes()
+
+
+def _window(saved: bytes | str) -> array[float]:
+    if isinstance(saved, str):
+        return array("d", (float(x) for pair in json.loads(saved) for x in pair))
+    numbers = array("d")
+    numbers.frombytes(saved)
+    if _BIG_ENDIAN:
+        numbers.byteswap()
+    return numbers
+
+
+class _SeriesReader:
+    """Saved series rows → ``SeriesState``, sharing what a fleet repeats: keys (a few hundred at most), node names
+    and run ids (a run's series share one; interned, as are the marks' and verdicts')."""
+
+    def __init__(self) -> None:
+        self.keys: dict[tuple[str, str, str], SeriesKey] = {}
+
+    def __call__(self, r: tuple[Any, ...]) -> SeriesState:
+        node, probe, name, labels, accepted, last_value, last_at, last_run_id, floor, baseline, spread = r
+        key = self.keys.get((probe, name, labels))
+        if key is None:
+            key = self.keys[(probe, name, labels)] = SeriesKey.of(probe, name, json.loads(labels))
+        nan = float("nan")
+        window = _window(accepted)
+        if len(window) % 2:
+            raise StoreError(f"judge_series: a broken window of {len(window)} numbers for {node} {key.describe()}")
+        numbers = array("d", (nan if last_value is None else last_value, last_at, nan if floor is None else floor,
+                              nan if baseline is None else baseline, nan if spread is None else spread)) + window
+        return SeriesState.packed(intern(node), key, intern(last_run_id), numbers)
 
 
 def _mark(r: sqlite3.Row) -> Mark:
-    return Mark(r["run_id"], r["node"], r["probe"], r["at"], Severity(r["severity"]), ReasonCode(r["code"]),
-                r["text"], bool(r["regular"]), bool(r["event_proof"]), _findings(r["findings"]),
-                bool(r["raw_flagged"]))
+    return Mark(intern(r["run_id"]), intern(r["node"]), intern(r["probe"]), r["at"], Severity(r["severity"]),
+                ReasonCode(r["code"]), intern(r["text"]), bool(r["regular"]), bool(r["event_proof"]),
+                _findings(r["findings"]), bool(r["raw_flagged"]))
 
 
 def _group(r: sqlite3.Row) -> GroupRecord:
-    return GroupRecord(r["run_id"], r["probe"], r["at"], tuple(json.loads(r["members"])), Severity(r["severity"]),
-                       ReasonCode(r["code"]), r["text"], tuple(json.loads(r["suspects"])), bool(r["event_proof"]),
-                       _findings(r["findings"]))
+    return GroupRecord(intern(r["run_id"]), intern(r["probe"]), r["at"], tuple(map(intern, json.loads(r["members"]))),
+                       Severity(r["severity"]), ReasonCode(r["code"]), intern(r["text"]),
+                       tuple(map(intern, json.loads(r["suspects"]))), bool(r["event_proof"]), _findings(r["findings"]))
 
 
 def _event(r: sqlite3.Row) -> FleetEvent:
@@ -136,12 +175,12 @@ class JudgementStore(Database):
         )
         return [
             Verdict(
-                node=r["node"],
-                probe=r["probe"],
+                node=intern(r["node"]),
+                probe=intern(r["probe"]),
                 outcome=Outcome(r["outcome"]),
-                reason=r["reason"],
-                reason_code=r["reason_code"],
-                run_ids=tuple(json.loads(r["run_ids"])),
+                reason=intern(r["reason"]),
+                reason_code=intern(r["reason_code"]),
+                run_ids=tuple(map(intern, json.loads(r["run_ids"]))),
                 evidence=json.loads(r["evidence"]),
                 at=r["at"],
             )
@@ -164,7 +203,7 @@ class JudgementStore(Database):
             db.executemany(
                 "INSERT OR REPLACE INTO judge_series (node, probe, name, labels, accepted, last_value, last_at,"
                 " last_run_id, floor, baseline, spread) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [(s.node, s.key.probe, s.key.name, _labels_json(s.key), json.dumps(s.accepted), s.last_value,
+                [(s.node, s.key.probe, s.key.name, _labels_json(s.key), _window_blob(s), s.last_value,
                   s.last_at, s.last_run_id, s.floor, s.baseline, s.spread) for s in output.series],
             )
             db.executemany(
@@ -216,10 +255,9 @@ class JudgementStore(Database):
         """What ``Judge.restore`` needs: every series, marks and group records since ``since``,
         active fleet events, pending re-probes, current verdicts, undrain times, chance-flag counters and
         error streaks."""
-        keys: dict[tuple[str, str, str], SeriesKey] = {}
         with self._lock:
             return JudgeState(
-                series=tuple(_series(r, keys) for r in self._query("SELECT * FROM judge_series")),
+                series=tuple(map(_SeriesReader(), self._db.execute(f"SELECT {_SERIES_COLUMNS} FROM judge_series"))),
                 marks=tuple(_mark(r) for r in self._query(
                     "SELECT * FROM judge_marks WHERE at >= ? ORDER BY at", (since,))),
                 groups=tuple(_group(r) for r in self._query(

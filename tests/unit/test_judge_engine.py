@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from healthd.config import JudgeSettings, ProbeSettings
+from healthd.errors import StoreError
 from healthd.judge.engine import Judge
-from healthd.judge.model import CheckInput, JudgeOutput, MeasurementInput, ReasonCode, Request, RunInput, SeriesKey
+from healthd.judge.model import (
+    CheckInput,
+    JudgeOutput,
+    MeasurementInput,
+    ReasonCode,
+    Request,
+    RunInput,
+    SeriesKey,
+    SeriesState,
+)
 from healthd.judge.persist import keep_seconds, load_judge
 from healthd.model import Node, Outcome, RunKind
 from healthd.store import Store
@@ -445,4 +456,39 @@ def test_chance_flag_counters_and_error_streaks_survive_a_restart(tmp_path: Path
     fleet.t += 900
     fleet.feed([fleet.gemm(n) for n in fleet.names])  # n1 passes: its streak ends, in the store too
     assert load_judge(store, original.settings, now=fleet.t).error_streak == {}
+    store.close()
+
+
+def test_series_state_packs_its_numbers_and_reads_them_back() -> None:
+    key = SeriesKey.of("gemm", "flop_per_second", {"gpu": "0", "dtype": "bf16"})
+    st = SeriesState("n1", key, [(1.0, 5.0), (2.0, 6.0)], None, 2.0, "r2", 3.0, None, 0.5)
+    assert (st.accepted, st.accepted_count, st.last_value, st.last_at, st.floor, st.baseline, st.spread) == \
+        ([(1.0, 5.0), (2.0, 6.0)], 2, None, 2.0, 3.0, None, 0.5)
+    st.last_value, st.baseline = 7.0, 5.5
+    st.accepted = [*st.accepted[1:], (3.0, 7.0)]
+    assert (st.accepted, st.last_value, st.baseline) == ([(2.0, 6.0), (3.0, 7.0)], 7.0, 5.5)
+    twin = st.copy()
+    assert twin == st and twin is not st
+    twin.floor = None
+    assert twin != st and st.floor == 3.0
+    assert SeriesState.packed("n1", key, "r2", st.pack()) == st
+    with pytest.raises(ValueError, match="5 \\+ 2n"):
+        SeriesState.packed("n1", key, "r2", array("d", [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]))
+
+
+def test_series_windows_saved_before_as_json_are_still_read(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    key = SeriesKey.of("gemm", "flop_per_second", {"gpu": "0", "dtype": "bf16"})
+    store.save_judgement(JudgeOutput(at=10.0, series=[SeriesState("n1", key, [(1.0, 5.0), (2.0, 6.0)], 6.0, 2.0,
+                                                                  "r2", 3.0, 5.5, 0.5)]))
+    store.save_judgement(JudgeOutput(at=10.0, series=[SeriesState("n2", key, [], 4.0, 2.0, "r2")]))
+    with store._tx() as db:
+        db.execute("UPDATE judge_series SET accepted = '[[1.0, 4.0], [2.0, 4.5]]' WHERE node = 'n2'")
+    saved = {s.node: s for s in store.load_judgement(since=0.0).series}
+    assert saved["n1"] == SeriesState("n1", key, [(1.0, 5.0), (2.0, 6.0)], 6.0, 2.0, "r2", 3.0, 5.5, 0.5)
+    assert saved["n2"] == SeriesState("n2", key, [(1.0, 4.0), (2.0, 4.5)], 4.0, 2.0, "r2")
+    with store._tx() as db:
+        db.execute("UPDATE judge_series SET accepted = x'000000000000f03f' WHERE node = 'n2'")
+    with pytest.raises(StoreError, match="broken window of 1 numbers for n2"):
+        store.load_judgement(since=0.0)
     store.close()
