@@ -124,15 +124,19 @@ class _SeriesReader:
         return SeriesState.packed(intern(node), key, intern(last_run_id), numbers)
 
 
+_SEVERITY = {int(s): s for s in Severity}
+_CODE = {c.value: c for c in ReasonCode}
+
+
 def _mark(r: sqlite3.Row) -> Mark:
-    return Mark(intern(r["run_id"]), intern(r["node"]), intern(r["probe"]), r["at"], Severity(r["severity"]),
-                ReasonCode(r["code"]), intern(r["text"]), bool(r["regular"]), bool(r["event_proof"]),
+    return Mark(intern(r["run_id"]), intern(r["node"]), intern(r["probe"]), r["at"], _SEVERITY[r["severity"]],
+                _CODE[r["code"]], intern(r["text"]), bool(r["regular"]), bool(r["event_proof"]),
                 _findings(r["findings"]), bool(r["raw_flagged"]))
 
 
 def _group(r: sqlite3.Row) -> GroupRecord:
     return GroupRecord(intern(r["run_id"]), intern(r["probe"]), r["at"], tuple(map(intern, json.loads(r["members"]))),
-                       Severity(r["severity"]), ReasonCode(r["code"]), intern(r["text"]),
+                       _SEVERITY[r["severity"]], _CODE[r["code"]], intern(r["text"]),
                        tuple(map(intern, json.loads(r["suspects"]))), bool(r["event_proof"]), _findings(r["findings"]))
 
 

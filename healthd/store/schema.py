@@ -359,6 +359,12 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX probe_requests_pending ON probe_requests (state) WHERE state = 'pending'
     """,
+    # 9: judge_series.accepted holds a window as packed little-endian doubles (a BLOB, 16 bytes an (at, value)
+    # pair) from here on; the JSON windows written before are still read. No table changes: the version keeps an
+    # older healthd, which reads JSON only, from opening the store.
+    """
+    SELECT 1
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
