@@ -20,8 +20,9 @@ import platform
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from sys import intern
 from typing import Any, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
@@ -41,7 +42,7 @@ from healthd.judge.peaks import mfu
 from healthd.model import Node, Outcome, Verdict
 from healthd.store import Store
 from healthd.store.latest import ChangeCursor, Changes
-from healthd.store.rows import LastRun, MeasurementRow, RecommendationRow, RunTiming, Snapshot
+from healthd.store.rows import JudgedSeries, LastRun, MeasurementRow, RecommendationRow, RunTiming, Snapshot
 
 Detail = Literal["summary", "full"]
 OUTCOMES = tuple(o.value for o in Outcome)
@@ -221,7 +222,7 @@ class NodeView:
     timings: tuple[RunTiming, ...] = ()
     latest: tuple[MeasurementRow, ...] = ()
     verdicts: tuple[Verdict, ...] = ()
-    series: tuple[Mapping[str, Any], ...] = ()
+    series: tuple[JudgedSeries, ...] = ()
     drain_reason: str | None = None
 
     @property
@@ -242,7 +243,7 @@ def node_views(snap: Snapshot) -> dict[str, NodeView]:
             if r.node is not None:
                 parts[r.node][key].append(r)
     for s in snap.series:
-        parts[s["node"]]["series"].append(s)
+        parts[s.node]["series"].append(s)
     recs: dict[str, list[RecommendationRow]] = defaultdict(list)
     for rec in snap.recommendations:
         recs[rec.node].append(rec)
@@ -279,7 +280,7 @@ def node_samples(v: NodeView, detail: Detail, meta: dict[str, tuple[str, str]]) 
                                         ("reason_code", verdict.reason_code)), 1.0)
     yield from _measurement_samples(v.latest if full else headline(v.latest), meta)
     yield from _mfu_samples(v)
-    series = v.series if full else [s for s in v.series if (s["probe"], s["name"]) in HEADLINES]
+    series = v.series if full else [s for s in v.series if (s.probe, s.name) in HEADLINES]
     for sample in series_samples(series, full=full):
         if sample[0] not in meta and sample[0] not in FAMILIES:
             kind = sample[0].split("_", 2)[1]
@@ -310,7 +311,7 @@ def _fragment(samples: Iterable[Sample]) -> dict[str, bytes]:
     lines: dict[str, list[str]] = defaultdict(list)
     for family, labels, value in samples:
         lines[family].append(sample_line(family, labels, value))
-    return {family: "".join(text).encode() for family, text in lines.items()}
+    return {intern(family): "".join(text).encode() for family, text in lines.items()}
 
 
 def fleet_samples_of(snap: Snapshot, backend: str, states: Mapping[str, int], *, breaker_open: bool,
@@ -339,36 +340,48 @@ def fleet_samples_of(snap: Snapshot, backend: str, states: Mapping[str, int], *,
     yield from fleet_samples(breaker_open=breaker_open, fleet_events=fleet_events, counters=snap.counters)
 
 
-@dataclass
+SeriesId = tuple[str, str, Labels]
+"""(probe, name, sorted label items): a series of a node."""
+_IDS: dict[tuple[str, str, Labels], tuple[SeriesId, tuple[str, str], tuple[Any, ...]]] = {}
+
+
+def _series_id(probe: str, name: str, labels: Mapping[str, str]) -> tuple[SeriesId, tuple[str, str], tuple[Any, ...]]:
+    """The one id of the series, its measurement and its headline rank (``_rank``), shared between nodes: a
+    fleet repeats few label sets."""
+    found = _IDS.get((probe, name, tuple(labels.items())))
+    if found is None:
+        series_id = (probe, name, tuple(sorted(labels.items())))
+        found = _IDS[(probe, name, tuple(labels.items()))] = (series_id, series_id[:2], _rank(probe, name, labels))
+    return found
+
+
+@dataclass(slots=True)
 class _NodeState:
-    """What ``Exposition`` keeps of one node between refreshes (with ``detail = "summary"``: the headline
-    series of each measurement only)."""
+    """One node's current rows as a refresh reads them (with ``detail = "summary"``: the headline series of
+    each measurement only)."""
 
     node: Node | None = None
     runs: dict[str, tuple[LastRun, RunTiming]] = field(default_factory=dict)
     verdicts: dict[str, Verdict] = field(default_factory=dict)
-    latest: dict[tuple[str, str, tuple[tuple[str, str], ...]], MeasurementRow] = field(default_factory=dict)
-    series: dict[tuple[str, str, tuple[tuple[str, str], ...]], Mapping[str, Any]] = field(default_factory=dict)
-    best: dict[tuple[str, str, bool], tuple[Any, ...]] = field(default_factory=dict)
+    latest: dict[SeriesId, MeasurementRow] = field(default_factory=dict)
+    series: dict[SeriesId, JudgedSeries] = field(default_factory=dict)
+    best: dict[tuple[tuple[str, str], bool], tuple[Any, ...]] = field(default_factory=dict)
     drain: str | None = None
 
-    def keep(self, probe: str, name: str, labels: Mapping[str, str], row: Any, *, full: bool,
-             judged: bool = False) -> bool:
-        """Hold ``row`` (a measurement, or a judged series with ``judged``) unless a series nearer the headline
-        of its measurement is held (summary); whether it is held."""
-        held = self.series if judged else self.latest
-        key = (probe, name, tuple(sorted(labels.items())))
+    def keep(self, row: MeasurementRow | JudgedSeries, *, full: bool) -> None:
+        """Hold ``row`` unless a series nearer the headline of its measurement is held (summary)."""
+        judged = isinstance(row, JudgedSeries)
+        held: dict[SeriesId, Any] = self.series if judged else self.latest
+        key, measurement, rank = _series_id(row.probe, row.name, row.labels)
         if not full:
-            rank = _rank(probe, name, labels)
-            best = self.best.get((probe, name, judged))
+            best = self.best.get((measurement, judged))
             if best is not None and rank > best:
-                return False
+                return
             if best is None or rank < best:
-                self.best[(probe, name, judged)] = rank
-                for old in [k for k in held if k[:2] == (probe, name)]:
+                self.best[(measurement, judged)] = rank
+                for old in [k for k in held if k[:2] == measurement]:
                     del held[old]
         held[key] = row
-        return True
 
     def view(self, name: str) -> NodeView:
         gpus = self.node.gpus if self.node is not None else 0
@@ -378,6 +391,24 @@ class _NodeState:
                         latest=tuple(self.latest[k] for k in sorted(self.latest)),
                         verdicts=tuple(self.verdicts[p] for p in sorted(self.verdicts)),
                         series=tuple(self.series[k] for k in sorted(self.series)), drain_reason=self.drain)
+
+
+def _states(changes: Changes, *, full: bool) -> dict[str, _NodeState]:
+    """The rows of ``changes`` by node."""
+    states: dict[str, _NodeState] = defaultdict(_NodeState)
+    for m in changes.latest:
+        if m.node is not None:
+            states[m.node].keep(m, full=full)
+    for lr, timing in changes.runs:
+        states[lr.node].runs[lr.probe] = (lr, timing)
+    for v in changes.verdicts:
+        held = states[v.node].verdicts
+        old = held.get(v.probe)
+        if old is None or v.at >= old.at:
+            held[v.probe] = v
+    for series in changes.series:
+        states[series.node].keep(series, full=full)
+    return states
 
 
 @dataclass
@@ -411,7 +442,8 @@ class Exposition:
         self._cursor: ChangeCursor | None = None
         self._version: object = None
         self._synced_at = 0.0
-        self._state: dict[str, _NodeState] = {}
+        self._nodes: dict[str, Node] = {}
+        self._drains: dict[str, str] = {}
         self._fragments: dict[str, dict[str, bytes]] = {}
         self._meta: dict[str, tuple[str, str]] = dict(FAMILIES)
         self._order: list[str] = []
@@ -442,8 +474,9 @@ class Exposition:
         return True
 
     def refresh(self) -> None:
-        """Read what changed in the store since the last refresh and re-render the nodes it touched; every
-        ``RESYNC_S`` (and when the store's rows were renumbered) everything is read again."""
+        """Read what changed in the store since the last refresh and re-render the nodes it touched (read again
+        from the store: only their rendering is kept); every ``RESYNC_S`` (and when the store's rows were
+        renumbered) everything is read again."""
         with self._lock:
             store = self._store
             families = None if self.detail == "full" else {*HEADLINES.keys(), MFU_INPUT}
@@ -455,75 +488,67 @@ class Exposition:
                 self._cursor = None
                 changes, cursor = store.changes(ChangeCursor(), families)
             changed: set[str] = set()
-            if self._cursor is None:
-                changed |= self._state.keys()
-                self._state = {}
+            resync = self._cursor is None
+            if resync:
+                changed |= self._fragments.keys()
+                self._nodes = {}
+                self._drains = {}
                 self._synced_at = time.monotonic()
             self._cursor = cursor
-            changed |= self._apply(changes, full=families is None)
+            states = _states(changes, full=families is None)
+            changed |= states.keys()
             nodes = store.node_summaries()
-            seen = {n[0] for n in nodes}
-            for name, _state, node_class, gpu_type, gpus in nodes:
-                state = self._node_state(name)
-                if state.node is None or _shown(state.node) != (node_class, gpu_type, gpus):
-                    state.node = Node(name, _state, gpus=gpus, gpu_type=gpu_type, node_class=node_class)
+            for name, base, node_class, gpu_type, gpus in nodes:
+                old = self._nodes.get(name)
+                if old is None or _shown(old) != (node_class, gpu_type, gpus):
+                    self._nodes[name] = Node(intern(name), intern(base), gpus=gpus, gpu_type=gpu_type,
+                                             node_class=node_class)
                     changed.add(name)
-            for name, state in self._state.items():
-                if state.node is not None and name not in seen:
-                    state.node = None
-                    changed.add(name)
+            for name in self._nodes.keys() - {n[0] for n in nodes}:
+                del self._nodes[name]
+                changed.add(name)
             by_node: dict[str, list[RecommendationRow]] = defaultdict(list)
             for r in store.recommendations(limit=1_000_000):
                 by_node[r.node].append(r)
-            for name in by_node.keys() | {n for n, st in self._state.items() if st.drain is not None}:
+            for name in by_node.keys() | self._drains.keys():
                 reason = drain_reason(by_node.get(name, ()))
-                if self._node_state(name).drain != reason:
-                    self._state[name].drain = reason
+                if self._drains.get(name) != reason:
+                    if reason is None:
+                        del self._drains[name]
+                    else:
+                        self._drains[name] = reason
                     changed.add(name)
+            if not resync and changed:
+                states = _states(self._read(sorted(changed), families), full=families is None)
             for name in changed:
-                view = self._state[name].view(name) if name in self._state else NodeView(name)
+                state = states.get(name) or _NodeState()
+                state.node = self._nodes.get(name)
+                state.drain = self._drains.get(name)
+                view = state.view(name)
                 if view.empty:
-                    self._state.pop(name, None)
                     self._fragments.pop(name, None)
                     continue
                 self._fragments[name] = _fragment(node_samples(view, self.detail, self._meta))
                 self.rendered_nodes += 1
-            states: dict[str, int] = defaultdict(int)
+            states.clear()
+            counts: dict[str, int] = defaultdict(int)
             for n in nodes:
-                states[n[1]] += 1
+                counts[n[1]] += 1
             breaker = store.remediation_state("breaker")
             breaker_open = bool(isinstance(breaker, dict) and breaker.get("open"))
-            fleet = _fragment(fleet_samples_of(store.snapshot(nodes=(), fleet=True), self._backend_name(), states,
+            fleet = _fragment(fleet_samples_of(store.snapshot(nodes=(), fleet=True), self._backend_name(), counts,
                                                breaker_open=breaker_open, fleet_events=store.fleet_events(limit=200)))
             self._assemble(fleet, changed)
 
-    def _node_state(self, name: str) -> _NodeState:
-        state = self._state.get(name)
-        if state is None:
-            state = self._state[name] = _NodeState()
-        return state
-
-    def _apply(self, changes: Changes, *, full: bool) -> set[str]:
-        """Fold ``changes`` into the per-node state; the nodes they touched."""
-        touched: set[str] = set()
-        for m in changes.latest:
-            if m.node is not None and self._node_state(m.node).keep(m.probe, m.name, m.labels, m, full=full):
-                touched.add(m.node)
-        for lr, timing in changes.runs:
-            state = self._node_state(lr.node)
-            state.runs[lr.probe] = (lr, timing)
-            touched.add(lr.node)
-        for v in changes.verdicts:
-            state = self._node_state(v.node)
-            old = state.verdicts.get(v.probe)
-            if old is None or v.at >= old.at:
-                state.verdicts[v.probe] = v
-                touched.add(v.node)
-        for series in changes.series:
-            state = self._node_state(series["node"])
-            if state.keep(series["probe"], series["name"], series["labels"], series, full=full, judged=True):
-                touched.add(series["node"])
-        return touched
+    def _read(self, names: Sequence[str], families: Collection[tuple[str, str]] | None) -> Changes:
+        """The current rows of the nodes ``names`` (as ``Store.changes`` gives every row)."""
+        store = self._store
+        runs = {(lr.node, lr.probe): lr for lr in store.last_runs(names)}
+        return Changes(latest=tuple(store.latest_measurements(names, families)),
+                       runs=tuple((runs[(t.node, t.probe)], t) for t in store.last_run_timings(names)
+                                  if (t.node, t.probe) in runs),
+                       verdicts=tuple(store.current_verdicts_of(names)),
+                       series=tuple(store.judge_series_of(names, families)))
 
     def _assemble(self, fleet: Mapping[str, bytes], changed: set[str]) -> None:
         order = sorted(self._fragments) if changed or not self._order else self._order
