@@ -14,14 +14,16 @@ on a ``prometheus_client`` registry, rendered next to it. Names follow Prometheu
 
 from __future__ import annotations
 
+import gc
 import gzip
-import math
 import platform
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import lru_cache
 from sys import intern
 from typing import Any, Literal
 
@@ -129,6 +131,7 @@ CHUNK = 256
 """Nodes per cached piece of a family: a change re-renders (and re-compresses) the pieces of its nodes."""
 
 
+@lru_cache(maxsize=4096)
 def family_name(probe: str, name: str) -> str:
     return f"healthd_{probe}_{name}".replace("-", "_")
 
@@ -145,18 +148,41 @@ def _shown(node: Node) -> tuple[Any, ...]:
 
 
 def _number(value: float) -> str:
-    if math.isnan(value):
+    text = repr(float(value))
+    if text[-1] == "n":
         return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value))
+    if text[-1] == "f":
+        return "-Inf" if text[0] == "-" else "+Inf"
+    return text
 
 
 def sample_line(family: str, labels: Labels, value: float) -> str:
     if not labels:
         return f"{family} {_number(value)}\n"
+    if labels[0][0] == "node":
+        prefix, suffix = _template(family, labels[1:])
+        return f"{prefix}{_escape(labels[0][1])}{suffix} {_number(value)}\n"
     text = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels))
     return f"{family}{{{text}}} {_number(value)}\n"
+
+
+_TEMPLATES: dict[tuple[str, Labels], tuple[str, str]] = {}
+
+
+def _template(family: str, others: Labels) -> tuple[str, str]:
+    """The text of a sample of ``family`` before and after its ``node`` label's value, with the ``others``
+    labels (cached: a fleet's nodes repeat few label sets)."""
+    found = _TEMPLATES.get((family, others))
+    if found is None:
+        if len(_TEMPLATES) >= 1 << 16:
+            _TEMPLATES.clear()
+        keys = sorted([k for k, _ in others] + ["node"])
+        at = keys.index("node")
+        items = sorted(others)
+        before = "".join(f'{k}="{_escape(v)}",' for k, v in items[:at])
+        after = "".join(f',{k}="{_escape(v)}"' for k, v in items[at:])
+        found = _TEMPLATES[(family, others)] = (f'{family}{{{before}node="', f'"{after}}}')
+    return found
 
 
 _RANKS: dict[tuple[str, str, tuple[tuple[str, str], ...]], tuple[Any, ...]] = {}
@@ -209,7 +235,7 @@ def _measurement_samples(latest: Iterable[MeasurementRow], meta: dict[str, tuple
             # Only a summary may carry a "quantile" label (promtool check metrics): these are the last run's
             # quantiles, without _sum and _count.
             meta[family] = ("summary" if "quantile" in m.labels else "gauge", text + " (last probe run)")
-        yield family, (("node", m.node), *sorted(m.labels.items())), m.value
+        yield family, (("node", m.node), *_series_id(m.probe, m.name, m.labels)[0][2]), m.value
 
 
 @dataclass(frozen=True)
@@ -224,6 +250,8 @@ class NodeView:
     verdicts: tuple[Verdict, ...] = ()
     series: tuple[JudgedSeries, ...] = ()
     drain_reason: str | None = None
+    headline: bool = False
+    """Whether ``latest`` holds the ``headline`` series only already."""
 
     @property
     def empty(self) -> bool:
@@ -278,7 +306,7 @@ def node_samples(v: NodeView, detail: Detail, meta: dict[str, tuple[str, str]]) 
     for verdict in v.verdicts:
         yield ("healthd_node_verdict", (name, ("probe", verdict.probe), ("outcome", verdict.outcome.value),
                                         ("reason_code", verdict.reason_code)), 1.0)
-    yield from _measurement_samples(v.latest if full else headline(v.latest), meta)
+    yield from _measurement_samples(v.latest if full or v.headline else headline(v.latest), meta)
     yield from _mfu_samples(v)
     series = v.series if full else [s for s in v.series if (s.probe, s.name) in HEADLINES]
     for sample in series_samples(series, full=full):
@@ -383,14 +411,29 @@ class _NodeState:
                     del held[old]
         held[key] = row
 
-    def view(self, name: str) -> NodeView:
+    def view(self, name: str, *, full: bool) -> NodeView:
         gpus = self.node.gpus if self.node is not None else 0
         return NodeView(name, self.node,
                         last_runs=tuple(lr for _, (lr, _t) in sorted(self.runs.items())),
-                        timings=tuple(replace(t, gpus=gpus) for _, (_lr, t) in sorted(self.runs.items())),
+                        timings=tuple(RunTiming(t.node, t.probe, t.queue_wait_s, t.duration_s, gpus)
+                                      for _, (_lr, t) in sorted(self.runs.items())),
                         latest=tuple(self.latest[k] for k in sorted(self.latest)),
                         verdicts=tuple(self.verdicts[p] for p in sorted(self.verdicts)),
-                        series=tuple(self.series[k] for k in sorted(self.series)), drain_reason=self.drain)
+                        series=tuple(self.series[k] for k in sorted(self.series)), drain_reason=self.drain,
+                        headline=not full)
+
+
+@contextmanager
+def _no_gc() -> Iterator[None]:
+    """No cyclic garbage collection while a refresh builds its rows (short-lived, without cycles): a
+    collection's cost grows with everything alive, and a full read makes it run hundreds of times."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _states(changes: Changes, *, full: bool) -> dict[str, _NodeState]:
@@ -477,7 +520,7 @@ class Exposition:
         """Read what changed in the store since the last refresh and re-render the nodes it touched (read again
         from the store: only their rendering is kept); every ``RESYNC_S`` (and when the store's rows were
         renumbered) everything is read again."""
-        with self._lock:
+        with self._lock, _no_gc():
             store = self._store
             families = None if self.detail == "full" else {*HEADLINES.keys(), MFU_INPUT}
             if self._cursor is None or time.monotonic() - self._synced_at > RESYNC_S:
@@ -524,7 +567,7 @@ class Exposition:
                 state = states.get(name) or _NodeState()
                 state.node = self._nodes.get(name)
                 state.drain = self._drains.get(name)
-                view = state.view(name)
+                view = state.view(name, full=families is None)
                 if view.empty:
                     self._fragments.pop(name, None)
                     continue

@@ -11,7 +11,6 @@ from collections import defaultdict
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from sys import intern
 from typing import Any
 
 from healthd.model import Outcome, ProbeResult, Verdict
@@ -65,16 +64,12 @@ def _verdict(r: Sequence[Any]) -> Verdict:
 
 def _series_row(r: Sequence[Any]) -> JudgedSeries:
     """A judged series from (probe, name, node, labels, last_value, last_at, floor, baseline)."""
-    return JudgedSeries(intern(r[2]), intern(r[0]), intern(r[1]), labels_of(r[3]), r[4], r[5], r[6], r[7])
+    return JudgedSeries(r[2], r[0], r[1], labels_of(r[3]), r[4], r[5], r[6], r[7])
 
 
 def _measurement_rows(rows: Sequence[Sequence[Any]]) -> list[MeasurementRow]:
-    """Rows of (probe, node, name, labels, run_id, value, at) as ``MeasurementRow``: names interned and each
-    run id shared between its rows (a fleet's current state repeats both)."""
-    run_ids: dict[str, str] = {}
-    return [MeasurementRow(run_id=run_ids.setdefault(r[4], r[4]), probe=intern(r[0]),
-                           node=intern(r[1]) if r[1] is not None else None, name=intern(r[2]),
-                           labels=labels_of(r[3]), value=r[5], at=r[6]) for r in rows]
+    """Rows of (probe, node, name, labels, run_id, value, at) as ``MeasurementRow``."""
+    return [MeasurementRow(r[4], r[0], r[1], r[2], labels_of(r[3]), r[5], r[6]) for r in rows]
 
 
 def _names(families: Collection[tuple[str, str]] | None) -> str:
@@ -301,9 +296,9 @@ class LatestStore(Database):
             series = [r for r in series if (r[0], r[1]) in families]
         return Changes(
             latest=tuple(_measurement_rows(latest)),
-            runs=tuple((LastRun(node=intern(r[0]), probe=intern(r[1]), last_run_at=r[2], last_outcome=Outcome(r[3]),
+            runs=tuple((LastRun(node=r[0], probe=r[1], last_run_at=r[2], last_outcome=Outcome(r[3]),
                                 last_reason=r[4], last_run_id=r[5], last_success_at=r[6]),
-                        RunTiming(node=intern(r[0]), probe=intern(r[1]), queue_wait_s=max(0.0, (r[8] or r[7]) - r[7]),
+                        RunTiming(node=r[0], probe=r[1], queue_wait_s=max(0.0, (r[8] or r[7]) - r[7]),
                                   duration_s=r[9] or 0.0, gpus=0)) for r in runs),
             verdicts=tuple(verdicts),
             series=tuple(_series_row(r) for r in series),
