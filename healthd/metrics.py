@@ -251,7 +251,8 @@ class NodeView:
     series: tuple[JudgedSeries, ...] = ()
     drain_reason: str | None = None
     headline: bool = False
-    """Whether ``latest`` holds the ``headline`` series only already."""
+    """Whether ``latest`` holds, of each measurement, the series nearest its headline only already (as
+    ``headline`` chooses them; with those of ``MFU_INPUT``)."""
 
     @property
     def empty(self) -> bool:
@@ -306,7 +307,13 @@ def node_samples(v: NodeView, detail: Detail, meta: dict[str, tuple[str, str]]) 
     for verdict in v.verdicts:
         yield ("healthd_node_verdict", (name, ("probe", verdict.probe), ("outcome", verdict.outcome.value),
                                         ("reason_code", verdict.reason_code)), 1.0)
-    yield from _measurement_samples(v.latest if full or v.headline else headline(v.latest), meta)
+    if full:
+        shown: Iterable[MeasurementRow] = v.latest
+    elif v.headline:
+        shown = [m for m in v.latest if (m.probe, m.name) in HEADLINES]
+    else:
+        shown = headline(v.latest)
+    yield from _measurement_samples(shown, meta)
     yield from _mfu_samples(v)
     series = v.series if full else [s for s in v.series if (s.probe, s.name) in HEADLINES]
     for sample in series_samples(series, full=full):
