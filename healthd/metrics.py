@@ -377,17 +377,22 @@ def fleet_samples_of(snap: Snapshot, backend: str, states: Mapping[str, int], *,
 
 SeriesId = tuple[str, str, Labels]
 """(probe, name, sorted label items): a series of a node."""
-_IDS: dict[tuple[str, str, Labels], tuple[SeriesId, tuple[str, str], tuple[Any, ...]]] = {}
+_IDS: dict[tuple[str, str, int], tuple[Mapping[str, str], tuple[SeriesId, tuple[str, str], tuple[Any, ...]]]] = {}
 
 
 def _series_id(probe: str, name: str, labels: Mapping[str, str]) -> tuple[SeriesId, tuple[str, str], tuple[Any, ...]]:
     """The one id of the series, its measurement and its headline rank (``_rank``), shared between nodes: a
-    fleet repeats few label sets."""
-    found = _IDS.get((probe, name, tuple(labels.items())))
-    if found is None:
-        series_id = (probe, name, tuple(sorted(labels.items())))
-        found = _IDS[(probe, name, tuple(labels.items()))] = (series_id, series_id[:2], _rank(probe, name, labels))
-    return found
+    fleet repeats few label sets, and the store's rows share their label dicts (``labels_of``). Cached by the
+    dict's identity (the cache holds the dict, so its id is not reused)."""
+    found = _IDS.get((probe, name, id(labels)))
+    if found is not None and found[0] is labels:
+        return found[1]
+    if len(_IDS) >= 1 << 16:
+        _IDS.clear()
+    series_id = (probe, name, tuple(sorted(labels.items())))
+    result = (series_id, series_id[:2], _rank(probe, name, labels))
+    _IDS[(probe, name, id(labels))] = (labels, result)
+    return result
 
 
 @dataclass(slots=True)
@@ -400,23 +405,9 @@ class _NodeState:
     verdicts: dict[str, Verdict] = field(default_factory=dict)
     latest: dict[SeriesId, MeasurementRow] = field(default_factory=dict)
     series: dict[SeriesId, JudgedSeries] = field(default_factory=dict)
-    best: dict[tuple[tuple[str, str], bool], tuple[Any, ...]] = field(default_factory=dict)
+    best: dict[tuple[str, str], tuple[Any, ...]] = field(default_factory=dict)
+    best_series: dict[tuple[str, str], tuple[Any, ...]] = field(default_factory=dict)
     drain: str | None = None
-
-    def keep(self, row: MeasurementRow | JudgedSeries, *, full: bool) -> None:
-        """Hold ``row`` unless a series nearer the headline of its measurement is held (summary)."""
-        judged = isinstance(row, JudgedSeries)
-        held: dict[SeriesId, Any] = self.series if judged else self.latest
-        key, measurement, rank = _series_id(row.probe, row.name, row.labels)
-        if not full:
-            best = self.best.get((measurement, judged))
-            if best is not None and rank > best:
-                return
-            if best is None or rank < best:
-                self.best[(measurement, judged)] = rank
-                for old in [k for k in held if k[:2] == measurement]:
-                    del held[old]
-        held[key] = row
 
     def view(self, name: str, *, full: bool) -> NodeView:
         gpus = self.node.gpus if self.node is not None else 0
@@ -428,6 +419,20 @@ class _NodeState:
                         verdicts=tuple(self.verdicts[p] for p in sorted(self.verdicts)),
                         series=tuple(self.series[k] for k in sorted(self.series)), drain_reason=self.drain,
                         headline=not full)
+
+
+def _keep(held: dict[SeriesId, Any], best: dict[tuple[str, str], tuple[Any, ...]],
+          row: MeasurementRow | JudgedSeries, full: bool) -> None:
+    key, measurement, rank = _series_id(row.probe, row.name, row.labels)
+    if not full:
+        top = best.get(measurement)
+        if top is not None and rank > top:
+            return
+        if top is None or rank < top:
+            best[measurement] = rank
+            for old in [k for k in held if k[:2] == measurement]:
+                del held[old]
+    held[key] = row
 
 
 @contextmanager
@@ -448,7 +453,8 @@ def _states(changes: Changes, *, full: bool) -> dict[str, _NodeState]:
     states: dict[str, _NodeState] = defaultdict(_NodeState)
     for m in changes.latest:
         if m.node is not None:
-            states[m.node].keep(m, full=full)
+            state = states[m.node]
+            _keep(state.latest, state.best, m, full)
     for lr, timing in changes.runs:
         states[lr.node].runs[lr.probe] = (lr, timing)
     for v in changes.verdicts:
@@ -457,7 +463,8 @@ def _states(changes: Changes, *, full: bool) -> dict[str, _NodeState]:
         if old is None or v.at >= old.at:
             held[v.probe] = v
     for series in changes.series:
-        states[series.node].keep(series, full=full)
+        state = states[series.node]
+        _keep(state.series, state.best_series, series, full)
     return states
 
 

@@ -18,6 +18,7 @@ from healthd.store.db import Database
 from healthd.store.rows import JudgedSeries, LastRun, MeasurementRow, RunTiming, canonical_labels
 
 _CHUNK = 500
+_OUTCOMES = {o.value: o for o in Outcome}
 
 
 @lru_cache(maxsize=1 << 16)
@@ -58,7 +59,7 @@ def _in(nodes: Sequence[str] | None, column: str = "node") -> Iterator[tuple[str
 
 
 def _verdict(r: Sequence[Any]) -> Verdict:
-    return Verdict(node=r[0], probe=r[1], outcome=Outcome(r[2]), reason=r[3], reason_code=r[4],
+    return Verdict(node=r[0], probe=r[1], outcome=_OUTCOMES[r[2]], reason=r[3], reason_code=r[4],
                    run_ids=tuple(json.loads(r[5])), evidence=json.loads(r[6]), at=r[7])
 
 
@@ -296,7 +297,7 @@ class LatestStore(Database):
             series = [r for r in series if (r[0], r[1]) in families]
         return Changes(
             latest=tuple(_measurement_rows(latest)),
-            runs=tuple((LastRun(node=r[0], probe=r[1], last_run_at=r[2], last_outcome=Outcome(r[3]),
+            runs=tuple((LastRun(node=r[0], probe=r[1], last_run_at=r[2], last_outcome=_OUTCOMES[r[3]],
                                 last_reason=r[4], last_run_id=r[5], last_success_at=r[6]),
                         RunTiming(node=r[0], probe=r[1], queue_wait_s=max(0.0, (r[8] or r[7]) - r[7]),
                                   duration_s=r[9] or 0.0, gpus=0)) for r in runs),
