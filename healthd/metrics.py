@@ -19,11 +19,13 @@ import gzip
 import platform
 import threading
 import time
+from array import array
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import accumulate
 from sys import intern
 from typing import Any, Literal
 
@@ -472,6 +474,8 @@ def _states(changes: Changes, *, full: bool) -> dict[str, _NodeState]:
 class _Piece:
     plain: bytes
     packed: bytes | None = None
+    ends: array[int] = field(default_factory=lambda: array("I"))
+    """Where the text of each node of the piece's chunk ends in ``plain`` (a piece of a family)."""
 
     def gzip(self) -> bytes:
         if self.packed is None:
@@ -501,10 +505,9 @@ class Exposition:
         self._synced_at = 0.0
         self._nodes: dict[str, Node] = {}
         self._drains: dict[str, str] = {}
-        self._fragments: dict[str, dict[str, bytes]] = {}
         self._meta: dict[str, tuple[str, str]] = dict(FAMILIES)
         self._order: list[str] = []
-        self._chunk_of: dict[str, int] = {}
+        self._index: dict[str, int] = {}
         self._pieces: dict[tuple[str, int], _Piece] = {}
         self._chunk_families: dict[int, set[str]] = {}
         self._headers: dict[str, _Piece] = {}
@@ -547,7 +550,7 @@ class Exposition:
             changed: set[str] = set()
             resync = self._cursor is None
             if resync:
-                changed |= self._fragments.keys()
+                changed |= self._index.keys()
                 self._nodes = {}
                 self._drains = {}
                 self._synced_at = time.monotonic()
@@ -577,16 +580,15 @@ class Exposition:
                     changed.add(name)
             if not resync and changed:
                 states = _states(self._read(sorted(changed), families), full=families is None)
+            rendered: dict[str, dict[str, bytes]] = {}
             for name in changed:
-                state = states.get(name) or _NodeState()
+                state = states.pop(name, None) or _NodeState()
                 state.node = self._nodes.get(name)
                 state.drain = self._drains.get(name)
                 view = state.view(name, full=families is None)
-                if view.empty:
-                    self._fragments.pop(name, None)
-                    continue
-                self._fragments[name] = _fragment(node_samples(view, self.detail, self._meta))
-                self.rendered_nodes += 1
+                if not view.empty:
+                    rendered[name] = _fragment(node_samples(view, self.detail, self._meta))
+                    self.rendered_nodes += 1
             states.clear()
             counts: dict[str, int] = defaultdict(int)
             for n in nodes:
@@ -595,7 +597,7 @@ class Exposition:
             breaker_open = bool(isinstance(breaker, dict) and breaker.get("open"))
             fleet = _fragment(fleet_samples_of(store.snapshot(nodes=(), fleet=True), self._backend_name(), counts,
                                                breaker_open=breaker_open, fleet_events=store.fleet_events(limit=200)))
-            self._assemble(fleet, changed)
+            self._assemble(fleet, rendered, changed - rendered.keys())
 
     def _read(self, names: Sequence[str], families: Collection[tuple[str, str]] | None) -> Changes:
         """The current rows of the nodes ``names`` (as ``Store.changes`` gives every row)."""
@@ -607,35 +609,50 @@ class Exposition:
                        verdicts=tuple(store.current_verdicts_of(names)),
                        series=tuple(store.judge_series_of(names, families)))
 
-    def _assemble(self, fleet: Mapping[str, bytes], changed: set[str]) -> None:
-        order = sorted(self._fragments) if changed or not self._order else self._order
-        if order != self._order:
-            self._order = order
-            self._chunk_of = {name: i // CHUNK for i, name in enumerate(order)}
-            self._pieces.clear()
+    def _assemble(self, fleet: Mapping[str, bytes], rendered: Mapping[str, Mapping[str, bytes]],
+                  gone: Collection[str]) -> None:
+        """Rebuild the pieces of the chunks with a node in ``rendered`` (its new text by family) or ``gone`` (no
+        longer shown), and every chunk when the nodes shown changed: each other node's text is cut out of the
+        pieces it was in (``_Piece.ends``)."""
+        old_index, old_pieces, old_families = self._index, self._pieces, self._chunk_families
+
+        def text_of(name: str) -> Mapping[str, bytes]:
+            if name in rendered:
+                return rendered[name]
+            chunk, at = divmod(old_index[name], CHUNK)
+            out: dict[str, bytes] = {}
+            for family in old_families[chunk]:
+                piece = old_pieces[(family, chunk)]
+                start, end = piece.ends[at - 1] if at else 0, piece.ends[at]
+                if end > start:
+                    out[family] = piece.plain[start:end]
+            return out
+
+        if rendered.keys() - old_index.keys() or not old_index.keys().isdisjoint(gone):
+            order = sorted((old_index.keys() - set(gone)) | rendered.keys())
+            self._order, self._index = order, {name: i for i, name in enumerate(order)}
+            self._pieces, self._chunk_families = {}, {}
             dirty = set(range((len(order) + CHUNK - 1) // CHUNK))
-            self._chunk_families = {}
         else:
-            dirty = {self._chunk_of[n] for n in changed if n in self._chunk_of}
-            for key in [k for k in self._pieces if k[1] in dirty]:
-                del self._pieces[key]
-        for chunk in dirty:
-            self._chunk_families[chunk] = {f for n in order[chunk * CHUNK:(chunk + 1) * CHUNK]
-                                           for f in self._fragments[n]}
-        present: dict[str, set[int]] = defaultdict(set)
-        for chunk, found in self._chunk_families.items():
+            order = self._order
+            dirty = {old_index[n] // CHUNK for n in rendered}
+        for chunk in sorted(dirty):
+            texts = [text_of(n) for n in order[chunk * CHUNK:(chunk + 1) * CHUNK]]
+            for family in self._chunk_families.pop(chunk, ()):
+                del self._pieces[(family, chunk)]
+            found = {family for text in texts for family in text}
             for family in found:
-                present[family].add(chunk)
+                parts = [text.get(family, b"") for text in texts]
+                self._pieces[(family, chunk)] = _Piece(b"".join(parts), ends=array("I", accumulate(map(len, parts))))
+            self._chunk_families[chunk] = found
+        present: dict[str, list[int]] = defaultdict(list)
+        for chunk, found in sorted(self._chunk_families.items()):
+            for family in found:
+                present[family].append(chunk)
         body = _Body()
         for family in sorted(present.keys() | fleet.keys()):
             pieces = [_Piece(fleet[family])] if family in fleet else []
-            for chunk in sorted(present[family]):
-                piece = self._pieces.get((family, chunk))
-                if piece is None:
-                    names = order[chunk * CHUNK:(chunk + 1) * CHUNK]
-                    piece = _Piece(b"".join(self._fragments[n].get(family, b"") for n in names))
-                    self._pieces[(family, chunk)] = piece
-                pieces.append(piece)
+            pieces += [self._pieces[(family, chunk)] for chunk in present[family]]
             body.families.append((self._header(family), pieces))
         self._body = body
 
