@@ -144,11 +144,6 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def _shown(node: Node) -> tuple[Any, ...]:
-    """What a node's own series show of its discovery (its state only counts in ``healthd_cluster_nodes``)."""
-    return node.node_class, node.gpu_type, node.gpus
-
-
 def _number(value: float) -> str:
     text = repr(float(value))
     if text[-1] == "n":
@@ -503,7 +498,9 @@ class Exposition:
         self._cursor: ChangeCursor | None = None
         self._version: object = None
         self._synced_at = 0.0
-        self._nodes: dict[str, Node] = {}
+        self._nodes: dict[str, tuple[str, str | None, str | None, int]] = {}
+        """(state, class, GPU type, GPUs) of each node at the discovery that last changed what its own series
+        show of it (all but its state, which only counts in ``healthd_cluster_nodes``)."""
         self._drains: dict[str, str] = {}
         self._meta: dict[str, tuple[str, str]] = dict(FAMILIES)
         self._order: list[str] = []
@@ -556,13 +553,14 @@ class Exposition:
                 self._synced_at = time.monotonic()
             self._cursor = cursor
             states = _states(changes, full=families is None)
+            del changes
             changed |= states.keys()
             nodes = store.node_summaries()
             for name, base, node_class, gpu_type, gpus in nodes:
                 old = self._nodes.get(name)
-                if old is None or _shown(old) != (node_class, gpu_type, gpus):
-                    self._nodes[name] = Node(intern(name), intern(base), gpus=gpus, gpu_type=gpu_type,
-                                             node_class=node_class)
+                if old is None or old[1:] != (node_class, gpu_type, gpus):
+                    self._nodes[intern(name)] = (intern(base), node_class and intern(node_class),
+                                                 gpu_type and intern(gpu_type), gpus)
                     changed.add(name)
             for name in self._nodes.keys() - {n[0] for n in nodes}:
                 del self._nodes[name]
@@ -583,7 +581,8 @@ class Exposition:
             rendered: dict[str, dict[str, bytes]] = {}
             for name in changed:
                 state = states.pop(name, None) or _NodeState()
-                state.node = self._nodes.get(name)
+                node = self._nodes.get(name)
+                state.node = Node(name, node[0], gpus=node[3], gpu_type=node[2], node_class=node[1]) if node else None
                 state.drain = self._drains.get(name)
                 view = state.view(name, full=families is None)
                 if not view.empty:
