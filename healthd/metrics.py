@@ -157,8 +157,8 @@ def sample_line(family: str, labels: Labels, value: float) -> str:
     if not labels:
         return f"{family} {_number(value)}\n"
     if labels[0][0] == "node":
-        prefix, suffix = _template(family, labels[1:])
-        return f"{prefix}{_escape(labels[0][1])}{suffix} {_number(value)}\n"
+        found = _TEMPLATES.get((family, labels[1:])) or _template(family, labels[1:])
+        return f"{found[0]}{_escape(labels[0][1])}{found[1]} {_number(value)}\n"
     text = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels))
     return f"{family}{{{text}}} {_number(value)}\n"
 
@@ -168,17 +168,14 @@ _TEMPLATES: dict[tuple[str, Labels], tuple[str, str]] = {}
 
 def _template(family: str, others: Labels) -> tuple[str, str]:
     """The text of a sample of ``family`` before and after its ``node`` label's value, with the ``others``
-    labels (cached: a fleet's nodes repeat few label sets)."""
-    found = _TEMPLATES.get((family, others))
-    if found is None:
-        if len(_TEMPLATES) >= 1 << 16:
-            _TEMPLATES.clear()
-        keys = sorted([k for k, _ in others] + ["node"])
-        at = keys.index("node")
-        items = sorted(others)
-        before = "".join(f'{k}="{_escape(v)}",' for k, v in items[:at])
-        after = "".join(f',{k}="{_escape(v)}"' for k, v in items[at:])
-        found = _TEMPLATES[(family, others)] = (f'{family}{{{before}node="', f'"{after}}}')
+    labels (cached in ``_TEMPLATES``: a fleet's nodes repeat few label sets)."""
+    if len(_TEMPLATES) >= 1 << 16:
+        _TEMPLATES.clear()
+    items = sorted(others)
+    at = sum(1 for k, _ in items if k < "node")
+    before = "".join(f'{k}="{_escape(v)}",' for k, v in items[:at])
+    after = "".join(f',{k}="{_escape(v)}"' for k, v in items[at:])
+    found = _TEMPLATES[(family, others)] = (f'{family}{{{before}node="', f'"{after}}}')
     return found
 
 
