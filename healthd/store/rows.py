@@ -75,7 +75,7 @@ class JudgedSeries:
 
     @classmethod
     def of(cls, row: Mapping[str, Any]) -> JudgedSeries:
-        """From a judged series as the store gives it (``judge_series``, ``Changes.series``)."""
+        """From a judged series as a dict (``JudgementStore.judge_series``)."""
         return cls(row["node"], row["probe"], row["name"], row["labels"], row.get("last_value"), row.get("last_at"),
                    row.get("floor"), row.get("baseline"))
 
