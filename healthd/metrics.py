@@ -404,11 +404,12 @@ class _NodeState:
     drain: str | None = None
 
     def view(self, name: str, *, full: bool) -> NodeView:
+        """The node's view (without run timings unless ``full``: the summary does not show them)."""
         gpus = self.node.gpus if self.node is not None else 0
-        return NodeView(name, self.node,
-                        last_runs=tuple(lr for _, (lr, _t) in sorted(self.runs.items())),
+        runs = [self.runs[probe] for probe in sorted(self.runs)]
+        return NodeView(name, self.node, last_runs=tuple(lr for lr, _ in runs),
                         timings=tuple(RunTiming(t.node, t.probe, t.queue_wait_s, t.duration_s, gpus)
-                                      for _, (_lr, t) in sorted(self.runs.items())),
+                                      for _, t in runs) if full else (),
                         latest=tuple(self.latest[k] for k in sorted(self.latest)),
                         verdicts=tuple(self.verdicts[p] for p in sorted(self.verdicts)),
                         series=tuple(self.series[k] for k in sorted(self.series)), drain_reason=self.drain,
