@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import resource
 import sqlite3
 import statistics
@@ -163,6 +164,15 @@ def fresh_process(db: Path, settings_dir: Path, nodes: int) -> dict[str, float]:
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
+def peak_rss_mb() -> float:
+    """This process's peak RSS: ``VmHWM``, not ``ru_maxrss``, which a child keeps from its parent across fork and
+    exec (the simulation's peak, not the fresh process's)."""
+    found = re.search(r"^VmHWM:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.MULTILINE)
+    if found is None:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return int(found.group(1)) / 1024
+
+
 def _fresh(db: Path, workdir: Path, nodes: int) -> None:
     settings = scenario_settings(scenario(nodes, 1), workdir / "state")
     store = Store(db)
@@ -172,7 +182,7 @@ def _fresh(db: Path, workdir: Path, nodes: int) -> None:
     started = time.perf_counter()
     Exposition(store, lambda: "sim").refresh()
     first_read = time.perf_counter() - started
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rss = peak_rss_mb()
     print(json.dumps({"rss_mb": round(rss, 1), "startup_s": round(startup, 3),
                       "exposition_first_read_s": round(first_read, 3)}))
 

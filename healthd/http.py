@@ -97,8 +97,8 @@ def node_document(view: NodeView, *, detail: bool = False) -> dict[str, Any]:
         "drain_recommended": view.drain_reason,
     }
     if detail:
-        doc["series"] = [{k: s[k] for k in ("probe", "name", "labels", "last_value", "last_at", "baseline", "floor")}
-                         for s in view.series]
+        doc["series"] = [{"probe": s.probe, "name": s.name, "labels": s.labels, "last_value": s.last_value,
+                          "last_at": s.last_at, "baseline": s.baseline, "floor": s.floor} for s in view.series]
         doc["findings"] = [
             {**dict(zip(FINDING_LABELS, f.labels, strict=True)), "value": f.value, "reference": f.reference,
              "drop_ratio": f.drop}

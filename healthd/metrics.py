@@ -14,14 +14,19 @@ on a ``prometheus_client`` registry, rendered next to it. Names follow Prometheu
 
 from __future__ import annotations
 
+import gc
 import gzip
-import math
 import platform
 import threading
 import time
+from array import array
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import lru_cache
+from itertools import accumulate
+from sys import intern
 from typing import Any, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
@@ -41,7 +46,7 @@ from healthd.judge.peaks import mfu
 from healthd.model import Node, Outcome, Verdict
 from healthd.store import Store
 from healthd.store.latest import ChangeCursor, Changes
-from healthd.store.rows import LastRun, MeasurementRow, RecommendationRow, RunTiming, Snapshot
+from healthd.store.rows import JudgedSeries, LastRun, MeasurementRow, RecommendationRow, RunTiming, Snapshot
 
 Detail = Literal["summary", "full"]
 OUTCOMES = tuple(o.value for o in Outcome)
@@ -128,6 +133,7 @@ CHUNK = 256
 """Nodes per cached piece of a family: a change re-renders (and re-compresses) the pieces of its nodes."""
 
 
+@lru_cache(maxsize=4096)
 def family_name(probe: str, name: str) -> str:
     return f"healthd_{probe}_{name}".replace("-", "_")
 
@@ -138,24 +144,39 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def _shown(node: Node) -> tuple[Any, ...]:
-    """What a node's own series show of its discovery (its state only counts in ``healthd_cluster_nodes``)."""
-    return node.node_class, node.gpu_type, node.gpus
-
-
 def _number(value: float) -> str:
-    if math.isnan(value):
+    text = repr(float(value))
+    if text[-1] == "n":
         return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value))
+    if text[-1] == "f":
+        return "-Inf" if text[0] == "-" else "+Inf"
+    return text
 
 
 def sample_line(family: str, labels: Labels, value: float) -> str:
     if not labels:
         return f"{family} {_number(value)}\n"
+    if labels[0][0] == "node":
+        found = _TEMPLATES.get((family, labels[1:])) or _template(family, labels[1:])
+        return f"{found[0]}{_escape(labels[0][1])}{found[1]} {_number(value)}\n"
     text = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels))
     return f"{family}{{{text}}} {_number(value)}\n"
+
+
+_TEMPLATES: dict[tuple[str, Labels], tuple[str, str]] = {}
+
+
+def _template(family: str, others: Labels) -> tuple[str, str]:
+    """The text of a sample of ``family`` before and after its ``node`` label's value, with the ``others``
+    labels (cached in ``_TEMPLATES``: a fleet's nodes repeat few label sets)."""
+    if len(_TEMPLATES) >= 1 << 16:
+        _TEMPLATES.clear()
+    items = sorted(others)
+    at = sum(1 for k, _ in items if k < "node")
+    before = "".join(f'{k}="{_escape(v)}",' for k, v in items[:at])
+    after = "".join(f',{k}="{_escape(v)}"' for k, v in items[at:])
+    found = _TEMPLATES[(family, others)] = (f'{family}{{{before}node="', f'"{after}}}')
+    return found
 
 
 _RANKS: dict[tuple[str, str, tuple[tuple[str, str], ...]], tuple[Any, ...]] = {}
@@ -208,7 +229,7 @@ def _measurement_samples(latest: Iterable[MeasurementRow], meta: dict[str, tuple
             # Only a summary may carry a "quantile" label (promtool check metrics): these are the last run's
             # quantiles, without _sum and _count.
             meta[family] = ("summary" if "quantile" in m.labels else "gauge", text + " (last probe run)")
-        yield family, (("node", m.node), *sorted(m.labels.items())), m.value
+        yield family, (("node", m.node), *_series_id(m.probe, m.name, m.labels)[0][2]), m.value
 
 
 @dataclass(frozen=True)
@@ -221,8 +242,11 @@ class NodeView:
     timings: tuple[RunTiming, ...] = ()
     latest: tuple[MeasurementRow, ...] = ()
     verdicts: tuple[Verdict, ...] = ()
-    series: tuple[Mapping[str, Any], ...] = ()
+    series: tuple[JudgedSeries, ...] = ()
     drain_reason: str | None = None
+    headline: bool = False
+    """Whether ``latest`` holds, of each measurement, the series nearest its headline only already (as
+    ``headline`` chooses them; with those of ``MFU_INPUT``)."""
 
     @property
     def empty(self) -> bool:
@@ -242,7 +266,7 @@ def node_views(snap: Snapshot) -> dict[str, NodeView]:
             if r.node is not None:
                 parts[r.node][key].append(r)
     for s in snap.series:
-        parts[s["node"]]["series"].append(s)
+        parts[s.node]["series"].append(s)
     recs: dict[str, list[RecommendationRow]] = defaultdict(list)
     for rec in snap.recommendations:
         recs[rec.node].append(rec)
@@ -277,9 +301,15 @@ def node_samples(v: NodeView, detail: Detail, meta: dict[str, tuple[str, str]]) 
     for verdict in v.verdicts:
         yield ("healthd_node_verdict", (name, ("probe", verdict.probe), ("outcome", verdict.outcome.value),
                                         ("reason_code", verdict.reason_code)), 1.0)
-    yield from _measurement_samples(v.latest if full else headline(v.latest), meta)
+    if full:
+        shown: Iterable[MeasurementRow] = v.latest
+    elif v.headline:
+        shown = [m for m in v.latest if (m.probe, m.name) in HEADLINES]
+    else:
+        shown = headline(v.latest)
+    yield from _measurement_samples(shown, meta)
     yield from _mfu_samples(v)
-    series = v.series if full else [s for s in v.series if (s["probe"], s["name"]) in HEADLINES]
+    series = v.series if full else [s for s in v.series if (s.probe, s.name) in HEADLINES]
     for sample in series_samples(series, full=full):
         if sample[0] not in meta and sample[0] not in FAMILIES:
             kind = sample[0].split("_", 2)[1]
@@ -310,7 +340,7 @@ def _fragment(samples: Iterable[Sample]) -> dict[str, bytes]:
     lines: dict[str, list[str]] = defaultdict(list)
     for family, labels, value in samples:
         lines[family].append(sample_line(family, labels, value))
-    return {family: "".join(text).encode() for family, text in lines.items()}
+    return {intern(family): "".join(text).encode() for family, text in lines.items()}
 
 
 def fleet_samples_of(snap: Snapshot, backend: str, states: Mapping[str, int], *, breaker_open: bool,
@@ -339,51 +369,106 @@ def fleet_samples_of(snap: Snapshot, backend: str, states: Mapping[str, int], *,
     yield from fleet_samples(breaker_open=breaker_open, fleet_events=fleet_events, counters=snap.counters)
 
 
-@dataclass
+SeriesId = tuple[str, str, Labels]
+"""(probe, name, sorted label items): a series of a node."""
+_IDS: dict[tuple[str, str, int], tuple[Mapping[str, str], tuple[SeriesId, tuple[str, str], tuple[Any, ...]]]] = {}
+
+
+def _series_id(probe: str, name: str, labels: Mapping[str, str]) -> tuple[SeriesId, tuple[str, str], tuple[Any, ...]]:
+    """The one id of the series, its measurement and its headline rank (``_rank``), shared between nodes: a
+    fleet repeats few label sets, and the store's rows share their label dicts (``labels_of``). Cached by the
+    dict's identity (the cache holds the dict, so its id is not reused)."""
+    found = _IDS.get((probe, name, id(labels)))
+    if found is not None and found[0] is labels:
+        return found[1]
+    if len(_IDS) >= 1 << 16:
+        _IDS.clear()
+    series_id = (probe, name, tuple(sorted(labels.items())))
+    result = (series_id, series_id[:2], _rank(probe, name, labels))
+    _IDS[(probe, name, id(labels))] = (labels, result)
+    return result
+
+
+@dataclass(slots=True)
 class _NodeState:
-    """What ``Exposition`` keeps of one node between refreshes (with ``detail = "summary"``: the headline
-    series of each measurement only)."""
+    """One node's current rows as a refresh reads them (with ``detail = "summary"``: the headline series of
+    each measurement only)."""
 
     node: Node | None = None
     runs: dict[str, tuple[LastRun, RunTiming]] = field(default_factory=dict)
     verdicts: dict[str, Verdict] = field(default_factory=dict)
-    latest: dict[tuple[str, str, tuple[tuple[str, str], ...]], MeasurementRow] = field(default_factory=dict)
-    series: dict[tuple[str, str, tuple[tuple[str, str], ...]], Mapping[str, Any]] = field(default_factory=dict)
-    best: dict[tuple[str, str, bool], tuple[Any, ...]] = field(default_factory=dict)
+    latest: dict[SeriesId, MeasurementRow] = field(default_factory=dict)
+    series: dict[SeriesId, JudgedSeries] = field(default_factory=dict)
+    best: dict[tuple[str, str], tuple[Any, ...]] = field(default_factory=dict)
+    best_series: dict[tuple[str, str], tuple[Any, ...]] = field(default_factory=dict)
     drain: str | None = None
 
-    def keep(self, probe: str, name: str, labels: Mapping[str, str], row: Any, *, full: bool,
-             judged: bool = False) -> bool:
-        """Hold ``row`` (a measurement, or a judged series with ``judged``) unless a series nearer the headline
-        of its measurement is held (summary); whether it is held."""
-        held = self.series if judged else self.latest
-        key = (probe, name, tuple(sorted(labels.items())))
-        if not full:
-            rank = _rank(probe, name, labels)
-            best = self.best.get((probe, name, judged))
-            if best is not None and rank > best:
-                return False
-            if best is None or rank < best:
-                self.best[(probe, name, judged)] = rank
-                for old in [k for k in held if k[:2] == (probe, name)]:
-                    del held[old]
-        held[key] = row
-        return True
-
-    def view(self, name: str) -> NodeView:
+    def view(self, name: str, *, full: bool) -> NodeView:
+        """The node's view (without run timings unless ``full``: the summary does not show them)."""
         gpus = self.node.gpus if self.node is not None else 0
-        return NodeView(name, self.node,
-                        last_runs=tuple(lr for _, (lr, _t) in sorted(self.runs.items())),
-                        timings=tuple(replace(t, gpus=gpus) for _, (_lr, t) in sorted(self.runs.items())),
+        runs = [self.runs[probe] for probe in sorted(self.runs)]
+        return NodeView(name, self.node, last_runs=tuple(lr for lr, _ in runs),
+                        timings=tuple(RunTiming(t.node, t.probe, t.queue_wait_s, t.duration_s, gpus)
+                                      for _, t in runs) if full else (),
                         latest=tuple(self.latest[k] for k in sorted(self.latest)),
                         verdicts=tuple(self.verdicts[p] for p in sorted(self.verdicts)),
-                        series=tuple(self.series[k] for k in sorted(self.series)), drain_reason=self.drain)
+                        series=tuple(self.series[k] for k in sorted(self.series)), drain_reason=self.drain,
+                        headline=not full)
+
+
+def _keep(held: dict[SeriesId, Any], best: dict[tuple[str, str], tuple[Any, ...]],
+          row: MeasurementRow | JudgedSeries, full: bool) -> None:
+    key, measurement, rank = _series_id(row.probe, row.name, row.labels)
+    if not full:
+        top = best.get(measurement)
+        if top is not None and rank > top:
+            return
+        if top is None or rank < top:
+            best[measurement] = rank
+            for old in [k for k in held if k[:2] == measurement]:
+                del held[old]
+    held[key] = row
+
+
+@contextmanager
+def _no_gc() -> Iterator[None]:
+    """No cyclic garbage collection while a refresh builds its rows (short-lived, without cycles): a
+    collection's cost grows with everything alive, and a full read makes it run hundreds of times."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _states(changes: Changes, *, full: bool) -> dict[str, _NodeState]:
+    """The rows of ``changes`` by node."""
+    states: dict[str, _NodeState] = defaultdict(_NodeState)
+    for m in changes.latest:
+        if m.node is not None:
+            state = states[m.node]
+            _keep(state.latest, state.best, m, full)
+    for lr, timing in changes.runs:
+        states[lr.node].runs[lr.probe] = (lr, timing)
+    for v in changes.verdicts:
+        held = states[v.node].verdicts
+        old = held.get(v.probe)
+        if old is None or v.at >= old.at:
+            held[v.probe] = v
+    for series in changes.series:
+        state = states[series.node]
+        _keep(state.series, state.best_series, series, full)
+    return states
 
 
 @dataclass
 class _Piece:
     plain: bytes
     packed: bytes | None = None
+    ends: array[int] = field(default_factory=lambda: array("I"))
+    """Where the text of each node of the piece's chunk ends in ``plain`` (a piece of a family)."""
 
     def gzip(self) -> bytes:
         if self.packed is None:
@@ -411,11 +496,13 @@ class Exposition:
         self._cursor: ChangeCursor | None = None
         self._version: object = None
         self._synced_at = 0.0
-        self._state: dict[str, _NodeState] = {}
-        self._fragments: dict[str, dict[str, bytes]] = {}
+        self._nodes: dict[str, tuple[str, str | None, str | None, int]] = {}
+        """(state, class, GPU type, GPUs) of each node at the discovery that last changed what its own series
+        show of it (all but its state, which only counts in ``healthd_cluster_nodes``)."""
+        self._drains: dict[str, str] = {}
         self._meta: dict[str, tuple[str, str]] = dict(FAMILIES)
         self._order: list[str] = []
-        self._chunk_of: dict[str, int] = {}
+        self._index: dict[str, int] = {}
         self._pieces: dict[tuple[str, int], _Piece] = {}
         self._chunk_families: dict[int, set[str]] = {}
         self._headers: dict[str, _Piece] = {}
@@ -442,9 +529,10 @@ class Exposition:
         return True
 
     def refresh(self) -> None:
-        """Read what changed in the store since the last refresh and re-render the nodes it touched; every
-        ``RESYNC_S`` (and when the store's rows were renumbered) everything is read again."""
-        with self._lock:
+        """Read what changed in the store since the last refresh and re-render the nodes it touched (read again
+        from the store: only their rendering is kept); every ``RESYNC_S`` (and when the store's rows were
+        renumbered) everything is read again."""
+        with self._lock, _no_gc():
             store = self._store
             families = None if self.detail == "full" else {*HEADLINES.keys(), MFU_INPUT}
             if self._cursor is None or time.monotonic() - self._synced_at > RESYNC_S:
@@ -455,105 +543,113 @@ class Exposition:
                 self._cursor = None
                 changes, cursor = store.changes(ChangeCursor(), families)
             changed: set[str] = set()
-            if self._cursor is None:
-                changed |= self._state.keys()
-                self._state = {}
+            resync = self._cursor is None
+            if resync:
+                changed |= self._index.keys()
+                self._nodes = {}
+                self._drains = {}
                 self._synced_at = time.monotonic()
             self._cursor = cursor
-            changed |= self._apply(changes, full=families is None)
+            states = _states(changes, full=families is None)
+            del changes
+            changed |= states.keys()
             nodes = store.node_summaries()
-            seen = {n[0] for n in nodes}
-            for name, _state, node_class, gpu_type, gpus in nodes:
-                state = self._node_state(name)
-                if state.node is None or _shown(state.node) != (node_class, gpu_type, gpus):
-                    state.node = Node(name, _state, gpus=gpus, gpu_type=gpu_type, node_class=node_class)
+            for name, base, node_class, gpu_type, gpus in nodes:
+                old = self._nodes.get(name)
+                if old is None or old[1:] != (node_class, gpu_type, gpus):
+                    self._nodes[intern(name)] = (intern(base), node_class and intern(node_class),
+                                                 gpu_type and intern(gpu_type), gpus)
                     changed.add(name)
-            for name, state in self._state.items():
-                if state.node is not None and name not in seen:
-                    state.node = None
-                    changed.add(name)
+            for name in self._nodes.keys() - {n[0] for n in nodes}:
+                del self._nodes[name]
+                changed.add(name)
             by_node: dict[str, list[RecommendationRow]] = defaultdict(list)
             for r in store.recommendations(limit=1_000_000):
                 by_node[r.node].append(r)
-            for name in by_node.keys() | {n for n, st in self._state.items() if st.drain is not None}:
+            for name in by_node.keys() | self._drains.keys():
                 reason = drain_reason(by_node.get(name, ()))
-                if self._node_state(name).drain != reason:
-                    self._state[name].drain = reason
+                if self._drains.get(name) != reason:
+                    if reason is None:
+                        del self._drains[name]
+                    else:
+                        self._drains[name] = reason
                     changed.add(name)
+            if not resync and changed:
+                states = _states(self._read(sorted(changed), families), full=families is None)
+            rendered: dict[str, dict[str, bytes]] = {}
             for name in changed:
-                view = self._state[name].view(name) if name in self._state else NodeView(name)
-                if view.empty:
-                    self._state.pop(name, None)
-                    self._fragments.pop(name, None)
-                    continue
-                self._fragments[name] = _fragment(node_samples(view, self.detail, self._meta))
-                self.rendered_nodes += 1
-            states: dict[str, int] = defaultdict(int)
+                state = states.pop(name, None) or _NodeState()
+                node = self._nodes.get(name)
+                state.node = Node(name, node[0], gpus=node[3], gpu_type=node[2], node_class=node[1]) if node else None
+                state.drain = self._drains.get(name)
+                view = state.view(name, full=families is None)
+                if not view.empty:
+                    rendered[name] = _fragment(node_samples(view, self.detail, self._meta))
+                    self.rendered_nodes += 1
+            states.clear()
+            counts: dict[str, int] = defaultdict(int)
             for n in nodes:
-                states[n[1]] += 1
+                counts[n[1]] += 1
             breaker = store.remediation_state("breaker")
             breaker_open = bool(isinstance(breaker, dict) and breaker.get("open"))
-            fleet = _fragment(fleet_samples_of(store.snapshot(nodes=(), fleet=True), self._backend_name(), states,
+            fleet = _fragment(fleet_samples_of(store.snapshot(nodes=(), fleet=True), self._backend_name(), counts,
                                                breaker_open=breaker_open, fleet_events=store.fleet_events(limit=200)))
-            self._assemble(fleet, changed)
+            self._assemble(fleet, rendered, changed - rendered.keys())
 
-    def _node_state(self, name: str) -> _NodeState:
-        state = self._state.get(name)
-        if state is None:
-            state = self._state[name] = _NodeState()
-        return state
+    def _read(self, names: Sequence[str], families: Collection[tuple[str, str]] | None) -> Changes:
+        """The current rows of the nodes ``names`` (as ``Store.changes`` gives every row)."""
+        store = self._store
+        runs = {(lr.node, lr.probe): lr for lr in store.last_runs(names)}
+        return Changes(latest=tuple(store.latest_measurements(names, families)),
+                       runs=tuple((runs[(t.node, t.probe)], t) for t in store.last_run_timings(names)
+                                  if (t.node, t.probe) in runs),
+                       verdicts=tuple(store.current_verdicts_of(names)),
+                       series=tuple(store.judge_series_of(names, families)))
 
-    def _apply(self, changes: Changes, *, full: bool) -> set[str]:
-        """Fold ``changes`` into the per-node state; the nodes they touched."""
-        touched: set[str] = set()
-        for m in changes.latest:
-            if m.node is not None and self._node_state(m.node).keep(m.probe, m.name, m.labels, m, full=full):
-                touched.add(m.node)
-        for lr, timing in changes.runs:
-            state = self._node_state(lr.node)
-            state.runs[lr.probe] = (lr, timing)
-            touched.add(lr.node)
-        for v in changes.verdicts:
-            state = self._node_state(v.node)
-            old = state.verdicts.get(v.probe)
-            if old is None or v.at >= old.at:
-                state.verdicts[v.probe] = v
-                touched.add(v.node)
-        for series in changes.series:
-            state = self._node_state(series["node"])
-            if state.keep(series["probe"], series["name"], series["labels"], series, full=full, judged=True):
-                touched.add(series["node"])
-        return touched
+    def _assemble(self, fleet: Mapping[str, bytes], rendered: Mapping[str, Mapping[str, bytes]],
+                  gone: Collection[str]) -> None:
+        """Rebuild the pieces of the chunks with a node in ``rendered`` (its new text by family) or ``gone`` (no
+        longer shown), and every chunk when the nodes shown changed: each other node's text is cut out of the
+        pieces it was in (``_Piece.ends``)."""
+        old_index, old_pieces, old_families = self._index, self._pieces, self._chunk_families
 
-    def _assemble(self, fleet: Mapping[str, bytes], changed: set[str]) -> None:
-        order = sorted(self._fragments) if changed or not self._order else self._order
-        if order != self._order:
-            self._order = order
-            self._chunk_of = {name: i // CHUNK for i, name in enumerate(order)}
-            self._pieces.clear()
+        def text_of(name: str) -> Mapping[str, bytes]:
+            if name in rendered:
+                return rendered[name]
+            chunk, at = divmod(old_index[name], CHUNK)
+            out: dict[str, bytes] = {}
+            for family in old_families[chunk]:
+                piece = old_pieces[(family, chunk)]
+                start, end = piece.ends[at - 1] if at else 0, piece.ends[at]
+                if end > start:
+                    out[family] = piece.plain[start:end]
+            return out
+
+        if rendered.keys() - old_index.keys() or not old_index.keys().isdisjoint(gone):
+            order = sorted((old_index.keys() - set(gone)) | rendered.keys())
+            self._order, self._index = order, {name: i for i, name in enumerate(order)}
+            self._pieces, self._chunk_families = {}, {}
             dirty = set(range((len(order) + CHUNK - 1) // CHUNK))
-            self._chunk_families = {}
         else:
-            dirty = {self._chunk_of[n] for n in changed if n in self._chunk_of}
-            for key in [k for k in self._pieces if k[1] in dirty]:
-                del self._pieces[key]
-        for chunk in dirty:
-            self._chunk_families[chunk] = {f for n in order[chunk * CHUNK:(chunk + 1) * CHUNK]
-                                           for f in self._fragments[n]}
-        present: dict[str, set[int]] = defaultdict(set)
-        for chunk, found in self._chunk_families.items():
+            order = self._order
+            dirty = {old_index[n] // CHUNK for n in rendered}
+        for chunk in sorted(dirty):
+            texts = [text_of(n) for n in order[chunk * CHUNK:(chunk + 1) * CHUNK]]
+            for family in self._chunk_families.pop(chunk, ()):
+                del self._pieces[(family, chunk)]
+            found = {family for text in texts for family in text}
             for family in found:
-                present[family].add(chunk)
+                parts = [text.get(family, b"") for text in texts]
+                self._pieces[(family, chunk)] = _Piece(b"".join(parts), ends=array("I", accumulate(map(len, parts))))
+            self._chunk_families[chunk] = found
+        present: dict[str, list[int]] = defaultdict(list)
+        for chunk, found in sorted(self._chunk_families.items()):
+            for family in found:
+                present[family].append(chunk)
         body = _Body()
         for family in sorted(present.keys() | fleet.keys()):
             pieces = [_Piece(fleet[family])] if family in fleet else []
-            for chunk in sorted(present[family]):
-                piece = self._pieces.get((family, chunk))
-                if piece is None:
-                    names = order[chunk * CHUNK:(chunk + 1) * CHUNK]
-                    piece = _Piece(b"".join(self._fragments[n].get(family, b"") for n in names))
-                    self._pieces[(family, chunk)] = piece
-                pieces.append(piece)
+            pieces += [self._pieces[(family, chunk)] for chunk in present[family]]
             body.families.append((self._header(family), pieces))
         self._body = body
 

@@ -7,14 +7,14 @@ Pure: ``healthd.metrics.Exposition`` reads the store and renders what these yiel
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from healthd.judge.model import CONFIRMED, EVIDENCE_LABELS, ReasonCode
 from healthd.judge.series import direction_of
 from healthd.model import Outcome, Verdict
-from healthd.store.rows import RecommendationRow
+from healthd.store.rows import JudgedSeries, RecommendationRow
 
 ACTIONS = ("drain", "undrain")
 RESULTS = ("done", "refused", "failed")
@@ -107,23 +107,22 @@ def _worse_ratio(name: str, value: float, reference: float) -> float | None:
     return value / reference if reference > 0 else None
 
 
-def series_samples(series: Sequence[Mapping[str, Any]], *, full: bool) -> Iterator[Sample]:
+def series_samples(series: Iterable[JudgedSeries], *, full: bool) -> Iterator[Sample]:
     """Per probe, the worst ratio of the last value to its baseline; with ``full``, the worst ratio to the
     floor too and every series' baseline and floor (with the measurement's own labels)."""
     worst: dict[tuple[str, str, str], float] = {}
     for s in series:
-        value = s.get("last_value")
-        for kind in ("baseline", "floor"):
-            reference = s.get(kind)
+        value = s.last_value
+        for kind, reference in (("baseline", s.baseline), ("floor", s.floor)):
             if reference is None:
                 continue
             if full:
-                yield (reference_family(kind, s["probe"], s["name"]),
-                       (("node", s["node"]), *sorted(s["labels"].items())), float(reference))
+                yield (reference_family(kind, s.probe, s.name), (("node", s.node), *sorted(s.labels.items())),
+                       float(reference))
             if kind == "floor" and not full:
                 continue
-            ratio = _worse_ratio(s["name"], float(value), float(reference)) if value is not None else None
-            key = (s["node"], s["probe"], kind)
+            ratio = _worse_ratio(s.name, float(value), float(reference)) if value is not None else None
+            key = (s.node, s.probe, kind)
             if ratio is not None and ratio < worst.get(key, float("inf")):
                 worst[key] = ratio
     for (node, probe, kind), ratio in sorted(worst.items()):

@@ -28,6 +28,7 @@ from healthd.store.requests import RequestsStore
 from healthd.store.rows import (
     AuditRow,
     DrainRow,
+    JudgedSeries,
     LastRun,
     MeasurementRow,
     RecommendationRow,
@@ -43,6 +44,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "AuditRow",
     "DrainRow",
+    "JudgedSeries",
     "LastRun",
     "MeasurementRow",
     "RecommendationRow",
@@ -66,8 +68,8 @@ class Store(SweepsStore, NodesStore, RemediationStore, JudgementStore, BudgetSto
         (probe, name) pairs; ``judged``: with the judged series."""
         with self._lock:
             if nodes is None:
-                node_rows, verdicts, series = (self.nodes(seen_since=node_seen_since), self.current_verdicts(),
-                                               self.judge_series())
+                node_rows, verdicts = self.nodes(seen_since=node_seen_since), self.current_verdicts()
+                series = [JudgedSeries.of(s) for s in self.judge_series()]
                 recommendations = self.recommendations(limit=1_000_000)
             else:
                 node_rows = self.nodes(seen_since=node_seen_since, names=nodes) if nodes else []

@@ -15,9 +15,10 @@ from typing import Any
 
 from healthd.model import Outcome, ProbeResult, Verdict
 from healthd.store.db import Database
-from healthd.store.rows import LastRun, MeasurementRow, RunTiming, canonical_labels
+from healthd.store.rows import JudgedSeries, LastRun, MeasurementRow, RunTiming, canonical_labels
 
 _CHUNK = 500
+_OUTCOMES = {o.value: o for o in Outcome}
 
 
 @lru_cache(maxsize=1 << 16)
@@ -58,15 +59,18 @@ def _in(nodes: Sequence[str] | None, column: str = "node") -> Iterator[tuple[str
 
 
 def _verdict(r: Sequence[Any]) -> Verdict:
-    return Verdict(node=r[0], probe=r[1], outcome=Outcome(r[2]), reason=r[3], reason_code=r[4],
+    return Verdict(node=r[0], probe=r[1], outcome=_OUTCOMES[r[2]], reason=r[3], reason_code=r[4],
                    run_ids=tuple(json.loads(r[5])), evidence=json.loads(r[6]), at=r[7])
 
 
-def _series_row(r: Sequence[Any]) -> dict[str, Any]:
-    """A judged series as ``judge_series`` gives it, from (probe, name, node, labels, last_value, last_at, floor,
-    baseline, spread)."""
-    return {"node": r[2], "probe": r[0], "name": r[1], "labels": labels_of(r[3]), "last_value": r[4],
-            "last_at": r[5], "floor": r[6], "baseline": r[7], "spread": r[8]}
+def _series_row(r: Sequence[Any]) -> JudgedSeries:
+    """A judged series from (probe, name, node, labels, last_value, last_at, floor, baseline)."""
+    return JudgedSeries(r[2], r[0], r[1], labels_of(r[3]), r[4], r[5], r[6], r[7])
+
+
+def _measurement_rows(rows: Sequence[Sequence[Any]]) -> list[MeasurementRow]:
+    """Rows of (probe, node, name, labels, run_id, value, at) as ``MeasurementRow``."""
+    return [MeasurementRow(r[4], r[0], r[1], r[2], labels_of(r[3]), r[5], r[6]) for r in rows]
 
 
 def _names(families: Collection[tuple[str, str]] | None) -> str:
@@ -85,7 +89,7 @@ class Changes:
     """The newest run of a (node, probe), and its timing (``gpus`` 0: the node's GPUs are the nodes table's)."""
     verdicts: tuple[Verdict, ...]
     """In the order they were saved: a later one replaces an earlier one of the same (node, probe)."""
-    series: tuple[dict[str, Any], ...]
+    series: tuple[JudgedSeries, ...]
 
 
 @dataclass(frozen=True)
@@ -171,8 +175,7 @@ class LatestStore(Database):
         if families is not None:
             rows = [r for r in rows if (r[0], r[2]) in families]
         rows.sort()
-        return [MeasurementRow(run_id=r[4], probe=r[0], node=r[1], name=r[2], labels=labels_of(r[3]), value=r[5],
-                               at=r[6]) for r in rows]
+        return _measurement_rows(rows)
 
     def last_runs(self, nodes: Sequence[str] | None = None) -> list[LastRun]:
         """Per (node, probe): the newest finished run that was not skipped, and when one last passed."""
@@ -212,7 +215,7 @@ class LatestStore(Database):
         return out
 
     def judge_series_of(self, nodes: Sequence[str],
-                        families: Collection[tuple[str, str]] | None = None) -> list[dict[str, Any]]:
+                        families: Collection[tuple[str, str]] | None = None) -> list[JudgedSeries]:
         """The judged series of ``nodes`` (of the (probe, name) ``families`` only, when given) with their latest
         value, floor and baseline."""
         rows: list[tuple[Any, ...]] = []
@@ -293,9 +296,8 @@ class LatestStore(Database):
             latest = [r for r in latest if (r[0], r[2]) in families]
             series = [r for r in series if (r[0], r[1]) in families]
         return Changes(
-            latest=tuple(MeasurementRow(run_id=r[4], probe=r[0], node=r[1], name=r[2], labels=labels_of(r[3]),
-                                        value=r[5], at=r[6]) for r in latest),
-            runs=tuple((LastRun(node=r[0], probe=r[1], last_run_at=r[2], last_outcome=Outcome(r[3]),
+            latest=tuple(_measurement_rows(latest)),
+            runs=tuple((LastRun(node=r[0], probe=r[1], last_run_at=r[2], last_outcome=_OUTCOMES[r[3]],
                                 last_reason=r[4], last_run_id=r[5], last_success_at=r[6]),
                         RunTiming(node=r[0], probe=r[1], queue_wait_s=max(0.0, (r[8] or r[7]) - r[7]),
                                   duration_s=r[9] or 0.0, gpus=0)) for r in runs),

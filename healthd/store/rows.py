@@ -49,7 +49,7 @@ class RunRow:
     kind: RunKind = RunKind.PROBE
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class MeasurementRow:
     run_id: str
     probe: str
@@ -58,6 +58,26 @@ class MeasurementRow:
     labels: dict[str, str]
     value: float
     at: float
+
+
+@dataclass(frozen=True, slots=True)
+class JudgedSeries:
+    """A judged series' newest value and its references, as the metrics render them."""
+
+    node: str
+    probe: str
+    name: str
+    labels: dict[str, str]
+    last_value: float | None
+    last_at: float | None
+    floor: float | None
+    baseline: float | None
+
+    @classmethod
+    def of(cls, row: Mapping[str, Any]) -> JudgedSeries:
+        """From a judged series as a dict (``JudgementStore.judge_series``)."""
+        return cls(row["node"], row["probe"], row["name"], row["labels"], row.get("last_value"), row.get("last_at"),
+                   row.get("floor"), row.get("baseline"))
 
 
 @dataclass(frozen=True)
@@ -113,8 +133,7 @@ class Snapshot:
     in_flight: int
     run_timings: tuple[RunTiming, ...] = ()
     scaling: tuple[tuple[str, int, float, MeasurementRow], ...] = ()
-    series: tuple[dict[str, Any], ...] = ()
-    """Judged series: node, probe, name, labels, last_value, last_at, floor, baseline, spread."""
+    series: tuple[JudgedSeries, ...] = ()
     recommendations: tuple[RecommendationRow, ...] = ()
     """The active drain recommendations."""
 

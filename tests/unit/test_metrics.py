@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import gc
 import gzip
 import shutil
 import subprocess
+import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 
@@ -198,3 +200,52 @@ def test_a_refresh_renders_only_the_nodes_that_changed(tmp_path: Path) -> None:
     exposition.refresh()
     assert exposition.rendered_nodes == 11
     assert lookup(exposition.body())("healthd_gemm_flop_per_second", {"node": "g0", "gpu": "0", "dtype": "fp8"})
+
+
+@pytest.mark.parametrize("detail", ["summary", "full"])
+def test_a_refresh_shows_what_a_full_read_shows(tmp_path: Path, detail: Detail) -> None:
+    """The exposition keeps no rows: a node rendered again for any reason is read again whole."""
+    store = Store(tmp_path / "s.sqlite")
+    store.upsert_nodes([Node(f"g{i}", "idle", gpus=8, node_class="h100x8") for i in range(4)], 1.0)
+    for i in range(4):
+        eight_gpu_node(store, f"g{i}", 100.0)
+    exposition = Exposition(store, lambda: "slurm", detail)
+    exposition.refresh()
+
+    def fresh() -> bytes:
+        again = Exposition(store, lambda: "slurm", detail)
+        again.refresh()
+        return again.body()
+
+    for change in (
+        lambda: store.upsert_recommendation(node="g1", probe="gemm", outcome="fail", reason_code="below_floor",
+                                            text="t", evidence={}, at=200.0),
+        lambda: store.put_verdicts([Verdict("g2", "nccl", Outcome.DEGRADED, reason_code="baseline_drift",
+                                            at=300.0)]),
+        lambda: store.upsert_nodes([Node("g3", "idle", gpus=4, node_class="h100x4")], 2.0),
+        lambda: eight_gpu_node(store, "g0", 400.0),
+    ):
+        rendered = exposition.rendered_nodes
+        change()
+        exposition.refresh()
+        assert exposition.rendered_nodes == rendered + 1
+        assert exposition.body() == fresh()
+    assert lookup(exposition.body())("healthd_node_gpus", {"node": "g3"}) == 4.0
+    assert lookup(exposition.body())("healthd_drain_recommended", {"node": "g1", "reason_code": "below_floor"}) == 1
+
+
+def test_the_exposition_keeps_its_text_not_the_rows(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    for i in range(40):
+        eight_gpu_node(store, f"g{i:02}", 100.0)
+    Exposition(store, lambda: "slurm", "full").refresh()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        exposition = Exposition(store, lambda: "slurm", "full")
+        exposition.refresh()
+        gc.collect()
+        alive = sum(d.size_diff for d in tracemalloc.take_snapshot().compare_to(before, "filename"))
+    finally:
+        tracemalloc.stop()
+    assert 0 < alive < 4 * len(exposition.body())
