@@ -19,6 +19,7 @@ from healthd.errors import StoreError, StoreUnavailable
 from healthd.model import Node
 from healthd.store.rows import canonical_labels
 from healthd.store.schema import migrate
+from healthd.store.series import SeriesIds
 
 BUSY_TIMEOUT_S = 30.0
 """How long a write waits for another process's write lock before it fails."""
@@ -40,7 +41,7 @@ class Database:
         self.path = path
         self._lock = threading.RLock()
         self._commits = 0
-        self._series_ids: dict[tuple[str, str, str, tuple[tuple[str, str], ...]], int] = {}
+        self._series_ids = SeriesIds()
         self._attempts: dict[tuple[str, str], float] | None = None
         self._nodes_written: dict[str, tuple[Node, float]] = {}
         try:

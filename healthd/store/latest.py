@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections import defaultdict
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from healthd.model import Outcome, ProbeResult, Verdict
+from healthd.model import Outcome, Verdict
 from healthd.store.db import Database
-from healthd.store.rows import LastRun, MeasurementRow, RunTiming, canonical_labels
+from healthd.store.rows import LastRun, MeasurementRow, RunTiming
 
 _CHUNK = 500
 
@@ -90,7 +89,7 @@ class Changes:
 
 @dataclass(frozen=True)
 class FinishedLatest:
-    """What ``latest`` and ``latest_runs`` take of a run just finished."""
+    """What ``latest_runs`` takes of a run just finished."""
 
     run_id: str
     probe: str
@@ -100,23 +99,24 @@ class FinishedLatest:
     started_at: float
     finished_at: float
     duration_s: float
-    result: ProbeResult | None
+
+
+LatestValue = tuple[int, float, float, str]
+"""A value a run just finished measured, for ``latest``: (series id of its node, value, at, run id)."""
+
+_LATEST = ("SELECT s.probe, s.node, s.name, s.labels, l.run_id, l.value, l.at FROM latest l"
+           " JOIN series s ON s.id = l.series")
 
 
 class LatestStore(Database):
     @staticmethod
     def _update_latest(db: sqlite3.Connection, finished: Sequence[FinishedLatest],
-                       label_text: Mapping[int, str] | None = None) -> None:
-        """Bring ``latest`` and ``latest_runs`` up to date with the runs just finished (in their transaction):
-        one sequence number per call, a few statements whatever the number of runs. ``label_text``: the
-        canonical label text of measurements by ``id()``, where the caller has it already."""
+                       nodes_of: Mapping[str, Sequence[str]], values: Sequence[LatestValue]) -> None:
+        """Bring ``latest_runs`` and ``latest`` up to date with the runs just finished (in their transaction;
+        ``nodes_of``: their nodes by run id) and the ``values`` they measured, in the order they were finished:
+        one sequence number per call, a few statements whatever the number of runs."""
         if not finished:
             return
-        nodes_of: dict[str, list[str]] = defaultdict(list)
-        ids = json.dumps([f.run_id for f in finished])
-        for run_id, node in db.execute("SELECT run_id, node FROM run_nodes WHERE run_id IN"
-                                       " (SELECT value FROM json_each(?))", (ids,)):
-            nodes_of[run_id].append(node)
         seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM latest_runs").fetchone()[0]
         judged = [f for f in finished if f.outcome is not Outcome.SKIPPED]
         db.executemany(
@@ -128,33 +128,28 @@ class LatestStore(Database):
             " WHERE excluded.finished_at >= latest_runs.finished_at",
             [(node, f.probe, f.run_id, f.outcome.value, f.reason, f.submitted_at, f.started_at, f.finished_at,
               f.duration_s, f.finished_at if f.outcome is Outcome.PASS else None, seq)
-             for f in judged for node in nodes_of[f.run_id]],
+             for f in judged for node in nodes_of.get(f.run_id, ())],
         )
         db.executemany(
             "UPDATE latest_runs SET last_success_at = ?, seq = ? WHERE node = ? AND probe = ?"
             " AND COALESCE(last_success_at, 0) < ?",
             [(f.finished_at, seq, node, f.probe, f.finished_at)
-             for f in judged if f.outcome is Outcome.PASS for node in nodes_of[f.run_id]],
+             for f in judged if f.outcome is Outcome.PASS for node in nodes_of.get(f.run_id, ())],
         )
-        rows: dict[tuple[str, str, str, str], tuple[float, float, str]] = {}
-        texts = label_text or {}
-        for f in finished:
-            if f.result is None:
-                continue
-            for m in f.result.measurements:
-                labels = texts.get(id(m)) or canonical_labels(m.labels)
-                for node in ([m.node] if m.node is not None else nodes_of[f.run_id]):
-                    key = (node, f.probe, m.name, labels)
-                    if key not in rows or rows[key][1] <= f.finished_at:
-                        rows[key] = (m.value, f.finished_at, f.run_id)
+        rows: dict[int, tuple[float, float, str]] = {}
+        for sid, value, at, run_id in values:
+            held = rows.get(sid)
+            if held is None or held[1] <= at:
+                rows[sid] = (value, at, run_id)
         if not rows:
             return
         seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM latest").fetchone()[0]
+        # in key order: the upserts walk the table's B-tree once
         db.executemany(
-            "INSERT INTO latest (node, probe, name, labels, value, at, run_id, seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-            " ON CONFLICT (node, probe, name, labels) DO UPDATE SET value = excluded.value, at = excluded.at,"
+            "INSERT INTO latest (series, value, at, run_id, seq) VALUES (?, ?, ?, ?, ?)"
+            " ON CONFLICT (series) DO UPDATE SET value = excluded.value, at = excluded.at,"
             " run_id = excluded.run_id, seq = excluded.seq WHERE excluded.at >= latest.at",
-            [(*key, value, at, run_id, seq) for key, (value, at, run_id) in rows.items()],
+            [(sid, *rows[sid], seq) for sid in sorted(rows)],
         )
 
     def latest_measurements(self, nodes: Sequence[str] | None = None,
@@ -165,9 +160,9 @@ class LatestStore(Database):
         A measurement of a multi-node group (``node`` NULL) counts once for each node of its run.
         """
         rows: list[tuple[Any, ...]] = []
-        for where, params in _in(nodes):
-            rows += self._rows(f"SELECT probe, node, name, labels, run_id, value, at FROM latest WHERE {where}"
-                               f"{_names(families)}", [*params, *sorted({n for _, n in families or ()})])
+        for where, params in _in(nodes, "s.node"):
+            rows += self._rows(f"{_LATEST} WHERE {where}{_names(families)}",
+                               [*params, *sorted({n for _, n in families or ()})])
         if families is not None:
             rows = [r for r in rows if (r[0], r[2]) in families]
         rows.sort()
@@ -274,8 +269,7 @@ class LatestStore(Database):
             for key, high in marks.items():
                 if high < getattr(since, key):
                     raise LookupError(f"{key} went back from {getattr(since, key)} to {high}")
-            latest = self._rows("SELECT probe, node, name, labels, run_id, value, at FROM latest"
-                                f" WHERE seq > ? AND seq <= ?{_names(families)}",
+            latest = self._rows(f"{_LATEST} WHERE l.seq > ? AND l.seq <= ?{_names(families)}",
                                 [since.latest, marks["latest"], *names])
             runs = self._rows("SELECT node, probe, finished_at, outcome, reason, run_id, last_success_at,"
                               " submitted_at, started_at, duration_s FROM latest_runs WHERE seq > ? AND seq <= ?",

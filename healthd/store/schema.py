@@ -359,6 +359,26 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX probe_requests_pending ON probe_requests (state) WHERE state = 'pending'
     """,
+    # 9: ``latest`` keyed by the series dictionary's id (a run's end upserts integer keys, not text); a value
+    # of a multi-node group is the latest of a series of each node of its run, added to the dictionary
+    """
+    CREATE INDEX series_node ON series (node);
+    INSERT OR IGNORE INTO series (probe, node, name, labels) SELECT probe, node, name, labels FROM latest;
+    DROP INDEX latest_seq;
+    ALTER TABLE latest RENAME TO latest_by_text;
+    CREATE TABLE latest (
+        series INTEGER PRIMARY KEY,
+        value  REAL NOT NULL,
+        at     REAL NOT NULL,
+        run_id TEXT NOT NULL,
+        seq    INTEGER NOT NULL
+    );
+    INSERT INTO latest (series, value, at, run_id, seq)
+        SELECT s.id, l.value, l.at, l.run_id, l.seq FROM latest_by_text l
+        JOIN series s ON s.probe = l.probe AND s.node = l.node AND s.name = l.name AND s.labels = l.labels;
+    DROP TABLE latest_by_text;
+    CREATE INDEX latest_seq ON latest (seq)
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
