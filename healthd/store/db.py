@@ -6,6 +6,7 @@ The aggregates (``runs``, ``nodes``, ``judgement``, ``remediation``, ``sweeps``)
 
 from __future__ import annotations
 
+import gc
 import json
 import sqlite3
 import threading
@@ -34,6 +35,19 @@ def _busy(exc: sqlite3.Error) -> bool:
 def _store_error(path: Path, exc: sqlite3.Error) -> StoreError:
     cls = StoreUnavailable if isinstance(exc, sqlite3.OperationalError) else StoreError
     return cls(f"cannot write the state store {path}: {exc}")
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector held off: a batch written at once allocates hundreds of thousands of
+    objects that die young, and a full collection they set off mid-batch walks every object of the process."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class Database:

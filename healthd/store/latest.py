@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Collection, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -101,8 +101,20 @@ class FinishedLatest:
     duration_s: float
 
 
-LatestValue = tuple[int, float, float, str]
-"""A value a run just finished measured, for ``latest``: (series id of its node, value, at, run id)."""
+@dataclass
+class LatestValues:
+    """The values of runs just finished, for ``latest``, in the order the runs finished: a column per field, not
+    an object per value (a batch holds hundreds of thousands, and as tuples they keep the garbage collector busy)."""
+
+    series: list[int] = field(default_factory=list)
+    """The series id of the value's node."""
+    value: list[float] = field(default_factory=list)
+    at: list[float] = field(default_factory=list)
+    run_id: list[str] = field(default_factory=list)
+
+    def truncate(self, size: int) -> None:
+        for column in (self.series, self.value, self.at, self.run_id):
+            del column[size:]
 
 _LATEST = ("SELECT s.probe, s.node, s.name, s.labels, l.run_id, l.value, l.at FROM latest l"
            " JOIN series s ON s.id = l.series")
@@ -111,7 +123,7 @@ _LATEST = ("SELECT s.probe, s.node, s.name, s.labels, l.run_id, l.value, l.at FR
 class LatestStore(Database):
     @staticmethod
     def _update_latest(db: sqlite3.Connection, finished: Sequence[FinishedLatest],
-                       nodes_of: Mapping[str, Sequence[str]], values: Sequence[LatestValue]) -> None:
+                       nodes_of: Mapping[str, Sequence[str]], values: LatestValues) -> None:
         """Bring ``latest_runs`` and ``latest`` up to date with the runs just finished (in their transaction;
         ``nodes_of``: their nodes by run id) and the ``values`` they measured, in the order they were finished:
         one sequence number per call, a few statements whatever the number of runs."""
@@ -136,20 +148,22 @@ class LatestStore(Database):
             [(f.finished_at, seq, node, f.probe, f.finished_at)
              for f in judged if f.outcome is Outcome.PASS for node in nodes_of.get(f.run_id, ())],
         )
-        rows: dict[int, tuple[float, float, str]] = {}
-        for sid, value, at, run_id in values:
-            held = rows.get(sid)
-            if held is None or held[1] <= at:
-                rows[sid] = (value, at, run_id)
-        if not rows:
+        newest: dict[int, int] = {}
+        at = values.at
+        for i, sid in enumerate(values.series):
+            held = newest.get(sid)
+            if held is None or at[held] <= at[i]:
+                newest[sid] = i
+        if not newest:
             return
         seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM latest").fetchone()[0]
+        value, run_id = values.value, values.run_id
         # in key order: the upserts walk the table's B-tree once
         db.executemany(
             "INSERT INTO latest (series, value, at, run_id, seq) VALUES (?, ?, ?, ?, ?)"
             " ON CONFLICT (series) DO UPDATE SET value = excluded.value, at = excluded.at,"
             " run_id = excluded.run_id, seq = excluded.seq WHERE excluded.at >= latest.at",
-            [(sid, *rows[sid], seq) for sid in sorted(rows)],
+            ((sid, value[i], at[i], run_id[i], seq) for sid, i in sorted(newest.items())),
         )
 
     def latest_measurements(self, nodes: Sequence[str] | None = None,

@@ -6,14 +6,16 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from healthd.errors import StoreError
 from healthd.model import Outcome, ProbeResult, RunKind
-from healthd.store.latest import FinishedLatest, LatestStore, LatestValue
-from healthd.store.rows import MeasurementRow, RollupRow, RunRow, canonical_items, canonical_labels
+from healthd.store.db import collector_paused
+from healthd.store.latest import FinishedLatest, LatestStore, LatestValues
+from healthd.store.rows import MeasurementRow, RollupRow, RunRow, canonical_labels
+from healthd.store.series import label_text
 
 ROLLUP_BATCH = 2000
 """Runs rolled up per transaction (housekeeping holds the write lock this long at most)."""
@@ -36,25 +38,35 @@ class FinishedRun:
 
 @dataclass
 class _Pending:
-    """What the runs finished in one transaction write: rows queued for ``RunsStore._flush`` (runs, samples,
-    checks), then for ``latest`` and the counters."""
+    """What the runs finished in one transaction write: rows queued for ``RunsStore._flush`` (runs, values as
+    columns like ``LatestValues``, checks), then for ``latest`` and the counters."""
 
     runs: list[tuple[Any, ...]] = field(default_factory=list)
-    samples: list[tuple[int, int, float, str | None]] = field(default_factory=list)
+    sample_run: list[int] = field(default_factory=list)
+    sample_series: list[int] = field(default_factory=list)
+    sample_value: list[float] = field(default_factory=list)
+    sample_per_rank: list[str | None] = field(default_factory=list)
     checks: list[tuple[Any, ...]] = field(default_factory=list)
     latest: list[FinishedLatest] = field(default_factory=list)
-    values: list[LatestValue] = field(default_factory=list)
+    values: LatestValues = field(default_factory=LatestValues)
     bumps: dict[tuple[str, str, str], float] = field(default_factory=dict)
 
+    def samples(self) -> Iterator[tuple[int, int, float, str | None]]:
+        return zip(self.sample_run, self.sample_series, self.sample_value, self.sample_per_rank, strict=True)
+
+    def written(self) -> None:
+        for column in (self.runs, self.sample_run, self.sample_series, self.sample_value, self.sample_per_rank,
+                       self.checks):
+            column.clear()
+
     def marks(self) -> tuple[int, int]:
-        return len(self.latest), len(self.values)
+        return len(self.latest), len(self.values.series)
 
     def back_to(self, marks: tuple[int, int], bumps: dict[tuple[str, str, str], float]) -> None:
         """Forget what was queued after ``marks`` (a run the store refused)."""
-        del self.latest[marks[0]:], self.values[marks[1]:]
-        self.runs.clear()
-        self.samples.clear()
-        self.checks.clear()
+        del self.latest[marks[0]:]
+        self.values.truncate(marks[1])
+        self.written()
         self.bumps = bumps
 
 
@@ -144,7 +156,7 @@ class RunsStore(LatestStore):
     ) -> list[FinishedRun | None]:
         out: list[FinishedRun | None] = []
         pending = _Pending()
-        with self._tx() as db:
+        with collector_paused(), self._tx() as db:
             ids = json.dumps([run.run_id for run in runs])
             known: dict[str, tuple[int, str, str, float, float | None, int]] = {
                 r[0]: r[1:] for r in db.execute(
@@ -157,10 +169,13 @@ class RunsStore(LatestStore):
             for run_id, node in db.execute("SELECT run_id, node FROM run_nodes WHERE run_id IN"
                                            " (SELECT value FROM json_each(?))", (ids,)):
                 nodes_of[run_id].append(node)
-            self._series_ids.load(db, {
-                (row[2], node) for run in runs if run.result is not None and (row := known.get(run.run_id))
-                for m in run.result.measurements
-                for node in ([m.node] if m.node is not None else ["", *nodes_of[run.run_id]])})
+            wanted: set[tuple[str, str]] = set()
+            for run in runs:
+                if run.result is not None and (row := known.get(run.run_id)) is not None:
+                    for node in {m.node for m in run.result.measurements}:
+                        wanted.update([(row[2], "")] + [(row[2], n) for n in nodes_of[run.run_id]] if node is None
+                                      else [(row[2], node)])
+            self._series_ids.load(db, wanted)
             for run in runs:
                 if refused is None:
                     out.append(self._finish(db, run, known, nodes_of, pending))
@@ -191,12 +206,10 @@ class RunsStore(LatestStore):
         """Write the runs, values and checks of ``pending``: one statement per table."""
         db.executemany("UPDATE runs SET state = 'finished', outcome = ?, reason = ?, finished_at = ?,"
                        " started_at = ?, duration_s = ?, judged = ? WHERE rowid = ?", pending.runs)
-        db.executemany("INSERT INTO samples (run, series, value, per_rank) VALUES (?, ?, ?, ?)", pending.samples)
+        db.executemany("INSERT INTO samples (run, series, value, per_rank) VALUES (?, ?, ?, ?)", pending.samples())
         db.executemany("INSERT INTO checks (run_id, name, ok, detail, node, gpu, rank) VALUES (?, ?, ?, ?, ?, ?, ?)",
                        pending.checks)
-        pending.runs.clear()
-        pending.samples.clear()
-        pending.checks.clear()
+        pending.written()
 
     def _finish(self, db: sqlite3.Connection, run: FinishedRun,
                 known: dict[str, tuple[int, str, str, float, float | None, int]],
@@ -229,22 +242,33 @@ class RunsStore(LatestStore):
                        finished_at: float, nodes: Sequence[str], pending: _Pending) -> None:
         """Queue the values and checks of ``result`` (of the run at store ``position``, on ``nodes``) for
         ``_flush``, and its values for ``latest``: a value of a multi-node group as the latest of each node's."""
-        ids, samples, values = self._series_ids, pending.samples, pending.values
-        groups: dict[str, dict[tuple[str, str], int]] = {}
+        ids, values = self._series_ids, pending.values
+        groups: dict[str | None, dict[tuple[str, str], int]] = {}
+        series, per_rank = pending.sample_series.append, pending.sample_per_rank.append
+        latest, latest_value = values.series.append, values.value.append
         for m in result.measurements:
-            labels = canonical_items(tuple(sorted(m.labels.items())))
-            node = m.node if m.node is not None else ""
+            labels, node = label_text(tuple(m.labels.items())), m.node
             group = groups.get(node)
             if group is None:
-                group = groups[node] = ids.group(db, probe, node)
+                group = groups[node] = ids.group(db, probe, node or "")
             sid = group.get((m.name, labels))
             if sid is None:
-                sid = ids.add(db, probe, node, m.name, labels)
-            if m.node is not None:
-                values.append((sid, m.value, finished_at, run_id))
+                sid = ids.add(db, probe, node or "", m.name, labels)
+            series(sid)
+            per_rank(None if m.per_rank is None else json.dumps(m.per_rank))
+            if node is None:
+                for n in nodes:
+                    latest(ids.id(db, probe, n, m.name, labels))
+                    latest_value(m.value)
             else:
-                values.extend((ids.id(db, probe, n, m.name, labels), m.value, finished_at, run_id) for n in nodes)
-            samples.append((position, sid, m.value, None if m.per_rank is None else json.dumps(m.per_rank)))
+                latest(sid)
+                latest_value(m.value)
+        count = len(result.measurements)
+        pending.sample_run.extend([position] * count)
+        pending.sample_value.extend(m.value for m in result.measurements)
+        added = len(values.series) - len(values.at)
+        values.at.extend([finished_at] * added)
+        values.run_id.extend([run_id] * added)
         pending.checks.extend((run_id, c.name, int(c.ok), c.detail, c.node, c.gpu, c.rank) for c in result.checks)
 
     def record_result(

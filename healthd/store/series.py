@@ -7,9 +7,18 @@ import json
 import sqlite3
 from collections import defaultdict
 from collections.abc import Iterable
+from functools import lru_cache
+
+from healthd.store.rows import canonical_items
 
 SERIES_CACHE = 200_000
 """Series ids kept in memory (the cache starts over when full)."""
+
+
+@lru_cache(maxsize=1 << 16)
+def label_text(items: tuple[tuple[str, str], ...]) -> str:
+    """``canonical_labels`` of label items in any order (a parser gives each family's labels in one order)."""
+    return canonical_items(tuple(sorted(items)))
 
 
 class SeriesIds:
