@@ -131,22 +131,21 @@ class LatestStore(Database):
             return
         seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM latest_runs").fetchone()[0]
         judged = [f for f in finished if f.outcome is not Outcome.SKIPPED]
+        # the newest run replaces the row's run; a pass, whatever its age, moves the last success on
+        newer = "excluded.finished_at >= latest_runs.finished_at"
+        passed = "excluded.last_success_at > COALESCE(latest_runs.last_success_at, 0)"
         db.executemany(
             "INSERT INTO latest_runs (node, probe, run_id, outcome, reason, submitted_at, started_at, finished_at,"
             " duration_s, last_success_at, seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-            " ON CONFLICT (node, probe) DO UPDATE SET run_id = excluded.run_id, outcome = excluded.outcome,"
-            " reason = excluded.reason, submitted_at = excluded.submitted_at, started_at = excluded.started_at,"
-            " finished_at = excluded.finished_at, duration_s = excluded.duration_s, seq = excluded.seq"
-            " WHERE excluded.finished_at >= latest_runs.finished_at",
+            " ON CONFLICT (node, probe) DO UPDATE SET "
+            + ", ".join(f"{c} = IIF({newer}, excluded.{c}, latest_runs.{c})" for c in (
+                "run_id", "outcome", "reason", "submitted_at", "started_at", "finished_at", "duration_s"))
+            + f", last_success_at = IIF({passed}, excluded.last_success_at, latest_runs.last_success_at),"
+            f" seq = IIF({newer} OR {passed}, excluded.seq, latest_runs.seq)"
+            f" WHERE {newer} OR {passed}",
             [(node, f.probe, f.run_id, f.outcome.value, f.reason, f.submitted_at, f.started_at, f.finished_at,
               f.duration_s, f.finished_at if f.outcome is Outcome.PASS else None, seq)
              for f in judged for node in nodes_of.get(f.run_id, ())],
-        )
-        db.executemany(
-            "UPDATE latest_runs SET last_success_at = ?, seq = ? WHERE node = ? AND probe = ?"
-            " AND COALESCE(last_success_at, 0) < ?",
-            [(f.finished_at, seq, node, f.probe, f.finished_at)
-             for f in judged if f.outcome is Outcome.PASS for node in nodes_of.get(f.run_id, ())],
         )
         newest: dict[int, int] = {}
         at = values.at

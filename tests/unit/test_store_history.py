@@ -211,3 +211,18 @@ def test_values_of_one_batch_keep_the_newest_per_series_whatever_their_order(tmp
     assert {m.run_id for m in store.latest_measurements()} == {"new"}
     store.finish_runs([FinishedRun("same", Outcome.PASS, "", 50.0, gemm("same", "n1", 50.0, 6.0))])
     assert {(m.run_id, m.value) for m in store.latest_measurements() if m.labels["gpu"] == "0"} == {("same", 6.0)}
+
+
+def test_an_older_pass_moves_only_the_last_success_on(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    for run_id in ("fail", "pass", "older"):
+        add(store, run_id, "n1", 0.0)
+    store.finish_runs([FinishedRun("fail", Outcome.FAIL, "slow", 50.0), FinishedRun("pass", Outcome.PASS, "", 40.0)])
+    (last,) = store.last_runs()
+    assert (last.last_run_id, last.last_outcome, last.last_run_at, last.last_success_at) == (
+        "fail", Outcome.FAIL, 50.0, 40.0)
+    _, cursor = store.changes(ChangeCursor())
+    store.finish_runs([FinishedRun("older", Outcome.PASS, "", 30.0)])
+    assert store.changes(cursor)[0].runs == ()
+    (last,) = store.last_runs()
+    assert (last.last_run_id, last.last_success_at) == ("fail", 40.0)
