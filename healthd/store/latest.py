@@ -1,7 +1,7 @@
 """The read side's current state: the newest value of every series (``latest``) and the newest run of every
 (node, probe) (``latest_runs``), both kept in the transaction that finishes a run, so that the metrics and the
-API read what is current without scanning the history. Every row carries the ``seq`` of its last change:
-``changes`` gives the rows changed since a ``ChangeCursor``."""
+API read what is current without scanning the history. Every row carries the ``seq`` of its last change (a
+``latest`` row's node too, in ``latest_nodes``): ``changes`` gives the rows changed since a ``ChangeCursor``."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ class ChangeCursor:
 
 
 _MARKS = (
-    ("latest", "SELECT COALESCE(MAX(seq), 0) FROM latest"),
+    ("latest", "SELECT COALESCE(MAX(seq), 0) FROM latest_nodes"),
     ("runs", "SELECT COALESCE(MAX(seq), 0) FROM latest_runs"),
     ("verdicts", "SELECT COALESCE(MAX(id), 0) FROM verdicts"),
     # INSERT OR REPLACE gives a replaced judge series a new rowid above every other one
@@ -111,6 +111,9 @@ class LatestValues:
     value: list[float] = field(default_factory=list)
     at: list[float] = field(default_factory=list)
     run_id: list[str] = field(default_factory=list)
+    nodes: set[str] = field(default_factory=set)
+    """The nodes of the values (kept when the values are truncated: a node marked changed for nothing costs a
+    reader of changes only a look)."""
 
     def truncate(self, size: int) -> None:
         for column in (self.series, self.value, self.at, self.run_id):
@@ -155,7 +158,7 @@ class LatestStore(Database):
                 newest[sid] = i
         if not newest:
             return
-        seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM latest").fetchone()[0]
+        seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM latest_nodes").fetchone()[0]
         value, run_id = values.value, values.run_id
         # in key order: the upserts walk the table's B-tree once
         db.executemany(
@@ -164,6 +167,8 @@ class LatestStore(Database):
             " run_id = excluded.run_id, seq = excluded.seq WHERE excluded.at >= latest.at",
             ((sid, value[i], at[i], run_id[i], seq) for sid, i in sorted(newest.items())),
         )
+        db.executemany("INSERT INTO latest_nodes (node, seq) VALUES (?, ?) ON CONFLICT (node) DO UPDATE SET seq = ?",
+                       [(node, seq, seq) for node in sorted(values.nodes)])
 
     def latest_measurements(self, nodes: Sequence[str] | None = None,
                             families: Collection[tuple[str, str]] | None = None) -> list[MeasurementRow]:
@@ -282,8 +287,11 @@ class LatestStore(Database):
             for key, high in marks.items():
                 if high < getattr(since, key):
                     raise LookupError(f"{key} went back from {getattr(since, key)} to {high}")
-            latest = self._rows(f"{_LATEST} WHERE l.seq > ? AND l.seq <= ?{_names(families)}",
-                                [since.latest, marks["latest"], *names])
+            # from the nodes changed (CROSS JOIN keeps that order): latest has no index on its marks
+            latest = self._rows("SELECT s.probe, s.node, s.name, s.labels, l.run_id, l.value, l.at FROM latest_nodes k"
+                                " CROSS JOIN series s ON s.node = k.node CROSS JOIN latest l ON l.series = s.id"
+                                f" WHERE k.seq > ? AND l.seq > ? AND l.seq <= ?{_names(families)}",
+                                [since.latest, since.latest, marks["latest"], *names])
             runs = self._rows("SELECT node, probe, finished_at, outcome, reason, run_id, last_success_at,"
                               " submitted_at, started_at, duration_s FROM latest_runs WHERE seq > ? AND seq <= ?",
                               [since.runs, marks["runs"]])

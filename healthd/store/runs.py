@@ -263,6 +263,8 @@ class RunsStore(LatestStore):
             else:
                 latest(sid)
                 latest_value(m.value)
+        values.nodes.update(nodes if None in groups else ())
+        values.nodes.update(node for node in groups if node is not None)
         count = len(result.measurements)
         pending.sample_run.extend([position] * count)
         pending.sample_value.extend(m.value for m in result.measurements)

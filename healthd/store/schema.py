@@ -360,7 +360,9 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX probe_requests_pending ON probe_requests (state) WHERE state = 'pending'
     """,
     # 9: ``latest`` keyed by the series dictionary's id (a run's end upserts integer keys, not text); a value
-    # of a multi-node group is the latest of a series of each node of its run, added to the dictionary
+    # of a multi-node group is the latest of a series of each node of its run, added to the dictionary. The
+    # change marks of a row stay on it, and ``latest_nodes`` holds the newest of each node: a reader of what
+    # changed walks the nodes changed, and a run's end writes one index entry per node, not one per value
     """
     CREATE INDEX series_node ON series (node);
     INSERT OR IGNORE INTO series (probe, node, name, labels) SELECT probe, node, name, labels FROM latest;
@@ -376,8 +378,13 @@ MIGRATIONS: tuple[str, ...] = (
     INSERT INTO latest (series, value, at, run_id, seq)
         SELECT s.id, l.value, l.at, l.run_id, l.seq FROM latest_by_text l
         JOIN series s ON s.probe = l.probe AND s.node = l.node AND s.name = l.name AND s.labels = l.labels;
-    DROP TABLE latest_by_text;
-    CREATE INDEX latest_seq ON latest (seq)
+    CREATE TABLE latest_nodes (
+        node TEXT PRIMARY KEY,
+        seq  INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    CREATE INDEX latest_nodes_seq ON latest_nodes (seq);
+    INSERT INTO latest_nodes (node, seq) SELECT node, MAX(seq) FROM latest_by_text GROUP BY node;
+    DROP TABLE latest_by_text
     """,
 )
 

@@ -226,3 +226,26 @@ def test_an_older_pass_moves_only_the_last_success_on(tmp_path: Path) -> None:
     assert store.changes(cursor)[0].runs == ()
     (last,) = store.last_runs()
     assert (last.last_run_id, last.last_success_at) == ("fail", 40.0)
+
+
+def test_changes_read_the_nodes_changed_not_every_latest_value(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    for i, node in enumerate(("n1", "n2", "n3")):
+        add(store, f"g{i}", node, 0.0)
+    store.finish_runs([FinishedRun(f"g{i}", Outcome.PASS, "", 10.0, gemm(f"g{i}", n, 10.0, 1.0))
+                       for i, n in enumerate(("n1", "n2"))])
+    _, cursor = store.changes(ChangeCursor())
+    store.add_run(run_id="pair", probe="nccl", nodes=("n2", "n3"), backend="sim", job_id=None, submitted_at=20.0,
+                  result_path=None)
+    store.finish_run("pair", outcome=Outcome.PASS, reason="", finished_at=30.0, result=ProbeResult(
+        probe="nccl", run_id="pair", outcome=Outcome.PASS, started_at=20.0, finished_at=30.0, nodes=["n2", "n3"],
+        measurements=[Measurement(name="busbw", value=5.0, node=None, labels={})]))
+    statements: list[str] = []
+    store._db.set_trace_callback(statements.append)
+    changes, _ = store.changes(cursor)
+    store._db.set_trace_callback(None)
+    assert sorted((m.probe, m.node, m.value, m.run_id) for m in changes.latest) == [
+        ("nccl", "n2", 5.0, "pair"), ("nccl", "n3", 5.0, "pair")]
+    (read,) = [sql for sql in statements if "FROM latest_nodes k" in sql]
+    plan = [row[3] for row in store._db.execute("EXPLAIN QUERY PLAN " + read)]
+    assert not [p for p in plan if p.startswith("SCAN")], plan
