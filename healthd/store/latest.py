@@ -119,6 +119,7 @@ class LatestValues:
         for column in (self.series, self.value, self.at, self.run_id):
             del column[size:]
 
+
 _LATEST = ("SELECT s.probe, s.node, s.name, s.labels, l.run_id, l.value, l.at FROM latest l"
            " JOIN series s ON s.id = l.series")
 
