@@ -1,21 +1,20 @@
 """The read side's current state: the newest value of every series (``latest``) and the newest run of every
 (node, probe) (``latest_runs``), both kept in the transaction that finishes a run, so that the metrics and the
-API read what is current without scanning the history. Every row carries the ``seq`` of its last change:
-``changes`` gives the rows changed since a ``ChangeCursor``."""
+API read what is current without scanning the history. Every row carries the ``seq`` of its last change (a
+``latest`` row's node too, in ``latest_nodes``): ``changes`` gives the rows changed since a ``ChangeCursor``."""
 
 from __future__ import annotations
 
 import json
 import sqlite3
-from collections import defaultdict
 from collections.abc import Collection, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from healthd.model import Outcome, ProbeResult, Verdict
+from healthd.model import Outcome, Verdict
 from healthd.store.db import Database
-from healthd.store.rows import JudgedSeries, LastRun, MeasurementRow, RunTiming, canonical_labels
+from healthd.store.rows import JudgedSeries, LastRun, MeasurementRow, RunTiming
 
 _CHUNK = 500
 _OUTCOMES = {o.value: o for o in Outcome}
@@ -40,7 +39,7 @@ class ChangeCursor:
 
 
 _MARKS = (
-    ("latest", "SELECT COALESCE(MAX(seq), 0) FROM latest"),
+    ("latest", "SELECT COALESCE(MAX(seq), 0) FROM latest_nodes"),
     ("runs", "SELECT COALESCE(MAX(seq), 0) FROM latest_runs"),
     ("verdicts", "SELECT COALESCE(MAX(id), 0) FROM verdicts"),
     # INSERT OR REPLACE gives a replaced judge series a new rowid above every other one
@@ -94,7 +93,7 @@ class Changes:
 
 @dataclass(frozen=True)
 class FinishedLatest:
-    """What ``latest`` and ``latest_runs`` take of a run just finished."""
+    """What ``latest_runs`` takes of a run just finished."""
 
     run_id: str
     probe: str
@@ -104,62 +103,77 @@ class FinishedLatest:
     started_at: float
     finished_at: float
     duration_s: float
-    result: ProbeResult | None
+
+
+@dataclass
+class LatestValues:
+    """The values of runs just finished, for ``latest``, in the order the runs finished: a column per field, not
+    an object per value (a batch holds hundreds of thousands, and as tuples they keep the garbage collector busy)."""
+
+    series: list[int] = field(default_factory=list)
+    """The series id of the value's node."""
+    value: list[float] = field(default_factory=list)
+    at: list[float] = field(default_factory=list)
+    run_id: list[str] = field(default_factory=list)
+    nodes: set[str] = field(default_factory=set)
+    """The nodes of the values (kept when the values are truncated: a node marked changed for nothing costs a
+    reader of changes only a look)."""
+
+    def truncate(self, size: int) -> None:
+        for column in (self.series, self.value, self.at, self.run_id):
+            del column[size:]
+
+
+_LATEST = ("SELECT s.probe, s.node, s.name, s.labels, l.run_id, l.value, l.at FROM latest l"
+           " JOIN series s ON s.id = l.series")
 
 
 class LatestStore(Database):
     @staticmethod
     def _update_latest(db: sqlite3.Connection, finished: Sequence[FinishedLatest],
-                       label_text: Mapping[int, str] | None = None) -> None:
-        """Bring ``latest`` and ``latest_runs`` up to date with the runs just finished (in their transaction):
-        one sequence number per call, a few statements whatever the number of runs. ``label_text``: the
-        canonical label text of measurements by ``id()``, where the caller has it already."""
+                       nodes_of: Mapping[str, Sequence[str]], values: LatestValues) -> None:
+        """Bring ``latest_runs`` and ``latest`` up to date with the runs just finished (in their transaction;
+        ``nodes_of``: their nodes by run id) and the ``values`` they measured, in the order they were finished:
+        one sequence number per call, a few statements whatever the number of runs."""
         if not finished:
             return
-        nodes_of: dict[str, list[str]] = defaultdict(list)
-        ids = json.dumps([f.run_id for f in finished])
-        for run_id, node in db.execute("SELECT run_id, node FROM run_nodes WHERE run_id IN"
-                                       " (SELECT value FROM json_each(?))", (ids,)):
-            nodes_of[run_id].append(node)
         seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM latest_runs").fetchone()[0]
         judged = [f for f in finished if f.outcome is not Outcome.SKIPPED]
+        # the newest run replaces the row's run; a pass, whatever its age, moves the last success on
+        newer = "excluded.finished_at >= latest_runs.finished_at"
+        passed = "excluded.last_success_at > COALESCE(latest_runs.last_success_at, 0)"
         db.executemany(
             "INSERT INTO latest_runs (node, probe, run_id, outcome, reason, submitted_at, started_at, finished_at,"
             " duration_s, last_success_at, seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-            " ON CONFLICT (node, probe) DO UPDATE SET run_id = excluded.run_id, outcome = excluded.outcome,"
-            " reason = excluded.reason, submitted_at = excluded.submitted_at, started_at = excluded.started_at,"
-            " finished_at = excluded.finished_at, duration_s = excluded.duration_s, seq = excluded.seq"
-            " WHERE excluded.finished_at >= latest_runs.finished_at",
+            " ON CONFLICT (node, probe) DO UPDATE SET "
+            + ", ".join(f"{c} = IIF({newer}, excluded.{c}, latest_runs.{c})" for c in (
+                "run_id", "outcome", "reason", "submitted_at", "started_at", "finished_at", "duration_s"))
+            + f", last_success_at = IIF({passed}, excluded.last_success_at, latest_runs.last_success_at),"
+            f" seq = IIF({newer} OR {passed}, excluded.seq, latest_runs.seq)"
+            f" WHERE {newer} OR {passed}",
             [(node, f.probe, f.run_id, f.outcome.value, f.reason, f.submitted_at, f.started_at, f.finished_at,
               f.duration_s, f.finished_at if f.outcome is Outcome.PASS else None, seq)
-             for f in judged for node in nodes_of[f.run_id]],
+             for f in judged for node in nodes_of.get(f.run_id, ())],
         )
-        db.executemany(
-            "UPDATE latest_runs SET last_success_at = ?, seq = ? WHERE node = ? AND probe = ?"
-            " AND COALESCE(last_success_at, 0) < ?",
-            [(f.finished_at, seq, node, f.probe, f.finished_at)
-             for f in judged if f.outcome is Outcome.PASS for node in nodes_of[f.run_id]],
-        )
-        rows: dict[tuple[str, str, str, str], tuple[float, float, str]] = {}
-        texts = label_text or {}
-        for f in finished:
-            if f.result is None:
-                continue
-            for m in f.result.measurements:
-                labels = texts.get(id(m)) or canonical_labels(m.labels)
-                for node in ([m.node] if m.node is not None else nodes_of[f.run_id]):
-                    key = (node, f.probe, m.name, labels)
-                    if key not in rows or rows[key][1] <= f.finished_at:
-                        rows[key] = (m.value, f.finished_at, f.run_id)
-        if not rows:
+        newest: dict[int, int] = {}
+        at = values.at
+        for i, sid in enumerate(values.series):
+            held = newest.get(sid)
+            if held is None or at[held] <= at[i]:
+                newest[sid] = i
+        if not newest:
             return
-        seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM latest").fetchone()[0]
+        seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM latest_nodes").fetchone()[0]
+        value, run_id = values.value, values.run_id
+        # in key order: the upserts walk the table's B-tree once
         db.executemany(
-            "INSERT INTO latest (node, probe, name, labels, value, at, run_id, seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-            " ON CONFLICT (node, probe, name, labels) DO UPDATE SET value = excluded.value, at = excluded.at,"
+            "INSERT INTO latest (series, value, at, run_id, seq) VALUES (?, ?, ?, ?, ?)"
+            " ON CONFLICT (series) DO UPDATE SET value = excluded.value, at = excluded.at,"
             " run_id = excluded.run_id, seq = excluded.seq WHERE excluded.at >= latest.at",
-            [(*key, value, at, run_id, seq) for key, (value, at, run_id) in rows.items()],
+            ((sid, value[i], at[i], run_id[i], seq) for sid, i in sorted(newest.items())),
         )
+        db.executemany("INSERT INTO latest_nodes (node, seq) VALUES (?, ?) ON CONFLICT (node) DO UPDATE SET seq = ?",
+                       [(node, seq, seq) for node in sorted(values.nodes)])
 
     def latest_measurements(self, nodes: Sequence[str] | None = None,
                             families: Collection[tuple[str, str]] | None = None) -> list[MeasurementRow]:
@@ -169,9 +183,9 @@ class LatestStore(Database):
         A measurement of a multi-node group (``node`` NULL) counts once for each node of its run.
         """
         rows: list[tuple[Any, ...]] = []
-        for where, params in _in(nodes):
-            rows += self._rows(f"SELECT probe, node, name, labels, run_id, value, at FROM latest WHERE {where}"
-                               f"{_names(families)}", [*params, *sorted({n for _, n in families or ()})])
+        for where, params in _in(nodes, "s.node"):
+            rows += self._rows(f"{_LATEST} WHERE {where}{_names(families)}",
+                               [*params, *sorted({n for _, n in families or ()})])
         if families is not None:
             rows = [r for r in rows if (r[0], r[2]) in families]
         rows.sort()
@@ -277,9 +291,11 @@ class LatestStore(Database):
             for key, high in marks.items():
                 if high < getattr(since, key):
                     raise LookupError(f"{key} went back from {getattr(since, key)} to {high}")
-            latest = self._rows("SELECT probe, node, name, labels, run_id, value, at FROM latest"
-                                f" WHERE seq > ? AND seq <= ?{_names(families)}",
-                                [since.latest, marks["latest"], *names])
+            # from the nodes changed (CROSS JOIN keeps that order): latest has no index on its marks
+            latest = self._rows("SELECT s.probe, s.node, s.name, s.labels, l.run_id, l.value, l.at FROM latest_nodes k"
+                                " CROSS JOIN series s ON s.node = k.node CROSS JOIN latest l ON l.series = s.id"
+                                f" WHERE k.seq > ? AND l.seq > ? AND l.seq <= ?{_names(families)}",
+                                [since.latest, since.latest, marks["latest"], *names])
             runs = self._rows("SELECT node, probe, finished_at, outcome, reason, run_id, last_success_at,"
                               " submitted_at, started_at, duration_s FROM latest_runs WHERE seq > ? AND seq <= ?",
                               [since.runs, marks["runs"]])

@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from healthd.errors import StoreError
 from healthd.model import Outcome, ProbeResult, RunKind
-from healthd.store.latest import FinishedLatest, LatestStore
-from healthd.store.rows import MeasurementRow, RollupRow, RunRow, canonical_items, canonical_labels
-from probes.result import Measurement
+from healthd.store.db import collector_paused
+from healthd.store.latest import FinishedLatest, LatestStore, LatestValues
+from healthd.store.rows import MeasurementRow, RollupRow, RunRow, canonical_labels
+from healthd.store.series import label_text
 
-SERIES_CACHE = 200_000
-"""Series ids kept in memory (the cache starts over when full)."""
 ROLLUP_BATCH = 2000
 """Runs rolled up per transaction (housekeeping holds the write lock this long at most)."""
 ROLLUP_AT = "rollup_finished_at"
@@ -34,6 +34,40 @@ class FinishedRun:
     result: ProbeResult | None = None
     started_at: float | None = None
     judge: bool = False
+
+
+@dataclass
+class _Pending:
+    """What the runs finished in one transaction write: rows queued for ``RunsStore._flush`` (runs, values as
+    columns like ``LatestValues``, checks), then for ``latest`` and the counters."""
+
+    runs: list[tuple[Any, ...]] = field(default_factory=list)
+    sample_run: list[int] = field(default_factory=list)
+    sample_series: list[int] = field(default_factory=list)
+    sample_value: list[float] = field(default_factory=list)
+    sample_per_rank: list[str | None] = field(default_factory=list)
+    checks: list[tuple[Any, ...]] = field(default_factory=list)
+    latest: list[FinishedLatest] = field(default_factory=list)
+    values: LatestValues = field(default_factory=LatestValues)
+    bumps: dict[tuple[str, str, str], float] = field(default_factory=dict)
+
+    def samples(self) -> Iterator[tuple[int, int, float, str | None]]:
+        return zip(self.sample_run, self.sample_series, self.sample_value, self.sample_per_rank, strict=True)
+
+    def written(self) -> None:
+        for column in (self.runs, self.sample_run, self.sample_series, self.sample_value, self.sample_per_rank,
+                       self.checks):
+            column.clear()
+
+    def marks(self) -> tuple[int, int]:
+        return len(self.latest), len(self.values.series)
+
+    def back_to(self, marks: tuple[int, int], bumps: dict[tuple[str, str, str], float]) -> None:
+        """Forget what was queued after ``marks`` (a run the store refused)."""
+        del self.latest[marks[0]:]
+        self.values.truncate(marks[1])
+        self.written()
+        self.bumps = bumps
 
 
 class RunsStore(LatestStore):
@@ -121,40 +155,65 @@ class RunsStore(LatestStore):
         self, runs: Sequence[FinishedRun], refused: Callable[[FinishedRun, sqlite3.IntegrityError], FinishedRun] | None,
     ) -> list[FinishedRun | None]:
         out: list[FinishedRun | None] = []
-        bumps: dict[tuple[str, str, str], float] = {}
-        with self._tx() as db:
+        pending = _Pending()
+        with collector_paused(), self._tx() as db:
+            ids = json.dumps([run.run_id for run in runs])
             known: dict[str, tuple[int, str, str, float, float | None, int]] = {
                 r[0]: r[1:] for r in db.execute(
                     "SELECT r.run_id, r.rowid, r.state, r.probe, r.submitted_at, r.started_at,"
                     " (SELECT COALESCE(SUM(n.gpus), 0) FROM run_nodes x JOIN nodes n ON n.name = x.node"
                     "  WHERE x.run_id = r.run_id) FROM runs r WHERE r.run_id IN (SELECT value FROM json_each(?))",
-                    (json.dumps([run.run_id for run in runs]),))
+                    (ids,))
             }
-            series = self._prefetch_series(db, runs, known)
-            latest: list[FinishedLatest] = []
+            nodes_of: dict[str, list[str]] = defaultdict(list)
+            for run_id, node in db.execute("SELECT run_id, node FROM run_nodes WHERE run_id IN"
+                                           " (SELECT value FROM json_each(?))", (ids,)):
+                nodes_of[run_id].append(node)
+            wanted: set[tuple[str, str]] = set()
+            for run in runs:
+                if run.result is not None and (row := known.get(run.run_id)) is not None:
+                    for node in {m.node for m in run.result.measurements}:
+                        wanted.update([(row[2], "")] + [(row[2], n) for n in nodes_of[run.run_id]] if node is None
+                                      else [(row[2], node)])
+            self._series_ids.load(db, wanted)
             for run in runs:
                 if refused is None:
-                    out.append(self._finish(db, run, known, bumps, latest, series))
+                    out.append(self._finish(db, run, known, nodes_of, pending))
                     continue
                 db.execute("SAVEPOINT one_run")
-                kept = len(latest)
+                kept, row, bumps = pending.marks(), known.get(run.run_id), dict(pending.bumps)
                 try:
-                    out.append(self._finish(db, run, known, bumps, latest, series))
+                    done = self._finish(db, run, known, nodes_of, pending)
+                    self._flush(db, pending)
+                    out.append(done)
                 except sqlite3.IntegrityError as exc:
                     db.execute("ROLLBACK TO one_run")
                     self._series_ids.clear()
-                    del latest[kept:]
-                    out.append(self._finish(db, refused(run, exc), known, bumps, latest, series))
+                    pending.back_to(kept, bumps)
+                    if row is not None:
+                        known[run.run_id] = row
+                    out.append(self._finish(db, refused(run, exc), known, nodes_of, pending))
+                    self._flush(db, pending)
                 db.execute("RELEASE one_run")
-            self._update_latest(db, latest, {mid: text for mid, (_, text) in series.items()})
-            for (name, probe, outcome), by in sorted(bumps.items()):
+            self._flush(db, pending)
+            self._update_latest(db, pending.latest, nodes_of, pending.values)
+            for (name, probe, outcome), by in sorted(pending.bumps.items()):
                 self._bump(db, name, {"probe": probe, "outcome": outcome} if outcome else {"probe": probe}, by)
         return out
 
+    @staticmethod
+    def _flush(db: sqlite3.Connection, pending: _Pending) -> None:
+        """Write the runs, values and checks of ``pending``: one statement per table."""
+        db.executemany("UPDATE runs SET state = 'finished', outcome = ?, reason = ?, finished_at = ?,"
+                       " started_at = ?, duration_s = ?, judged = ? WHERE rowid = ?", pending.runs)
+        db.executemany("INSERT INTO samples (run, series, value, per_rank) VALUES (?, ?, ?, ?)", pending.samples())
+        db.executemany("INSERT INTO checks (run_id, name, ok, detail, node, gpu, rank) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                       pending.checks)
+        pending.written()
+
     def _finish(self, db: sqlite3.Connection, run: FinishedRun,
                 known: dict[str, tuple[int, str, str, float, float | None, int]],
-                bumps: dict[tuple[str, str, str], float], latest: list[FinishedLatest],
-                series: dict[int, tuple[int, str]]) -> FinishedRun | None:
+                nodes_of: Mapping[str, Sequence[str]], pending: _Pending) -> FinishedRun | None:
         row = known.get(run.run_id)
         if row is None:
             raise StoreError(f"no run {run.run_id!r} in the store")
@@ -163,17 +222,14 @@ class RunsStore(LatestStore):
             return None
         outcome, finished_at = run.outcome, run.finished_at
         start = run.started_at or known_start or submitted_at
-        db.execute(
-            "UPDATE runs SET state = 'finished', outcome = ?, reason = ?, finished_at = ?,"
-            " started_at = ?, duration_s = ?, judged = ? WHERE rowid = ?",
-            (outcome.value, run.reason, finished_at, start, max(0.0, finished_at - start), int(not run.judge),
-             position),
-        )
-        if run.result is not None:
-            self._insert_result(db, position, run.run_id, probe, run.result, series)
         seconds = max(0.0, finished_at - start)
-        latest.append(FinishedLatest(run.run_id, probe, outcome, run.reason, submitted_at, start, finished_at, seconds,
-                                     run.result))
+        pending.runs.append((outcome.value, run.reason, finished_at, start, seconds, int(not run.judge), position))
+        if run.result is not None:
+            self._insert_result(db, position, run.run_id, probe, run.result, finished_at,
+                                nodes_of.get(run.run_id, ()), pending)
+        pending.latest.append(FinishedLatest(run.run_id, probe, outcome, run.reason, submitted_at, start, finished_at,
+                                             seconds))
+        bumps = pending.bumps
         for key, by in (("probe_runs_total", probe, outcome.value), 1.0), (("probe_seconds_total", probe, ""), seconds):
             bumps[key] = bumps.get(key, 0.0) + by
         if outcome is not Outcome.SKIPPED:
@@ -182,71 +238,40 @@ class RunsStore(LatestStore):
         known[run.run_id] = (position, "finished", probe, submitted_at, known_start, gpus)
         return run
 
-    def _prefetch_series(
-        self, db: sqlite3.Connection, runs: Sequence[FinishedRun],
-        known: dict[str, tuple[int, str, str, float, float | None, int]],
-    ) -> dict[int, tuple[int, str]]:
-        """The series id and label text of every value of ``runs`` (by ``id()`` of its ``Measurement``), read
-        in one statement (and the new series inserted in one more) rather than one lookup per value: a tick
-        of a big fleet stores hundreds of thousands."""
-        keys: dict[int, tuple[str, str, str, str]] = {}
-        for run in runs:
-            row = known.get(run.run_id)
-            if row is None or run.result is None:
-                continue
-            for m in run.result.measurements:
-                keys[id(m)] = (row[2], m.node or "", m.name, canonical_items(tuple(sorted(m.labels.items()))))
-        if not keys:
-            return {}
-        wanted = list(dict.fromkeys(keys.values()))
-        lookup = ("SELECT s.id, s.probe, s.node, s.name, s.labels FROM json_each(?) j JOIN series s"
-                  " ON s.probe = json_extract(j.value, '$[0]') AND s.node = json_extract(j.value, '$[1]')"
-                  " AND s.name = json_extract(j.value, '$[2]') AND s.labels = json_extract(j.value, '$[3]')")
-        ids: dict[tuple[str, ...], int] = {tuple(t): int(sid) for sid, *t in db.execute(lookup, (json.dumps(wanted),))}
-        new = [k for k in wanted if k not in ids]
-        if new:
-            db.executemany("INSERT INTO series (probe, node, name, labels) VALUES (?, ?, ?, ?)", new)
-            ids.update({tuple(t): int(sid) for sid, *t in db.execute(lookup, (json.dumps(new),))})
-        return {mid: (ids[key], key[3]) for mid, key in keys.items()}
-
-    def _series_id(self, db: sqlite3.Connection, probe: str, m: Measurement) -> int:
-        """The series dictionary's id of the measurement's (probe, node or '', name, labels), added when new."""
-        key = (probe, m.node or "", m.name, tuple(sorted(m.labels.items())))
-        known = self._series_ids.get(key)
-        if known is not None:
-            return known
-        params = (probe, m.node or "", m.name, canonical_labels(m.labels))
-        row = db.execute("SELECT id FROM series WHERE probe = ? AND node = ? AND name = ? AND labels = ?",
-                         params).fetchone()
-        if row is None:
-            row = db.execute("INSERT INTO series (probe, node, name, labels) VALUES (?, ?, ?, ?) RETURNING id",
-                             params).fetchone()
-        if len(self._series_ids) >= SERIES_CACHE:
-            self._series_ids.clear()
-        self._series_ids[key] = int(row[0])
-        return int(row[0])
-
-    def _insert_result(
-        self, db: sqlite3.Connection, position: int, run_id: str, probe: str, result: ProbeResult,
-        series: dict[int, tuple[int, str]] | None = None,
-    ) -> None:
-        db.executemany(
-            "INSERT INTO samples (run, series, value, per_rank) VALUES (?, ?, ?, ?)",
-            [
-                (
-                    position,
-                    known[0] if (known := (series or {}).get(id(m))) else self._series_id(db, probe, m),
-                    m.value,
-                    json.dumps(m.per_rank) if m.per_rank is not None else None,
-                )
-                for m in result.measurements
-            ],
-        )
-        if result.checks:
-            db.executemany(
-                "INSERT INTO checks (run_id, name, ok, detail, node, gpu, rank) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [(run_id, c.name, int(c.ok), c.detail, c.node, c.gpu, c.rank) for c in result.checks],
-            )
+    def _insert_result(self, db: sqlite3.Connection, position: int, run_id: str, probe: str, result: ProbeResult,
+                       finished_at: float, nodes: Sequence[str], pending: _Pending) -> None:
+        """Queue the values and checks of ``result`` (of the run at store ``position``, on ``nodes``) for
+        ``_flush``, and its values for ``latest``: a value of a multi-node group as the latest of each node's."""
+        ids, values = self._series_ids, pending.values
+        groups: dict[str | None, dict[tuple[str, str], int]] = {}
+        series, per_rank = pending.sample_series.append, pending.sample_per_rank.append
+        latest, latest_value = values.series.append, values.value.append
+        for m in result.measurements:
+            labels, node = label_text(tuple(m.labels.items())), m.node
+            group = groups.get(node)
+            if group is None:
+                group = groups[node] = ids.group(db, probe, node or "")
+            sid = group.get((m.name, labels))
+            if sid is None:
+                sid = ids.add(db, probe, node or "", m.name, labels)
+            series(sid)
+            per_rank(None if m.per_rank is None else json.dumps(m.per_rank))
+            if node is None:
+                for n in nodes:
+                    latest(ids.id(db, probe, n, m.name, labels))
+                    latest_value(m.value)
+            else:
+                latest(sid)
+                latest_value(m.value)
+        values.nodes.update(nodes if None in groups else ())
+        values.nodes.update(node for node in groups if node is not None)
+        count = len(result.measurements)
+        pending.sample_run.extend([position] * count)
+        pending.sample_value.extend(m.value for m in result.measurements)
+        added = len(values.series) - len(values.at)
+        values.at.extend([finished_at] * added)
+        values.run_id.extend([run_id] * added)
+        pending.checks.extend((run_id, c.name, int(c.ok), c.detail, c.node, c.gpu, c.rank) for c in result.checks)
 
     def record_result(
         self, result: ProbeResult, *, nodes: Sequence[str], backend: str, source: str, result_path: str | None

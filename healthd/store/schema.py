@@ -359,11 +359,34 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX probe_requests_pending ON probe_requests (state) WHERE state = 'pending'
     """,
-    # 9: judge_series.accepted holds a window as packed little-endian doubles (a BLOB, 16 bytes an (at, value)
-    # pair) from here on; the JSON windows written before are still read. No table changes: the version keeps an
-    # older healthd, which reads JSON only, from opening the store.
+    # 9: ``latest`` keyed by the series dictionary's id (a run's end upserts integer keys, not text); a value
+    # of a multi-node group is the latest of a series of each node of its run, added to the dictionary. The
+    # change marks of a row stay on it, and ``latest_nodes`` holds the newest of each node: a reader of what
+    # changed walks the nodes changed, and a run's end writes one index entry per node, not one per value.
+    # And from here on judge_series.accepted holds a window as packed little-endian doubles (a BLOB, 16 bytes an
+    # (at, value) pair); the JSON windows written before are still read (an older healthd reads JSON only).
     """
-    SELECT 1
+    CREATE INDEX series_node ON series (node);
+    INSERT OR IGNORE INTO series (probe, node, name, labels) SELECT probe, node, name, labels FROM latest;
+    DROP INDEX latest_seq;
+    ALTER TABLE latest RENAME TO latest_by_text;
+    CREATE TABLE latest (
+        series INTEGER PRIMARY KEY,
+        value  REAL NOT NULL,
+        at     REAL NOT NULL,
+        run_id TEXT NOT NULL,
+        seq    INTEGER NOT NULL
+    );
+    INSERT INTO latest (series, value, at, run_id, seq)
+        SELECT s.id, l.value, l.at, l.run_id, l.seq FROM latest_by_text l
+        JOIN series s ON s.probe = l.probe AND s.node = l.node AND s.name = l.name AND s.labels = l.labels;
+    CREATE TABLE latest_nodes (
+        node TEXT PRIMARY KEY,
+        seq  INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    CREATE INDEX latest_nodes_seq ON latest_nodes (seq);
+    INSERT INTO latest_nodes (node, seq) SELECT node, MAX(seq) FROM latest_by_text GROUP BY node;
+    DROP TABLE latest_by_text
     """,
 )
 

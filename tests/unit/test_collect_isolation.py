@@ -8,8 +8,9 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -106,10 +107,10 @@ def test_a_result_the_store_refuses_closes_that_run_as_error(
     real = daemon.store._insert_result
 
     def insert_result(db: sqlite3.Connection, position: int, run_id: str, probe: str, result: ProbeResult,
-                      series: dict[int, int] | None = None) -> None:
+                      finished_at: float, nodes: Sequence[str], pending: Any) -> None:
         if run_id == bad:
             raise sqlite3.IntegrityError("NOT NULL constraint failed: samples.value")
-        real(db, position, run_id, probe, result, series)
+        real(db, position, run_id, probe, result, finished_at, nodes, pending)
 
     monkeypatch.setattr(daemon.store, "_insert_result", insert_result)
     daemon.collect()

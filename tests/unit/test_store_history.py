@@ -10,6 +10,7 @@ import pytest
 
 from healthd.model import Outcome, RunKind
 from healthd.store import Store
+from healthd.store.latest import ChangeCursor
 from healthd.store.runs import FinishedRun
 from healthd.store.schema import MIGRATIONS
 from probes.result import Measurement, ProbeResult
@@ -139,3 +140,112 @@ def test_what_a_tick_reads_never_scans_the_history(tmp_path: Path) -> None:
     plans = [row[3] for sql in statements if sql.lstrip().upper().startswith("SELECT")
              for row in store._db.execute("EXPLAIN QUERY PLAN " + sql)]
     assert plans and not [p for p in plans if p.split()[:2] in (["SCAN", "r"], ["SCAN", "runs"])]
+
+
+def test_a_version_8_store_keeps_its_latest_values_through_migration_9(tmp_path: Path) -> None:
+    """``latest`` keyed by the series dictionary's id: the values a store of schema 8 holds, a multi-node group's
+    included, read the same after the migration, and the next run's end moves them on."""
+    path = tmp_path / "v8.sqlite"
+    db = sqlite3.connect(path)
+    for number in range(8):
+        db.executescript(MIGRATIONS[number])
+    db.execute("PRAGMA user_version = 8")
+    for run_id, probe, at, nodes in (("g1", "gemm", 20.0, ["n1"]), ("c1", "nccl", 30.0, ["n1", "n2"])):
+        db.execute("INSERT INTO runs (run_id, probe, backend, state, outcome, submitted_at, finished_at)"
+                   " VALUES (?, ?, 'local', 'finished', 'pass', 10, ?)", (run_id, probe, at))
+        db.executemany("INSERT INTO run_nodes VALUES (?, ?)", [(run_id, n) for n in nodes])
+    db.execute("INSERT INTO series (id, probe, node, name, labels) VALUES"
+               " (1, 'gemm', 'n1', 'flop_per_second', '{\"gpu\":\"0\"}'), (2, 'nccl', '', 'busbw', '{}')")
+    db.execute("INSERT INTO samples (run, series, value) VALUES (1, 1, 7.0), (2, 2, 5.0)")
+    db.execute("INSERT INTO latest (node, probe, name, labels, value, at, run_id, seq) VALUES"
+               " ('n1', 'gemm', 'flop_per_second', '{\"gpu\":\"0\"}', 7.0, 20.0, 'g1', 3),"
+               " ('n1', 'nccl', 'busbw', '{}', 5.0, 30.0, 'c1', 4), ('n2', 'nccl', 'busbw', '{}', 5.0, 30.0, 'c1', 4)")
+    db.commit()
+    db.close()
+    store = Store(path)
+    before = [("gemm", "n1", "flop_per_second", {"gpu": "0"}, "g1", 7.0, 20.0),
+              ("nccl", "n1", "busbw", {}, "c1", 5.0, 30.0), ("nccl", "n2", "busbw", {}, "c1", 5.0, 30.0)]
+    assert [(m.probe, m.node, m.name, m.labels, m.run_id, m.value, m.at) for m in store.latest_measurements()] == before
+    assert [m.node for m in store.latest_measurements(nodes=["n2"])] == ["n2"]
+    changes, cursor = store.changes(ChangeCursor())
+    assert sorted((m.probe, m.node, m.value) for m in changes.latest) == [(p, n, v) for p, n, _, _, _, v, _ in before]
+    assert cursor.latest == 4
+    assert store.changes(cursor, families={("nccl", "busbw")})[0].latest == ()
+    add(store, "g2", "n1", 40.0)
+    store.finish_run("g2", outcome=Outcome.PASS, reason="", finished_at=50.0,
+                     result=ProbeResult(probe="gemm", run_id="g2", outcome=Outcome.PASS, started_at=40.0,
+                                        finished_at=50.0, measurements=[Measurement(
+                                            name="flop_per_second", value=9.0, node="n1", labels={"gpu": "0"})]))
+    (moved,) = store.changes(cursor)[0].latest
+    assert (moved.probe, moved.node, moved.value, moved.run_id, moved.at) == ("gemm", "n1", 9.0, "g2", 50.0)
+    assert len(store.latest_measurements()) == 3
+    store.prune(older_than=40.0)
+    assert [m.run_id for m in store.latest_measurements()] == ["g2"]
+
+
+def test_a_series_another_process_added_after_this_one_read_it_is_found(tmp_path: Path) -> None:
+    first, second = Store(tmp_path / "s.sqlite"), Store(tmp_path / "s.sqlite")
+    add(first, "a", "n1", 0.0)
+    first.finish_run("a", outcome=Outcome.PASS, reason="", finished_at=10.0, result=gemm("a", "n1", 10.0, 1.0))
+    add(second, "b", "n1", 20.0)
+    second.finish_run("b", outcome=Outcome.PASS, reason="", finished_at=30.0, result=ProbeResult(
+        probe="gemm", run_id="b", outcome=Outcome.PASS, started_at=20.0, finished_at=30.0,
+        measurements=[Measurement(name="memory_bandwidth_bytes_per_second", value=2.0, node="n1", labels={})]))
+    add(first, "c", "n1", 40.0)
+    first.finish_run("c", outcome=Outcome.PASS, reason="", finished_at=50.0, result=ProbeResult(
+        probe="gemm", run_id="c", outcome=Outcome.PASS, started_at=40.0, finished_at=50.0,
+        measurements=[Measurement(name="memory_bandwidth_bytes_per_second", value=3.0, node="n1", labels={})]))
+    db = sqlite3.connect(tmp_path / "s.sqlite")
+    assert db.execute("SELECT COUNT(*) FROM series").fetchone()[0] == 5
+    assert [(m.run_id, m.value) for m in first.latest_measurements()
+            if m.name == "memory_bandwidth_bytes_per_second"] == [("c", 3.0)]
+    assert len(first.measurements(run_id="c")) == 1
+
+
+def test_values_of_one_batch_keep_the_newest_per_series_whatever_their_order(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    for run_id in ("new", "old", "same"):
+        add(store, run_id, "n1", 0.0)
+    store.finish_runs([FinishedRun("new", Outcome.PASS, "", 50.0, gemm("new", "n1", 50.0, 5.0)),
+                       FinishedRun("old", Outcome.PASS, "", 40.0, gemm("old", "n1", 40.0, 4.0))])
+    assert {m.run_id for m in store.latest_measurements()} == {"new"}
+    store.finish_runs([FinishedRun("same", Outcome.PASS, "", 50.0, gemm("same", "n1", 50.0, 6.0))])
+    assert {(m.run_id, m.value) for m in store.latest_measurements() if m.labels["gpu"] == "0"} == {("same", 6.0)}
+
+
+def test_an_older_pass_moves_only_the_last_success_on(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    for run_id in ("fail", "pass", "older"):
+        add(store, run_id, "n1", 0.0)
+    store.finish_runs([FinishedRun("fail", Outcome.FAIL, "slow", 50.0), FinishedRun("pass", Outcome.PASS, "", 40.0)])
+    (last,) = store.last_runs()
+    assert (last.last_run_id, last.last_outcome, last.last_run_at, last.last_success_at) == (
+        "fail", Outcome.FAIL, 50.0, 40.0)
+    _, cursor = store.changes(ChangeCursor())
+    store.finish_runs([FinishedRun("older", Outcome.PASS, "", 30.0)])
+    assert store.changes(cursor)[0].runs == ()
+    (last,) = store.last_runs()
+    assert (last.last_run_id, last.last_success_at) == ("fail", 40.0)
+
+
+def test_changes_read_the_nodes_changed_not_every_latest_value(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    for i, node in enumerate(("n1", "n2", "n3")):
+        add(store, f"g{i}", node, 0.0)
+    store.finish_runs([FinishedRun(f"g{i}", Outcome.PASS, "", 10.0, gemm(f"g{i}", n, 10.0, 1.0))
+                       for i, n in enumerate(("n1", "n2"))])
+    _, cursor = store.changes(ChangeCursor())
+    store.add_run(run_id="pair", probe="nccl", nodes=("n2", "n3"), backend="sim", job_id=None, submitted_at=20.0,
+                  result_path=None)
+    store.finish_run("pair", outcome=Outcome.PASS, reason="", finished_at=30.0, result=ProbeResult(
+        probe="nccl", run_id="pair", outcome=Outcome.PASS, started_at=20.0, finished_at=30.0, nodes=["n2", "n3"],
+        measurements=[Measurement(name="busbw", value=5.0, node=None, labels={})]))
+    statements: list[str] = []
+    store._db.set_trace_callback(statements.append)
+    changes, _ = store.changes(cursor)
+    store._db.set_trace_callback(None)
+    assert sorted((m.probe, m.node, m.value, m.run_id) for m in changes.latest) == [
+        ("nccl", "n2", 5.0, "pair"), ("nccl", "n3", 5.0, "pair")]
+    (read,) = [sql for sql in statements if "FROM latest_nodes k" in sql]
+    plan = [row[3] for row in store._db.execute("EXPLAIN QUERY PLAN " + read)]
+    assert not [p for p in plan if p.startswith("SCAN")], plan
