@@ -131,6 +131,8 @@ RESYNC_S = 86400.0
 """How often ``Exposition`` reads the whole current state again (what a prune or a deleted node removed)."""
 CHUNK = 256
 """Nodes per cached piece of a family: a change re-renders (and re-compresses) the pieces of its nodes."""
+READ_NODES = 1000
+"""Nodes whose rows a refresh reads and renders at a time: its memory is bounded by this, not by the fleet."""
 
 
 @lru_cache(maxsize=4096)
@@ -535,24 +537,22 @@ class Exposition:
         with self._lock, _no_gc():
             store = self._store
             families = None if self.detail == "full" else {*HEADLINES.keys(), MFU_INPUT}
-            if self._cursor is None or time.monotonic() - self._synced_at > RESYNC_S:
-                self._cursor = None
-            try:
-                changes, cursor = store.changes(self._cursor or ChangeCursor(), families)
-            except LookupError:
-                self._cursor = None
-                changes, cursor = store.changes(ChangeCursor(), families)
+            resync = self._cursor is None or time.monotonic() - self._synced_at > RESYNC_S
             changed: set[str] = set()
-            resync = self._cursor is None
+            if not resync and self._cursor is not None:
+                try:
+                    changes, cursor = store.changes(self._cursor, families)
+                    changed |= _states(changes, full=families is None).keys()
+                    del changes
+                except LookupError:
+                    resync = True
             if resync:
-                changed |= self._index.keys()
+                cursor = store.change_marks()
+                changed |= self._index.keys() | set(store.shown_nodes())
                 self._nodes = {}
                 self._drains = {}
                 self._synced_at = time.monotonic()
             self._cursor = cursor
-            states = _states(changes, full=families is None)
-            del changes
-            changed |= states.keys()
             nodes = store.node_summaries()
             for name, base, node_class, gpu_type, gpus in nodes:
                 old = self._nodes.get(name)
@@ -574,19 +574,22 @@ class Exposition:
                     else:
                         self._drains[name] = reason
                     changed.add(name)
-            if not resync and changed:
-                states = _states(self._read(sorted(changed), families), full=families is None)
             rendered: dict[str, dict[str, bytes]] = {}
-            for name in changed:
-                state = states.pop(name, None) or _NodeState()
-                node = self._nodes.get(name)
-                state.node = Node(name, node[0], gpus=node[3], gpu_type=node[2], node_class=node[1]) if node else None
-                state.drain = self._drains.get(name)
-                view = state.view(name, full=families is None)
-                if not view.empty:
-                    rendered[name] = _fragment(node_samples(view, self.detail, self._meta))
-                    self.rendered_nodes += 1
-            states.clear()
+            ordered = sorted(changed)
+            for start in range(0, len(ordered), READ_NODES):
+                part = ordered[start:start + READ_NODES]
+                states = _states(self._read(part, families), full=families is None)
+                for name in part:
+                    state = states.pop(name, None) or _NodeState()
+                    node = self._nodes.get(name)
+                    state.node = (Node(name, node[0], gpus=node[3], gpu_type=node[2], node_class=node[1])
+                                  if node else None)
+                    state.drain = self._drains.get(name)
+                    view = state.view(name, full=families is None)
+                    if not view.empty:
+                        rendered[name] = _fragment(node_samples(view, self.detail, self._meta))
+                        self.rendered_nodes += 1
+                del states
             counts: dict[str, int] = defaultdict(int)
             for n in nodes:
                 counts[n[1]] += 1

@@ -287,7 +287,7 @@ class LatestStore(Database):
         again from ``ChangeCursor()``."""
         names = sorted({n for _, n in families or ()})
         with self._lock:
-            marks = {key: int(self._db.execute(top).fetchone()[0]) for key, top in _MARKS}
+            marks = vars(self.change_marks())
             for key, high in marks.items():
                 if high < getattr(since, key):
                     raise LookupError(f"{key} went back from {getattr(since, key)} to {high}")
@@ -320,6 +320,20 @@ class LatestStore(Database):
             verdicts=tuple(verdicts),
             series=tuple(_series_row(r) for r in series),
         ), ChangeCursor(**marks)
+
+    def change_marks(self) -> ChangeCursor:
+        """Where the current state's tables stand: a reader that reads every row after taking it (``shown_nodes``
+        then the rows by node, to bound its memory) passes it to ``changes`` next time; what changed in between is
+        read twice, never missed."""
+        with self._lock:
+            return ChangeCursor(**{key: int(self._db.execute(top).fetchone()[0]) for key, top in _MARKS})
+
+    def shown_nodes(self) -> list[str]:
+        """Every node with a row in the current state (what ``changes`` from ``ChangeCursor()`` covers) or in
+        the nodes table, sorted."""
+        return [r[0] for r in self._rows(
+            "SELECT name FROM nodes UNION SELECT node FROM latest_nodes UNION SELECT node FROM latest_runs"
+            " UNION SELECT node FROM judge_series UNION SELECT node FROM verdicts ORDER BY 1", [])]
 
     def _rows(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         with self._lock:

@@ -12,6 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+import healthd.metrics as metrics_module
 from healthd.http import ExpositionCache
 from healthd.judge.model import JudgeOutput, SeriesKey, SeriesState
 from healthd.metrics import DaemonMetrics, Detail, Exposition
@@ -249,3 +250,28 @@ def test_the_exposition_keeps_its_text_not_the_rows(tmp_path: Path) -> None:
     finally:
         tracemalloc.stop()
     assert 0 < alive < 4 * len(exposition.body())
+
+
+def test_a_full_read_reads_and_renders_the_nodes_a_part_at_a_time(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its memory is bounded by ``READ_NODES``, not by the fleet; the text is the same."""
+    store = Store(tmp_path / "s.sqlite")
+    for i in range(60):
+        eight_gpu_node(store, f"g{i:02}", 100.0)
+    store.put_verdicts([Verdict(f"g{i:02}", "gemm", Outcome.PASS, at=200.0) for i in range(60)])
+
+    def first_read(read_nodes: int) -> tuple[bytes, int]:
+        monkeypatch.setattr(metrics_module, "READ_NODES", read_nodes)
+        tracemalloc.start()
+        try:
+            exposition = Exposition(store, lambda: "slurm", "full")
+            exposition.refresh()
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        return exposition.body(), peak
+
+    whole, whole_peak = first_read(1000)
+    parts, parts_peak = first_read(6)
+    assert parts == whole
+    assert parts_peak < 0.8 * whole_peak, (parts_peak, whole_peak)
