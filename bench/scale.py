@@ -18,7 +18,8 @@ housekeeping rollup is applied, as the daemon would. Then it measures:
   it); ``store_mb_per_day_bench_schedule``: the same growth at this scenario's own schedule (gemm and nccl every
   14-15 min on every node, ``runs_per_day``); ``store_mb``: the whole store at the end;
 - ``rss_mb``, ``startup_s``, ``exposition_first_read_s``: peak RSS, judge-state load and the exposition's
-  first full read of a fresh process that opens the store (the daemon's start-up).
+  first full read of a fresh process that opens the store (the daemon's start-up), the peak with the judge
+  and the exposition both held and a scrape served (plain and gzip), as in the daemon.
 
     .venv/bin/python bench/scale.py --nodes 1000 --json [--days 30]
 """
@@ -177,12 +178,16 @@ def _fresh(db: Path, workdir: Path, nodes: int) -> None:
     settings = scenario_settings(scenario(nodes, 1), workdir / "state")
     store = Store(db)
     started = time.perf_counter()
-    load_judge(store, settings.judge, now=store_now(store))
+    judge = load_judge(store, settings.judge, now=store_now(store))
     startup = time.perf_counter() - started
     started = time.perf_counter()
-    Exposition(store, lambda: "sim").refresh()
+    exposition = Exposition(store, lambda: "sim")
+    exposition.refresh()
     first_read = time.perf_counter() - started
+    exposition.body()
+    exposition.body_gzip()
     rss = peak_rss_mb()
+    assert judge.series, "the judge holds its state while the exposition is read and scraped, as in the daemon"
     print(json.dumps({"rss_mb": round(rss, 1), "startup_s": round(startup, 3),
                       "exposition_first_read_s": round(first_read, 3)}))
 

@@ -14,7 +14,6 @@ on a ``prometheus_client`` registry, rendered next to it. Names follow Prometheu
 
 from __future__ import annotations
 
-import gc
 import gzip
 import platform
 import threading
@@ -22,7 +21,6 @@ import time
 from array import array
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import accumulate
@@ -45,6 +43,7 @@ from healthd.judge.metrics import (
 from healthd.judge.peaks import mfu
 from healthd.model import Node, Outcome, Verdict
 from healthd.store import Store
+from healthd.store.db import collector_paused
 from healthd.store.latest import ChangeCursor, Changes
 from healthd.store.rows import JudgedSeries, LastRun, MeasurementRow, RecommendationRow, RunTiming, Snapshot
 
@@ -432,19 +431,6 @@ def _keep(held: dict[SeriesId, Any], best: dict[tuple[str, str], tuple[Any, ...]
     held[key] = row
 
 
-@contextmanager
-def _no_gc() -> Iterator[None]:
-    """No cyclic garbage collection while a refresh builds its rows (short-lived, without cycles): a
-    collection's cost grows with everything alive, and a full read makes it run hundreds of times."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def _states(changes: Changes, *, full: bool) -> dict[str, _NodeState]:
     """The rows of ``changes`` by node."""
     states: dict[str, _NodeState] = defaultdict(_NodeState)
@@ -534,7 +520,7 @@ class Exposition:
         """Read what changed in the store since the last refresh and re-render the nodes it touched (read again
         from the store: only their rendering is kept); every ``RESYNC_S`` (and when the store's rows were
         renumbered) everything is read again."""
-        with self._lock, _no_gc():
+        with self._lock, collector_paused():
             store = self._store
             families = None if self.detail == "full" else {*HEADLINES.keys(), MFU_INPUT}
             resync = self._cursor is None or time.monotonic() - self._synced_at > RESYNC_S

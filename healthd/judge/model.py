@@ -12,7 +12,7 @@ from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, overload
 
 from healthd.model import Outcome, RunKind, Verdict
 
@@ -303,8 +303,24 @@ _HEAD = 5
 """``SeriesState``'s packed array: last value, last time, floor, baseline, spread, then the window's (at, value)."""
 
 
-def _opt(x: float) -> float | None:
-    return None if x != x else x
+class _Optional:
+    """One of ``SeriesState``'s packed numbers that may be None (stored as NaN)."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> _Optional: ...
+    @overload
+    def __get__(self, obj: SeriesState, owner: type | None = None) -> float | None: ...
+    def __get__(self, obj: SeriesState | None, owner: type | None = None) -> float | _Optional | None:
+        if obj is None:
+            return self
+        x = obj._v[self.index]
+        return None if x != x else x
+
+    def __set__(self, obj: SeriesState, x: float | None) -> None:
+        obj._v[self.index] = _NONE if x is None else x
 
 
 class SeriesState:
@@ -363,13 +379,10 @@ class SeriesState:
     def accepted_count(self) -> int:
         return (len(self._v) - _HEAD) // 2
 
-    @property
-    def last_value(self) -> float | None:
-        return _opt(self._v[0])
-
-    @last_value.setter
-    def last_value(self, x: float | None) -> None:
-        self._v[0] = _NONE if x is None else x
+    last_value = _Optional(0)
+    floor = _Optional(2)
+    baseline = _Optional(3)
+    spread = _Optional(4)
 
     @property
     def last_at(self) -> float:
@@ -378,30 +391,6 @@ class SeriesState:
     @last_at.setter
     def last_at(self, x: float) -> None:
         self._v[1] = x
-
-    @property
-    def floor(self) -> float | None:
-        return _opt(self._v[2])
-
-    @floor.setter
-    def floor(self, x: float | None) -> None:
-        self._v[2] = _NONE if x is None else x
-
-    @property
-    def baseline(self) -> float | None:
-        return _opt(self._v[3])
-
-    @baseline.setter
-    def baseline(self, x: float | None) -> None:
-        self._v[3] = _NONE if x is None else x
-
-    @property
-    def spread(self) -> float | None:
-        return _opt(self._v[4])
-
-    @spread.setter
-    def spread(self, x: float | None) -> None:
-        self._v[4] = _NONE if x is None else x
 
     def _fields(self) -> tuple[object, ...]:
         return (self.node, self.key, self.accepted, self.last_value, self.last_at, self.last_run_id, self.floor,

@@ -39,9 +39,10 @@ def _store_error(path: Path, exc: sqlite3.Error) -> StoreError:
 
 @contextmanager
 def collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector held off while a big batch is written: the batch's allocations would
-    set off collections mid-write, and a full one walks every object of the process (0.4 s of a 2 s batch of
-    10,000 results, measured); nothing the batch makes forms a cycle."""
+    """Python's cyclic garbage collector held off while a big batch is written or read (a store write, a full read
+    of the metrics exposition): the batch's allocations would set off collections, and a full one walks every
+    object of the process (0.4 s of a 2 s batch of 10,000 results, measured); nothing the batch makes forms a
+    cycle. Overlapping pauses from two threads leave the collector as it was before the first."""
     enabled = gc.isenabled()
     gc.disable()
     try:
