@@ -33,9 +33,5 @@ class BudgetStore(Database):
     def last_judged(self) -> dict[tuple[str, str], float]:
         """Per (node, probe): when its newest run that reached a verdict (pass, degraded or fail: the
         probe ran and was judged; an error judges nothing) finished. Sweeps are not per node."""
-        rows = self._query(
-            "SELECT n.node, r.probe, MAX(r.finished_at) FROM runs r JOIN run_nodes n ON n.run_id = r.run_id"
-            " WHERE r.state = 'finished' AND r.outcome IN ('pass', 'degraded', 'fail')"
-            " AND r.kind IN ('probe', 'reprobe') GROUP BY n.node, r.probe"
-        )
+        rows = self._query("SELECT node, probe, last_judged_at FROM latest_runs WHERE last_judged_at IS NOT NULL")
         return {(r[0], r[1]): float(r[2]) for r in rows}

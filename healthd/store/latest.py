@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from healthd.model import Outcome, Verdict
+from healthd.model import Outcome, RunKind, Verdict
 from healthd.store.db import Database
 from healthd.store.rows import JudgedSeries, LastRun, MeasurementRow, RunTiming
 
@@ -103,6 +103,13 @@ class FinishedLatest:
     started_at: float
     finished_at: float
     duration_s: float
+    checked: bool = False
+    """A probe or re-probe that reached a verdict on its nodes (``CHECK_KINDS``, ``CHECK_OUTCOMES``): it moves the
+    (node, probe)'s ``last_judged_at`` on, what the coverage metrics count."""
+
+
+CHECK_KINDS = frozenset({RunKind.PROBE.value, RunKind.REPROBE.value})
+CHECK_OUTCOMES = frozenset({Outcome.PASS, Outcome.DEGRADED, Outcome.FAIL})
 
 
 @dataclass
@@ -142,17 +149,20 @@ class LatestStore(Database):
         # the newest run replaces the row's run; a pass, whatever its age, moves the last success on
         newer = "excluded.finished_at >= latest_runs.finished_at"
         passed = "excluded.last_success_at > COALESCE(latest_runs.last_success_at, 0)"
+        checked = "excluded.last_judged_at > COALESCE(latest_runs.last_judged_at, 0)"
         db.executemany(
             "INSERT INTO latest_runs (node, probe, run_id, outcome, reason, submitted_at, started_at, finished_at,"
-            " duration_s, last_success_at, seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            " duration_s, last_success_at, last_judged_at, seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
             " ON CONFLICT (node, probe) DO UPDATE SET "
             + ", ".join(f"{c} = IIF({newer}, excluded.{c}, latest_runs.{c})" for c in (
                 "run_id", "outcome", "reason", "submitted_at", "started_at", "finished_at", "duration_s"))
             + f", last_success_at = IIF({passed}, excluded.last_success_at, latest_runs.last_success_at),"
+            f" last_judged_at = IIF({checked}, excluded.last_judged_at, latest_runs.last_judged_at),"
             f" seq = IIF({newer} OR {passed}, excluded.seq, latest_runs.seq)"
-            f" WHERE {newer} OR {passed}",
+            f" WHERE {newer} OR {passed} OR {checked}",
             [(node, f.probe, f.run_id, f.outcome.value, f.reason, f.submitted_at, f.started_at, f.finished_at,
-              f.duration_s, f.finished_at if f.outcome is Outcome.PASS else None, seq)
+              f.duration_s, f.finished_at if f.outcome is Outcome.PASS else None,
+              f.finished_at if f.checked else None, seq)
              for f in judged for node in nodes_of.get(f.run_id, ())],
         )
         newest: dict[int, int] = {}

@@ -13,7 +13,7 @@ from typing import Any
 from healthd.errors import StoreError
 from healthd.model import Outcome, ProbeResult, RunKind
 from healthd.store.db import collector_paused
-from healthd.store.latest import FinishedLatest, LatestStore, LatestValues
+from healthd.store.latest import CHECK_KINDS, CHECK_OUTCOMES, FinishedLatest, LatestStore, LatestValues
 from healthd.store.rows import MeasurementRow, RollupRow, RunRow, canonical_labels
 from healthd.store.series import label_text
 
@@ -158,11 +158,12 @@ class RunsStore(LatestStore):
         pending = _Pending()
         with collector_paused(), self._tx() as db:
             ids = json.dumps([run.run_id for run in runs])
-            known: dict[str, tuple[int, str, str, float, float | None, int]] = {
+            known: dict[str, tuple[int, str, str, float, float | None, int, str]] = {
                 r[0]: r[1:] for r in db.execute(
                     "SELECT r.run_id, r.rowid, r.state, r.probe, r.submitted_at, r.started_at,"
                     " (SELECT COALESCE(SUM(n.gpus), 0) FROM run_nodes x JOIN nodes n ON n.name = x.node"
-                    "  WHERE x.run_id = r.run_id) FROM runs r WHERE r.run_id IN (SELECT value FROM json_each(?))",
+                    "  WHERE x.run_id = r.run_id), r.kind FROM runs r"
+                    " WHERE r.run_id IN (SELECT value FROM json_each(?))",
                     (ids,))
             }
             nodes_of: dict[str, list[str]] = defaultdict(list)
@@ -212,12 +213,12 @@ class RunsStore(LatestStore):
         pending.written()
 
     def _finish(self, db: sqlite3.Connection, run: FinishedRun,
-                known: dict[str, tuple[int, str, str, float, float | None, int]],
+                known: dict[str, tuple[int, str, str, float, float | None, int, str]],
                 nodes_of: Mapping[str, Sequence[str]], pending: _Pending) -> FinishedRun | None:
         row = known.get(run.run_id)
         if row is None:
             raise StoreError(f"no run {run.run_id!r} in the store")
-        position, state, probe, submitted_at, known_start, gpus = row
+        position, state, probe, submitted_at, known_start, gpus, kind = row
         if state == "finished":
             return None
         outcome, finished_at = run.outcome, run.finished_at
@@ -228,14 +229,14 @@ class RunsStore(LatestStore):
             self._insert_result(db, position, run.run_id, probe, run.result, finished_at,
                                 nodes_of.get(run.run_id, ()), pending)
         pending.latest.append(FinishedLatest(run.run_id, probe, outcome, run.reason, submitted_at, start, finished_at,
-                                             seconds))
+                                             seconds, kind in CHECK_KINDS and outcome in CHECK_OUTCOMES))
         bumps = pending.bumps
         for key, by in (("probe_runs_total", probe, outcome.value), 1.0), (("probe_seconds_total", probe, ""), seconds):
             bumps[key] = bumps.get(key, 0.0) + by
         if outcome is not Outcome.SKIPPED:
             key = ("probe_gpu_seconds_total", probe, "")
             bumps[key] = bumps.get(key, 0.0) + seconds * gpus
-        known[run.run_id] = (position, "finished", probe, submitted_at, known_start, gpus)
+        known[run.run_id] = (position, "finished", probe, submitted_at, known_start, gpus, kind)
         return run
 
     def _insert_result(self, db: sqlite3.Connection, position: int, run_id: str, probe: str, result: ProbeResult,

@@ -363,8 +363,10 @@ MIGRATIONS: tuple[str, ...] = (
     # of a multi-node group is the latest of a series of each node of its run, added to the dictionary. The
     # change marks of a row stay on it, and ``latest_nodes`` holds the newest of each node: a reader of what
     # changed walks the nodes changed, and a run's end writes one index entry per node, not one per value.
-    # And from here on judge_series.accepted holds a window as packed little-endian doubles (a BLOB, 16 bytes an
-    # (at, value) pair); the JSON windows written before are still read (an older healthd reads JSON only).
+    # latest_runs keeps when a probe or re-probe last reached a verdict on the node (the coverage metrics'
+    # input, read without grouping the history). And from here on judge_series.accepted holds a window as
+    # packed little-endian doubles (a BLOB, 16 bytes an (at, value) pair); the JSON windows written before are
+    # still read (an older healthd reads JSON only).
     """
     CREATE INDEX series_node ON series (node);
     INSERT OR IGNORE INTO series (probe, node, name, labels) SELECT probe, node, name, labels FROM latest;
@@ -386,7 +388,13 @@ MIGRATIONS: tuple[str, ...] = (
     ) WITHOUT ROWID;
     CREATE INDEX latest_nodes_seq ON latest_nodes (seq);
     INSERT INTO latest_nodes (node, seq) SELECT node, MAX(seq) FROM latest_by_text GROUP BY node;
-    DROP TABLE latest_by_text
+    DROP TABLE latest_by_text;
+    ALTER TABLE latest_runs ADD COLUMN last_judged_at REAL;
+    UPDATE latest_runs SET last_judged_at = j.at FROM (
+        SELECT n.node, r.probe, MAX(r.finished_at) AS at FROM runs r JOIN run_nodes n ON n.run_id = r.run_id
+        WHERE r.state = 'finished' AND r.outcome IN ('pass', 'degraded', 'fail') AND r.kind IN ('probe', 'reprobe')
+        GROUP BY n.node, r.probe
+    ) AS j WHERE latest_runs.node = j.node AND latest_runs.probe = j.probe
     """,
 )
 

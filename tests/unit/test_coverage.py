@@ -3,6 +3,7 @@ figures: pure functions, the store's queries and the exported metrics."""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from healthd.coverage import Coverage, CoverageCollector, CoverageInputs, coverage, full_check_times
 from healthd.model import Node, Outcome, RunKind
 from healthd.store import Store
+from healthd.store.schema import MIGRATIONS
 
 DAY = 86400.0
 
@@ -91,3 +93,48 @@ def test_coverage_metrics(store: Store) -> None:
     assert m["healthd_probe_budget_spent_ratio"] == [({}, pytest.approx(5600.0 / (24 * DAY)))]
     assert m["healthd_probe_budget_limit_gpu_seconds"] == [({}, pytest.approx(0.005 * 24 * DAY))]
     assert "healthd_probe_budget_limit_gpu_seconds" not in scrape(store)
+
+
+GROUPED = ("SELECT n.node, r.probe, MAX(r.finished_at) FROM runs r JOIN run_nodes n ON n.run_id = r.run_id"
+           " WHERE r.state = 'finished' AND r.outcome IN ('pass', 'degraded', 'fail')"
+           " AND r.kind IN ('probe', 'reprobe') GROUP BY n.node, r.probe")
+"""What ``last_judged`` means, read from the whole history (as it was before ``latest_runs`` kept it)."""
+
+
+def test_last_judged_is_kept_whatever_order_runs_finish_in(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    for run_id, probe, nodes, outcome, finished, kind in [
+        ("a", "gemm", ("n1",), Outcome.PASS, 100.0, RunKind.PROBE),
+        ("b", "gemm", ("n1",), Outcome.ERROR, 300.0, RunKind.PROBE),
+        ("late", "gemm", ("n1",), Outcome.DEGRADED, 200.0, RunKind.REPROBE),
+        ("ing", "gemm", ("n1",), Outcome.PASS, 400.0, RunKind.INGEST),
+        ("sk", "gemm", ("n2",), Outcome.SKIPPED, 50.0, RunKind.PROBE),
+        ("pair", "nccl", ("n1", "n2"), Outcome.FAIL, 150.0, RunKind.PROBE),
+        ("older", "nccl", ("n2",), Outcome.PASS, 120.0, RunKind.PROBE),
+    ]:
+        store.add_run(run_id=run_id, probe=probe, nodes=nodes, backend="sim", job_id="1", submitted_at=finished - 10,
+                      result_path=None, kind=kind)
+        store.finish_run(run_id, outcome=outcome, reason="", finished_at=finished)
+    grouped = {(r[0], r[1]): r[2] for r in store._db.execute(GROUPED)}
+    assert store.last_judged() == grouped == {("n1", "gemm"): 200.0, ("n1", "nccl"): 150.0, ("n2", "nccl"): 150.0}
+    assert [(r.node, r.probe, r.last_run_id) for r in store.last_runs(["n1"])] == [("n1", "gemm", "ing"),
+                                                                                  ("n1", "nccl", "pair")]
+
+
+def test_migration_9_carries_last_judged_over_from_the_history(tmp_path: Path) -> None:
+    path = tmp_path / "v8.sqlite"
+    db = sqlite3.connect(path)
+    for number in range(8):
+        db.executescript(MIGRATIONS[number])
+    db.execute("PRAGMA user_version = 8")
+    for run_id, kind, outcome, at in (("p", "probe", "pass", 10.0), ("r", "reprobe", "fail", 20.0),
+                                      ("e", "probe", "error", 30.0), ("s", "sweep", "pass", 40.0)):
+        db.execute("INSERT INTO runs (run_id, probe, backend, state, outcome, submitted_at, finished_at, kind)"
+                   " VALUES (?, 'gemm', 'local', 'finished', ?, 1, ?, ?)", (run_id, outcome, at, kind))
+        db.execute("INSERT INTO run_nodes VALUES (?, 'n1')", (run_id,))
+    db.execute("INSERT INTO latest_runs (node, probe, run_id, outcome, reason, submitted_at, finished_at, seq)"
+               " VALUES ('n1', 'gemm', 's', 'pass', '', 1, 40.0, 1)")
+    db.commit()
+    db.close()
+    store = Store(path)
+    assert store.last_judged() == {("n1", "gemm"): 20.0}
