@@ -3,7 +3,6 @@ figures: pure functions, the store's queries and the exported metrics."""
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from healthd.coverage import Coverage, CoverageCollector, CoverageInputs, coverage, full_check_times
 from healthd.model import Node, Outcome, RunKind
 from healthd.store import Store
-from healthd.store.schema import MIGRATIONS
+from tests.old_stores import store_at
 
 DAY = 86400.0
 
@@ -123,10 +122,7 @@ def test_last_judged_is_kept_whatever_order_runs_finish_in(tmp_path: Path) -> No
 
 def test_migration_9_carries_last_judged_over_from_the_history(tmp_path: Path) -> None:
     path = tmp_path / "v8.sqlite"
-    db = sqlite3.connect(path)
-    for number in range(8):
-        db.executescript(MIGRATIONS[number])
-    db.execute("PRAGMA user_version = 8")
+    db = store_at(path, 8)
     for run_id, kind, outcome, at in (("p", "probe", "pass", 10.0), ("r", "reprobe", "fail", 20.0),
                                       ("e", "probe", "error", 30.0), ("s", "sweep", "pass", 40.0)):
         db.execute("INSERT INTO runs (run_id, probe, backend, state, outcome, submitted_at, finished_at, kind)"

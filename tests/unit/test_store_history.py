@@ -12,8 +12,8 @@ from healthd.model import Outcome, RunKind
 from healthd.store import Store
 from healthd.store.latest import ChangeCursor
 from healthd.store.runs import FinishedRun
-from healthd.store.schema import MIGRATIONS
 from probes.result import Measurement, ProbeResult
+from tests.old_stores import store_at
 
 DAY = 86400.0
 
@@ -109,10 +109,7 @@ def test_rollup_folds_old_detail_into_per_node_days_incrementally(tmp_path: Path
 
 def test_a_version_4_store_keeps_its_measurements_through_the_migration(tmp_path: Path) -> None:
     path = tmp_path / "old.sqlite"
-    db = sqlite3.connect(path)
-    for number in range(4):
-        db.executescript(MIGRATIONS[number])
-    db.execute("PRAGMA user_version = 4")
+    db = store_at(path, 4)
     db.execute("INSERT INTO runs (run_id, probe, backend, state, outcome, submitted_at, finished_at)"
                " VALUES ('r1', 'nccl', 'local', 'finished', 'pass', 10, 20)")
     db.execute("INSERT INTO run_nodes VALUES ('r1', 'n1'), ('r1', 'n2')")
@@ -146,10 +143,7 @@ def test_a_version_8_store_keeps_its_latest_values_through_migration_9(tmp_path:
     """``latest`` keyed by the series dictionary's id: the values a store of schema 8 holds, a multi-node group's
     included, read the same after the migration, and the next run's end moves them on."""
     path = tmp_path / "v8.sqlite"
-    db = sqlite3.connect(path)
-    for number in range(8):
-        db.executescript(MIGRATIONS[number])
-    db.execute("PRAGMA user_version = 8")
+    db = store_at(path, 8)
     for run_id, probe, at, nodes in (("g1", "gemm", 20.0, ["n1"]), ("c1", "nccl", 30.0, ["n1", "n2"])):
         db.execute("INSERT INTO runs (run_id, probe, backend, state, outcome, submitted_at, finished_at)"
                    " VALUES (?, ?, 'local', 'finished', 'pass', 10, ?)", (run_id, probe, at))
