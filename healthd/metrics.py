@@ -528,8 +528,7 @@ class Exposition:
             if not resync and self._cursor is not None:
                 try:
                     changes, cursor = store.changes(self._cursor, families)
-                    changed |= _states(changes, full=families is None).keys()
-                    del changes
+                    changed |= changes.nodes()
                 except LookupError:
                     resync = True
             if resync:

@@ -90,6 +90,11 @@ class Changes:
     """In the order they were saved: a later one replaces an earlier one of the same (node, probe)."""
     series: tuple[JudgedSeries, ...]
 
+    def nodes(self) -> set[str]:
+        """The nodes with a row here."""
+        return ({m.node for m in self.latest if m.node is not None} | {lr.node for lr, _ in self.runs}
+                | {v.node for v in self.verdicts} | {s.node for s in self.series})
+
 
 @dataclass(frozen=True)
 class FinishedLatest:
