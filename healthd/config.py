@@ -168,6 +168,12 @@ class LocalSettings(_Section):
     """Local ranks for distributed probes (``--nproc``); default: every GPU of the machine (the probes'
     launcher counts them, honouring ``CUDA_VISIBLE_DEVICES``), 2 on a machine without GPUs."""
     max_concurrent: int = Field(default=1, ge=1, le=4096)
+    node_class: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._-]+$")
+    """This machine's class (floors, peaks, fleet); default: ``<gpu type>x<count>`` from its GPUs as
+    NVML or ``nvidia-smi`` lists them (``nvidia_h100_80gb_hbm3x1``), ``cpu`` without GPUs."""
+    gpus: int | None = Field(default=None, ge=0, le=4096)
+    """GPUs every probe must find here (``--expect-gpus``); default: the most this daemon has seen
+    (discovered at start, or any later discovery). A GPU that falls off the bus is then ``gpus_missing``."""
 
     @field_validator("node_name")
     @classmethod
@@ -190,6 +196,9 @@ class NodeClassRule(_Section):
     """Launch environment for every probe on this class (overrides the probe's launcher)."""
     expected_transport: list[TransportName] | None = None
     """NCCL networks allowed on this class (overrides ``probes.nccl.expected_transport``)."""
+    expect_gpus: int | None = Field(default=None, ge=0, le=4096)
+    """GPUs a probe must find on these nodes (default: the GRES count); 0: the GRES are not CUDA
+    devices, the probes run on the CPU."""
 
 
 class SlurmSettings(_Section):

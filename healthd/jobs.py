@@ -28,6 +28,7 @@ from typing import Literal
 
 from healthd.errors import ConfigError
 from healthd.model import ProbeJob, validate_node_name
+from probes.catalogue import probe_spec
 
 START_MARGIN_S = 60.0
 _UNSAFE = re.compile(r"[\s'\"\\]")
@@ -232,6 +233,18 @@ def time_limit_minutes(timeout_s: float) -> int:
     return max(1, math.ceil((timeout_s + START_MARGIN_S) / 60))
 
 
+def expectation_args(job: ProbeJob) -> list[str]:
+    """``--expect-gpus N [--expect-gpu-uuids GPU-…,…]`` for a torch probe whose nodes must show GPUs
+    (pure): the probe then never falls back to the CPU, and a node short of GPUs fails (gpus_missing)."""
+    spec = probe_spec(job.probe)
+    if not job.expect_gpus or spec is None or not spec.torch:
+        return []
+    args = ["--expect-gpus", str(job.expect_gpus)]
+    if job.expect_gpu_uuids:
+        args += ["--expect-gpu-uuids", ",".join(job.expect_gpu_uuids)]
+    return args
+
+
 def render_batch_script(job: ProbeJob, settings: LaunchSettings, *, ranks_per_node: int, gpus_per_node: int) -> str:
     """The complete sbatch script for ``job`` (pure; golden-file tested)."""
     for node in job.nodes:
@@ -270,6 +283,7 @@ def render_batch_script(job: ProbeJob, settings: LaunchSettings, *, ranks_per_no
         "--run-id", job.run_id,
         "--output", str(result),
         "--timeout", f"{job.timeout_s:g}",
+        *expectation_args(job),
         *job.args,
     ]
     task = task_argv(settings, probe_args, gpus_per_node=gpus_per_node)

@@ -59,6 +59,14 @@ class Node:
     reason_time: float | None = None
     cpus: int | None = None
     node_class: str | None = None
+    expect_gpus: int | None = None
+    """GPUs the probes must find on the node when its class says otherwise than ``gpus`` (a rule's
+    ``expect_gpus``); ``None``: ``gpus``. Set by the backend, not stored."""
+
+    @property
+    def required_gpus(self) -> int:
+        """The GPUs every probe on this node must find (``--expect-gpus``): fewer is ``gpus_missing``."""
+        return self.gpus if self.expect_gpus is None else self.expect_gpus
 
     @property
     def drained(self) -> bool:
@@ -109,6 +117,11 @@ class ProbeJob:
     timeout_s: float = 300.0
     ranks_per_node: int | None = None
     kind: RunKind = RunKind.PROBE
+    expect_gpus: int | None = None
+    """GPUs every node of the job must show (``--expect-gpus``; the probe never falls back to the
+    CPU when > 0); ``None``: the probe's own default."""
+    expect_gpu_uuids: tuple[str, ...] = ()
+    """The UUIDs the node's GPUs had when last seen (single-node jobs): a missing GPU is named by it."""
 
 
 @dataclass(frozen=True)

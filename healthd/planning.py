@@ -213,7 +213,15 @@ def _job(probe: str, nodes: tuple[Node, ...], settings: ProbeSettings, make_run_
         timeout_s=settings.timeout_s,
         ranks_per_node=settings.ranks_per_node,
         kind=kind,
+        expect_gpus=expected_gpus(nodes),
     )
+
+
+def expected_gpus(nodes: Sequence[Node]) -> int | None:
+    """``--expect-gpus`` for a job on ``nodes``: the fewest GPUs any of them must show (its class's
+    expectation, ``Node.required_gpus``); ``None`` for CPU nodes (the probe's own default)."""
+    want = min((n.required_gpus for n in nodes), default=0)
+    return want if want > 0 else None
 
 
 SWEEP_RUN_PREFIX = "sw"
@@ -270,9 +278,11 @@ def plan_sweep(
             if now - last_sweeps.get((cls, size), float("-inf")) < settings.interval_s:
                 continue
             if size <= cap:
-                jobs.append(ProbeJob(run_id=sweep_run_id(size), probe=settings.probe, nodes=tuple(free[:size]),
-                                     args=tuple(settings.args), timeout_s=settings.timeout_s,
-                                     ranks_per_node=settings.ranks_per_node, kind=RunKind.SWEEP))
+                chosen = sorted((n for n in members if n.name not in busy), key=lambda n: n.name)[:size]
+                jobs.append(ProbeJob(run_id=sweep_run_id(size), probe=settings.probe,
+                                     nodes=tuple(n.name for n in chosen), args=tuple(settings.args),
+                                     timeout_s=settings.timeout_s, ranks_per_node=settings.ranks_per_node,
+                                     kind=RunKind.SWEEP, expect_gpus=expected_gpus(chosen)))
             break
     return jobs
 

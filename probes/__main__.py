@@ -17,6 +17,7 @@ from typing import Any
 from probes.catalogue import CATALOGUE, PROBE_NAMES, ProbeName
 from probes.context import CommandModule, ProbeModule
 from probes.dist import LaunchError, detect_launch, node_name
+from probes.expect import parse_uuid_list
 from probes.options import int_at_least, positive_float
 from probes.report import emit, render, reserve_stdout
 from probes.result import Outcome, ProbeResult
@@ -54,9 +55,24 @@ def common_parser() -> argparse.ArgumentParser:
         "--expect-gpus",
         type=int_at_least(0),
         default=None,
-        help="GPUs every node must show (default: the node's rank count on CUDA, none on CPU)",
+        help="GPUs every node must show (default: the node's rank count on CUDA, none on CPU); "
+        "with N > 0 the probe never falls back to the CPU: a node with fewer GPUs fails (gpus_missing)",
+    )
+    g.add_argument(
+        "--expect-gpu-uuids",
+        type=_uuid_list,
+        default=(),
+        metavar="GPU-…,GPU-…",
+        help="the UUIDs the node's GPUs had when last seen: a missing GPU is named by its UUID",
     )
     return common
+
+
+def _uuid_list(text: str) -> tuple[str, ...]:
+    try:
+        return parse_uuid_list(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -25,6 +25,9 @@ class ProbeOutput:
     measurements: list[Measurement] = field(default_factory=list)
     checks: list[Check] = field(default_factory=list)
     params: dict[str, Any] = field(default_factory=dict)
+    skipped: str | None = None
+    """Why there was nothing to measure (a one-GPU node for an intra-node collective): the
+    outcome is ``skipped`` with this reason, unless a check failed."""
 
 
 @dataclass

@@ -23,6 +23,7 @@ from typing import Any
 from probes.catalogue import ProbeName
 from probes.context import ProbeContext, ProbeOutput
 from probes.dist import Backend, DeviceType, Launcher, LaunchInfo
+from probes.expect import missing, shortfall_text
 from probes.result import Check, DeviceInfo, Environment, Measurement, ProbeResult, RankInfo
 
 NAME = ProbeName.ENV
@@ -195,13 +196,16 @@ def ranks_per_node(ranks: Sequence[RankInfo]) -> dict[str, int]:
 
 
 def gpu_count_checks(
-    ranks: Sequence[RankInfo], expect: int | None, device_type: DeviceType
+    ranks: Sequence[RankInfo], expect: int | None, device_type: DeviceType, expected_uuids: Sequence[str] = ()
 ) -> tuple[list[Check], dict[str, int]]:
     """One ``env.gpu_count`` check per node, and the expectation used per node.
 
     ``expect`` None means: on CUDA, as many GPUs as the node has ranks; on CPU, no check.
+    ``expected_uuids`` (the node's GPUs when last seen, single-node runs): a node short of GPUs
+    names the ones missing.
     """
     visible = visible_gpus_per_node(ranks)
+    seen_uuids = {d.uuid for r in ranks for d in r.devices if d.uuid}
     local = ranks_per_node(ranks)
     checks: list[Check] = []
     expected: dict[str, int] = {}
@@ -211,9 +215,9 @@ def gpu_count_checks(
             continue
         expected[node] = want
         have = visible[node]
-        ok = have >= want
-        detail = f"{have} GPU(s) visible, {want} expected"
-        checks.append(Check(name="env.gpu_count", ok=ok, detail=detail, node=node))
+        gone = missing(expected_uuids, sorted(seen_uuids)) if have < want else []
+        checks.append(Check(name="env.gpu_count", ok=have >= want, detail=shortfall_text(have, want, gone),
+                            node=node, gpu_uuid=gone[0] if len(gone) == 1 else None))
     return checks, expected
 
 

@@ -6,7 +6,9 @@ and process group, so whoever kills this launcher's group kills them too; they a
 ``PR_SET_PDEATHSIG`` so they die if this process dies first. Rank 0 writes its JSON to a
 private file; this process re-emits it (``--output``/``--format``).
 
-The launcher never imports torch unless it must count GPUs. If rank 0 ends without a
+When the daemon expects GPUs (``--expect-gpus``) and this node shows fewer, no rank is started:
+the launcher writes the ``fail`` document itself (``probes.expect``). The launcher never imports
+torch unless it must count GPUs. If rank 0 ends without a
 document (crashed, or killed at the deadline), the launcher writes the ``error`` document
 itself, naming each rank that exited abnormally or was still running.
 """
@@ -33,6 +35,7 @@ from types import FrameType
 
 from probes.context import ProbeModule
 from probes.dist import LAUNCHER_ENV, node_name
+from probes.expect import missing_gpus_result
 from probes.report import emit, render, reserve_stdout
 from probes.result import Outcome, ProbeResult
 from probes.runner import RESULT_FILE_ENV, exit_code_of
@@ -161,6 +164,15 @@ def launcher_reason(children: Sequence[Child], timeout_s: float, rank0_silent: b
 def run_standalone(probe: ProbeModule, args: argparse.Namespace, argv: Sequence[str]) -> int:
     reserve_stdout()
     t0 = process_start_time()
+    if args.expect_gpus and args.device != "cpu":
+        missing = missing_gpus_result(
+            probe.NAME.value, run_id=args.run_id, node=node_name(), want=args.expect_gpus,
+            expected_uuids=args.expect_gpu_uuids, environ=os.environ, started_at=t0,
+            params={"backend": args.backend, "device": args.device, "timeout_s": args.timeout},
+        )
+        if missing is not None:
+            emit(render(missing, args.format, probe.format_table), args.output)
+            return exit_code_of(missing.outcome)
     deadline = t0 + float(args.timeout) - LAUNCHER_MARGIN_S
     nproc = args.nproc or default_nproc(args.device)
     args.nproc = nproc

@@ -587,7 +587,9 @@ def run(ctx: ProbeContext) -> ProbeOutput:
     scope: Scope = args.scope or ("node" if len(set(nodes)) == 1 else "group")
     plan = plan_groups(scope, nodes, [r.local_rank for r in ctx.ranks])
     if all(len(m) < 2 for m, _ in plan):
-        raise ValueError(f"scope {scope!r} gives groups of one rank here: nothing to measure")
+        one = "one GPU" if ctx.device_type == "cuda" else "one rank"
+        return ProbeOutput(params={"scope": scope},
+                           skipped=f"{one} per {'node' if scope == 'node' else 'group'}: nothing to measure")
     sizes: list[int] = args.sizes or list(GPU_SIZES if ctx.device_type == "cuda" else CPU_SIZES)
     dtype_name: str = args.dtype
     dtype = getattr(torch, dtype_name)

@@ -33,6 +33,7 @@ from probes.dist import (
     resolve_backend,
     resolve_device,
 )
+from probes.expect import shortfall_text
 from probes.faults import CRASH_EXIT_CODE, active_faults
 from probes.gpus import gpu_slot, name_check_gpus, node_gpus
 from probes.liveness import Liveness, diagnose, prefixed_client, tcp_store
@@ -114,11 +115,14 @@ class RankSession:
                 return 0
             checks = list(output.checks)
             outcome = outcome_of(checks)
+            reason = "; ".join(f"{c.name}: {c.detail}" for c in checks if not c.ok)
+            if outcome is Outcome.PASS and output.skipped:
+                outcome, reason = Outcome.SKIPPED, output.skipped
             result = ProbeResult(
                 probe=self.probe.NAME,
                 run_id=self.args.run_id,
                 outcome=outcome,
-                reason="; ".join(f"{c.name}: {c.detail}" for c in checks if not c.ok),
+                reason=reason,
                 started_at=self.t0,
                 finished_at=time.time(),
                 startup_seconds=(self.pg_ready_at - self.t0) if self.pg_ready_at else None,
@@ -249,8 +253,14 @@ def _run(session: RankSession) -> int:
     import torch
     import torch.distributed as dist
 
-    device_type = resolve_device(args.device, torch.cuda.is_available())
-    backend = resolve_backend(args.backend, device_type)
+    gpus_short = None
+    if args.expect_gpus and args.device != "cpu" and not torch.cuda.is_available():
+        # No CPU fallback on a GPU node: this rank reports the shortfall once the others can hear it.
+        # Fewer GPUs than expected but some: gpu_slot and the env.gpu_count check name them.
+        gpus_short = shortfall_text(0, args.expect_gpus, args.expect_gpu_uuids)
+    requested = "cuda" if args.expect_gpus and args.device == "auto" else args.device
+    device_type = resolve_device("cpu" if gpus_short else requested, torch.cuda.is_available())
+    backend = resolve_backend("gloo" if gpus_short else args.backend, device_type)
     session.device_type, session.backend = device_type, backend
     session.params.update({"backend": backend, "device": device_type})
     before_init = getattr(session.probe, "before_init", None)
@@ -287,6 +297,8 @@ def _run(session: RankSession) -> int:
     session.liveness = liveness
     liveness.start(session.on_peer_failure, session.on_leader_lost)
     liveness.mark("init")
+    if gpus_short:
+        session.fail(gpus_short)
 
     pg_timeout = session.rank_deadline.remaining() - COLLECTIVE_TIMEOUT_LEAD_S
     init_process_group(
@@ -350,7 +362,8 @@ def _run(session: RankSession) -> int:
     output = session.probe.run(ctx)
     liveness.mark("probe.end")
     dist.barrier(group=meta)  # every rank got through the probe before a document says so
-    env_checks, expected = env_probe.gpu_count_checks(session.ranks, args.expect_gpus, device_type)
+    env_checks, expected = env_probe.gpu_count_checks(session.ranks, args.expect_gpus, device_type,
+                                                      args.expect_gpu_uuids)
     output.checks[:0] = env_checks
     output.checks = name_check_gpus(output.checks, session.ranks)
     if expected:

@@ -47,7 +47,8 @@ def make_backend(settings: Settings, *, runs_probes: bool = True) -> ClusterBack
                       if settings.backend == "auto" else "backend = 'local'")
             require_probe_python(settings.local.python, f"{chosen} runs the probes on this machine")
         return LocalBackend(
-            node_name=settings.local.node_name, python=settings.local.python, ranks=settings.local.ranks
+            node_name=settings.local.node_name, python=settings.local.python, ranks=settings.local.ranks,
+            gpus=settings.local.gpus, node_class=settings.local.node_class,
         )
     try:
         from healthd.cluster.slurm import SlurmBackend  # type: ignore[import-not-found,unused-ignore]

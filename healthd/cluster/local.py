@@ -15,18 +15,20 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from healthd.cluster.base import BackendTraits
 from healthd.config import Settings
 from healthd.errors import BackendError, CommandTimeout, ConfigError, HealthdError
+from healthd.jobs import expectation_args
 from healthd.logging import get_logger
 from healthd.model import JobState, JobStatus, Node, ProbeJob
-from healthd.node_class import LOCAL_CLASS
+from healthd.node_class import DEFAULT_CLASS, gpu_type_of
 from healthd.process import kill_group, run
 from probes.catalogue import probe_spec
+from probes.gpus import NodeGpu, node_gpus
 
 log = get_logger(__name__)
 
@@ -45,7 +47,7 @@ def probe_argv(python: Path | str, job: ProbeJob, result_path: Path | None, *, r
     nproc = job.ranks_per_node or ranks
     if (spec := probe_spec(job.probe)) is not None and spec.local_ranks and nproc is not None:
         argv += ["--nproc", str(nproc)]
-    return argv + list(job.args)
+    return argv + expectation_args(job) + list(job.args)
 
 
 def torch_problem(python: Path, *, timeout_s: float = TORCH_CHECK_TIMEOUT_S) -> str | None:
@@ -84,11 +86,28 @@ def require_probe_python(python: Path, use: str) -> None:
         )
 
 
-def count_local_gpus() -> int:
-    try:
-        return len(os.listdir("/proc/driver/nvidia/gpus"))
-    except OSError:
-        return 0
+GPU_REDISCOVER_S = 300.0
+"""How often the local backend lists this machine's GPUs again (``nvidia-smi -L`` or NVML)."""
+
+
+@dataclass(frozen=True)
+class LocalGpus:
+    """What this machine must have, from its GPUs as listed and the ``[local]`` settings (pure)."""
+
+    count: int
+    """GPUs every probe must find: ``[local] gpus``, else the most ever listed by this daemon."""
+    gpu_type: str | None
+    node_class: str
+
+    @classmethod
+    def of(cls, most_listed: Sequence[NodeGpu], *, gpus: int | None = None, node_class: str | None = None
+           ) -> LocalGpus:
+        """``most_listed``: the largest listing seen so far (a GPU that fell off the bus stays expected)."""
+        count = len(most_listed) if gpus is None else gpus
+        gpu_type = gpu_type_of(most_listed[0].name) if most_listed and most_listed[0].name else None
+        if node_class is None:
+            node_class = f"{gpu_type or 'gpu'}x{count}" if count else DEFAULT_CLASS
+        return cls(count, gpu_type if count else None, node_class)
 
 
 @dataclass
@@ -105,7 +124,9 @@ class LocalBackend:
     name = "local"
 
     def __init__(
-        self, *, node_name: str, python: Path, ranks: int | None = None, env: dict[str, str] | None = None
+        self, *, node_name: str, python: Path, ranks: int | None = None, env: dict[str, str] | None = None,
+        gpus: int | None = None, node_class: str | None = None,
+        list_gpus: Callable[[], list[NodeGpu]] = node_gpus,
     ) -> None:
         self.node_name = node_name
         self.python = python
@@ -114,7 +135,24 @@ class LocalBackend:
         self._jobs: dict[str, _Running] = {}
         self._finished: dict[str, JobStatus] = {}
         self._lock = threading.Lock()
-        self._gpus = count_local_gpus()
+        self._gpus_setting, self._class_setting, self._list_gpus = gpus, node_class, list_gpus
+        self._most_listed: list[NodeGpu] = []
+        self._listed_at = float("-inf")
+        self.gpus = self._discover()
+
+    def _discover(self) -> LocalGpus:
+        """This machine's GPUs, listed again every ``GPU_REDISCOVER_S`` (the largest listing is kept)."""
+        now = time.monotonic()
+        if now - self._listed_at >= GPU_REDISCOVER_S:
+            self._listed_at = now
+            listed = self._list_gpus()
+            if len(listed) > len(self._most_listed):
+                if self._most_listed:
+                    log.info("local_gpus_more", before=len(self._most_listed), now=len(listed))
+                self._most_listed = listed
+            elif len(listed) < len(self._most_listed):
+                log.warning("local_gpus_fewer", expected=len(self._most_listed), listed=len(listed))
+        return LocalGpus.of(self._most_listed, gpus=self._gpus_setting, node_class=self._class_setting)
 
     def traits(self, settings: Settings) -> BackendTraits:
         return BackendTraits(max_jobs_in_flight=settings.local.max_concurrent, probes_in_daemon=True,
@@ -123,14 +161,16 @@ class LocalBackend:
     def list_nodes(self) -> list[Node]:
         with self._lock:
             busy = any(r.proc.poll() is None for r in self._jobs.values())
+        self.gpus = self._discover()
         return [
             Node(
                 name=self.node_name,
                 state="allocated" if busy else "idle",
                 partitions=("local",),
-                gpus=self._gpus,
+                gpus=self.gpus.count,
+                gpu_type=self.gpus.gpu_type,
                 cpus=os.cpu_count(),
-                node_class=LOCAL_CLASS,
+                node_class=self.gpus.node_class,
             )
         ]
 

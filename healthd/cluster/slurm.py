@@ -36,7 +36,7 @@ from healthd.errors import BackendError, PolicyRefused, SlurmError
 from healthd.jobs import Launcher, LaunchSettings, render_batch_script, run_id_from_job_name
 from healthd.logging import get_logger
 from healthd.model import JobStatus, Node, ProbeJob, RunKind, validate_node_name
-from healthd.node_class import class_of
+from healthd.node_class import classed
 from probes.catalogue import probe_spec
 
 log = get_logger(__name__)
@@ -170,7 +170,7 @@ class SlurmBackend:
                              runs_jobs_on_drained=True)
 
     def list_nodes(self) -> list[Node]:
-        nodes = [replace(n, node_class=class_of(n, self.node_classes)) for n in self.client.nodes()]
+        nodes = [classed(n, self.node_classes) for n in self.client.nodes()]
         self._gpus = {n.name: n.gpus for n in nodes}
         self._classes = {n.name: n.node_class for n in nodes if n.node_class}
         return nodes

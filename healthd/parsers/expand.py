@@ -12,7 +12,8 @@ even when its all_reduce passed.
 ``params['raw_outputs']``; this parses it with ``healthd.parsers.nccl_tests`` and returns the
 result with measurements, checks and an outcome that takes the parsed output into account.
 
-``expand_result`` is what the daemon applies to every result it reads: the above, and the
+``expand_result`` is what the daemon applies to every result it reads: the device rules of
+``healthd.parsers.devices`` (no CPU run of a GPU node), the above, and the
 ``nccl`` probe's captured NCCL debug lines turned into its network path and judged against the
 expected transport (``healthd.parsers.nccl_transport.expand_nccl_transport``).
 """
@@ -24,6 +25,7 @@ from typing import Any
 
 from healthd.errors import ParseError
 from healthd.parsers import nccl_tests
+from healthd.parsers.devices import device_rules
 from healthd.parsers.nccl_transport import expand_nccl_transport
 from probes.result import Check, Measurement, Outcome, ProbeResult
 
@@ -307,5 +309,6 @@ def expand_nccl_tests_result(result: ProbeResult) -> ProbeResult:
 def expand_result(result: ProbeResult) -> ProbeResult:
     """Everything the daemon derives from a probe's raw captures: ``expand_nccl_tests_result``
     (``nccl_tests`` probe) and ``expand_nccl_transport`` (``nccl`` probe); any other result is
-    returned unchanged."""
-    return expand_nccl_transport(expand_nccl_tests_result(result))
+    returned unchanged; first, ``healthd.parsers.devices.device_rules`` (a GPU node's CPU run keeps no
+    figure and fails; a one-GPU node's intra-node NCCL is ``skipped``)."""
+    return expand_nccl_transport(expand_nccl_tests_result(device_rules(result)))
