@@ -20,14 +20,18 @@ from healthd.planning import DAY_S, budget_limit_gpu_s
 
 
 def full_check_times(nodes: Iterable[str], probes: Iterable[str],
-                     last_judged: Mapping[tuple[str, str], float]) -> dict[str, float]:
+                     last_judged: Mapping[tuple[str, str], float],
+                     one_gpu: Iterable[str] = (), between_gpus: Iterable[str] = ()) -> dict[str, float]:
     """Per node fully checked at least once: when (the oldest of its newest judged runs, one per
-    probe in ``probes``). Nodes missing a judged run of any of them are left out."""
+    probe in ``probes``). Nodes missing a judged run of any of them are left out. A node in
+    ``one_gpu`` needs none of the probes in ``between_gpus`` (single-node probes measuring between a
+    node's GPUs: on one GPU they have nothing to measure and report ``skipped``)."""
     wanted = sorted(set(probes))
+    single, skip = set(one_gpu), set(between_gpus)
     out: dict[str, float] = {}
     for node in nodes:
-        times = [last_judged.get((node, p)) for p in wanted]
-        if wanted and all(t is not None for t in times):
+        times = [last_judged.get((node, p)) for p in wanted if not (node in single and p in skip)]
+        if times and all(t is not None for t in times):
             out[node] = min(t for t in times if t is not None)
     return out
 
@@ -66,6 +70,8 @@ class CoverageInputs:
     spent_gpu_s: float
     max_gpu_hours_per_day: float | None
     max_share: float | None
+    between_gpus: tuple[str, ...] = ()
+    """Enabled single-node probes a one-GPU node does not need (``full_check_times``)."""
 
 
 class CoverageCollector(Collector):
@@ -102,7 +108,8 @@ class CoverageCollector(Collector):
 
     @staticmethod
     def _build(x: CoverageInputs) -> Iterator[Metric]:
-        checks = full_check_times((n.name for n in x.nodes), x.enabled_probes, x.last_judged)
+        checks = full_check_times((n.name for n in x.nodes), x.enabled_probes, x.last_judged,
+                                  one_gpu=(n.name for n in x.nodes if n.gpus == 1), between_gpus=x.between_gpus)
         last = GaugeMetricFamily("healthd_node_last_full_check_timestamp_seconds",
                                  "When the node was last fully checked: every enabled probe had passed or been"
                                  " judged (the oldest of its newest judged runs, one per enabled probe)",

@@ -51,6 +51,7 @@ from healthd.sdnotify import Notifier
 from healthd.store import Store
 from healthd.store.rows import RunRow
 from healthd.webconfig import BasicAuth, WebConfig, load_web_config
+from probes.catalogue import probe_spec
 
 log = get_logger(__name__)
 _Output = TypeVar("_Output")
@@ -123,6 +124,8 @@ class Daemon:
         return CoverageInputs(
             now=now, nodes=tuple(self.store.nodes()),
             enabled_probes=tuple(name for name, p in s.probes.items() if p.enabled),
+            between_gpus=tuple(name for name, p in s.probes.items() if p.nodes_per_job == 1
+                               and (spec := probe_spec(name)) is not None and spec.between_gpus),
             last_judged=self.store.last_judged(), spent_gpu_s=self.store.gpu_seconds_since(now - DAY_S),
             max_gpu_hours_per_day=s.budget.max_gpu_hours_per_day, max_share=s.budget.max_share,
         )

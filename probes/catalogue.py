@@ -32,11 +32,14 @@ class ProbeSpec:
     """Its ranks measure together: the local backend starts ``--nproc`` of them."""
     expect_transport: bool = False
     """Takes ``--expect-transport`` (the NCCL networks allowed, from the settings)."""
+    between_gpus: bool = False
+    """Measures between the GPUs of a node when it runs on one node: a one-GPU node has nothing to
+    measure (the probe reports ``skipped``) and is fully checked without it."""
 
 
 CATALOGUE: Mapping[ProbeName, ProbeSpec] = MappingProxyType({spec.name: spec for spec in (
     ProbeSpec(ProbeName.ENV),
-    ProbeSpec(ProbeName.NCCL, local_ranks=True, expect_transport=True),
+    ProbeSpec(ProbeName.NCCL, local_ranks=True, expect_transport=True, between_gpus=True),
     ProbeSpec(ProbeName.GEMM),
     ProbeSpec(ProbeName.DDP, local_ranks=True),
     ProbeSpec(ProbeName.NCCL_TESTS, torch=False),

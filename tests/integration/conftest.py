@@ -27,10 +27,20 @@ import pytest
 from healthd.cluster.slurm_argv import Release
 from healthd.cluster.slurm_cli import CommandObserver, OutputMode, SlurmCli, SlurmCommands
 from healthd.cluster.slurm_parse import parse_version
+from healthd.config import NodeClassRule
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_SCRIPT = REPO / "scripts" / "slurm-test-cluster.sh"
 NO_CLUSTER = "no Slurm test cluster: run scripts/slurm-test-cluster.sh start and eval its env"
+FAKE_GPU_CLASSES = (NodeClassRule(name="tgpux2", gpu_type="tgpu", expect_gpus=0),)
+"""The test cluster's GRES ``gpu:tgpu:2`` are character devices, not CUDA GPUs: this rule (as a site
+would write it for GRES that are no GPUs) lets the probes run on the CPU there. Without it every probe
+of those nodes is ``fail``/``gpus_missing`` (``test_daemon_slurm``: the defaults)."""
+FAKE_GPU_CLASSES_TOML = """[[slurm.node_classes]]
+name = "tgpux2"
+gpu_type = "tgpu"
+expect_gpus = 0
+"""
 
 
 @dataclass(frozen=True)

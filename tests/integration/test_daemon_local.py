@@ -163,3 +163,39 @@ def test_probe_on_demand_through_the_local_daemon(tmp_path: Path, daemon_factory
     assert report["testnode"]["state"] == "launched" and report["testnode"]["outcome"] == "pass", report
     runs = json.loads(get(port, "/api/v1/runs")[1])["runs"]
     assert any(r["run_id"] == report["testnode"]["run_id"] and r["probe"] == "env" for r in runs)
+
+
+def test_a_gpu_class_without_gpus_fails_as_gpus_missing_never_as_a_cpu_run(tmp_path: Path,
+                                                                           daemon_factory: object) -> None:
+    """This CPU machine configured as a one-GPU node (``[local] node_class``, ``gpus = 1``), as an H100
+    node whose GPU fell off the bus would be: every probe is ``fail``/``gpus_missing`` (the probe is told
+    to expect 1 GPU and does not fall back to the CPU), the node's drain is recommended naming the fault,
+    and no CPU figure is stored or exported as a GPU series."""
+    port = free_port()
+    extra = "[probes.env]\ninterval_s = 3600\ntimeout_s = 120\n"
+    config = write_config(tmp_path, port, extra=extra)
+    config.write_text(config.read_text().replace("ranks = 2\n", 'ranks = 2\nnode_class = "testgpux1"\ngpus = 1\n'))
+    daemon = daemon_factory(config, port)  # type: ignore[operator]
+    daemon.wait_http()
+
+    def recommended() -> list[dict[str, object]]:
+        return list(json.loads(get(port, "/api/v1/recommendations")[1])["recommendations"])
+
+    deadline = time.time() + 150
+    while not recommended() and time.time() < deadline:
+        time.sleep(0.5)
+    (rec,) = recommended()
+    assert rec["node"] == "testnode" and rec["reason_code"] == "gpus_missing", rec
+    assert "0 GPU(s) visible, 1 expected" in str(rec["text"]) + json.dumps(rec["evidence"]), rec
+    text = get(port, "/metrics")[1]
+    samples = [(s.name, s.labels, s.value) for family in text_string_to_metric_families(text) for s in family.samples]
+    assert any(n == "healthd_node_info" and lab.get("node_class") == "testgpux1" for n, lab, _ in samples)
+    runs = json.loads(get(port, "/api/v1/runs")[1])["runs"]
+    finished = [r for r in runs if r["state"] == "finished"]
+    assert finished and all(r["outcome"] == "fail" and "0 GPU(s) visible, 1 expected" in r["reason"]
+                            for r in finished), finished
+    figures = [(n, lab) for n, lab, _ in samples
+               if n.startswith(("healthd_gemm_", "healthd_nccl_", "healthd_ddp_", "healthd_baseline_"))]
+    assert figures == [], figures
+    verdicts = {lab["probe"]: lab["outcome"] for n, lab, v in samples if n == "healthd_node_verdict" and v == 1}
+    assert verdicts and set(verdicts.values()) == {"fail"}, verdicts

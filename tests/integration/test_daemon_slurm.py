@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.conftest import SlurmTestCluster
+from tests.integration.conftest import FAKE_GPU_CLASSES_TOML, SlurmTestCluster
 from tests.integration.daemons import DaemonProc, free_port, get
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -39,6 +39,7 @@ python = "{sys.executable}"
 max_idle_share = 1.0
 command_timeout_s = 20
 {slurm_extra}
+{FAKE_GPU_CLASSES_TOML}
 {probes}
 [logging]
 format = "json"
@@ -94,7 +95,12 @@ def start(tmp_path: Path, config: Path, port: int, env: dict[str, str]) -> Daemo
 
 def test_with_defaults_probes_both_idle_nodes_and_nothing_else(tmp_path: Path, cluster: SlurmTestCluster) -> None:
     """One busy, one drained by someone else, one maintenance-reserved and two idle nodes, healthd with its
-    defaults: both idle nodes are probed within 2 minutes, nothing is submitted to the other three."""
+    defaults: both idle nodes are probed within 2 minutes, nothing is submitted to the other three.
+
+    With the defaults the nodes' GRES (``gpu:tgpu:2``) are taken at their word: every probe must find 2
+    GPUs, and these nodes have none a probe can use (no CUDA here), exactly like a node whose GPUs fell
+    off the bus. Every run is ``fail``/``gpus_missing`` (never a CPU run: no figure is exported), and
+    the default ``recommend`` mode recommends draining both idle nodes for it, naming the fault."""
     user = cluster.command("sbatch", "--parsable", "-J", "user-training", "-w", "node1", "--exclusive",
                            "-o", "/dev/null", "--wrap", "sleep 300")
     assert user.returncode == 0, user.stderr
@@ -119,16 +125,26 @@ def test_with_defaults_probes_both_idle_nodes_and_nothing_else(tmp_path: Path, c
         print(f"both idle nodes probed {time.time() - started:.0f} s after start")
         assert probed() == {"node4", "node5"}, runs(port)
         done = wait(lambda: [r for r in runs(port) if r["state"] == "finished"], 180, "a finished run", daemon)
-        assert all(r["outcome"] == "pass" for r in done), done  # type: ignore[attr-defined]
+        assert all(r["outcome"] == "fail" and "gpus_missing" in r["reason"] and "2 expected" in r["reason"]
+                   for r in done), done  # type: ignore[attr-defined]
         assert probed() == {"node4", "node5"}, runs(port)
+
+        def recommended() -> dict[str, str]:
+            doc = json.loads(get(port, "/api/v1/recommendations")[1])
+            return {r["node"]: r["reason_code"] for r in doc["recommendations"]}
+
+        assert wait(lambda: recommended().keys() == {"node4", "node5"}, 240, "both drains recommended",
+                    daemon)
+        assert set(recommended().values()) == {"gpus_missing"}, recommended()
+        assert "Reason=healthd" not in cluster.command("scontrol", "-o", "show", "node", "node4").stdout
         assert "healthd." not in cluster.command("squeue", "-h", "-w", "node1,node2,node3", "-o", "%j").stdout
         reason = cluster.command("scontrol", "-o", "show", "node", "node2").stdout
         assert "Reason=hw: bad PSU ticket 42" in reason
         values = samples(get(port, "/metrics")[1])
         assert ("healthd_slurm_up", {}, 1.0) in values
         assert ("healthd_node_info", {"node": "node4", "node_class": "tgpux2", "gpu_type": "tgpu"}, 1.0) in values
-        assert not any(n.startswith("healthd_gemm_") and lab.get("node") in ("node1", "node2", "node3")
-                       for n, lab, _ in values)
+        assert not any(n.startswith(("healthd_gemm_", "healthd_ddp_", "healthd_nccl_")) and
+                       not n.startswith("healthd_nccl_tests") for n, lab, _ in values), "a figure without GPUs"
     finally:
         daemon.kill()
 

@@ -30,7 +30,7 @@ from healthd.model import Outcome, ProbeJob, RunKind
 from healthd.planning import PlanLimits, new_run_id, plan
 from healthd.remediation import Remediator
 from healthd.store import Store
-from tests.integration.conftest import SlurmTestCluster, wait_for
+from tests.integration.conftest import FAKE_GPU_CLASSES, SlurmTestCluster, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 ARGS = ("--sizes", "64K", "--warmup", "1", "--iters", "3")
@@ -42,7 +42,7 @@ class Rig:
         self.results = tmp_path / "results"
         env = (("HEALTHD_PROBE_FAULT", fault),) if fault else ()
         self.backend = SlurmBackend(cluster.cli(), LaunchSettings(python=sys.executable, results_dir=self.results,
-                                                                  env=env))
+                                                                  env=env), node_classes=FAKE_GPU_CLASSES)
         self.store = Store(tmp_path / "s.sqlite")
         self.judge = Judge(JudgeSettings())
         self.remediator = Remediator(self.store, self.backend, RemediationSettings(mode="enforce"))

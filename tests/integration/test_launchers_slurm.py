@@ -66,6 +66,7 @@ command_timeout_s = 20
 name = "testgpu"
 gpu_type = "tgpu"
 expected_transport = ["IB"]
+expect_gpus = 0
 {class_launcher}
 """)
     daemon = DaemonProc(config, port, tmp_path / "daemon.log")

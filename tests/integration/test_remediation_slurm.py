@@ -26,7 +26,7 @@ from healthd.parsers.healthd_json import parse_result
 from healthd.planning import PlanLimits, new_run_id, plan
 from healthd.remediation import Remediator
 from healthd.store import Store
-from tests.integration.conftest import SlurmTestCluster, wait_for
+from tests.integration.conftest import FAKE_GPU_CLASSES, SlurmTestCluster, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 PROBES = {"gemm": ProbeSettings(interval_s=3600.0, timeout_s=120.0)}
@@ -36,9 +36,11 @@ class Rig:
     def __init__(self, cluster: SlurmTestCluster, tmp_path: Path, **remediation: object) -> None:
         self.cluster = cluster
         self.results = tmp_path / "results"
-        self.good = SlurmBackend(cluster.cli(), LaunchSettings(python=sys.executable, results_dir=self.results))
+        self.good = SlurmBackend(cluster.cli(), LaunchSettings(python=sys.executable, results_dir=self.results),
+                                 node_classes=FAKE_GPU_CLASSES)
         self.bad = SlurmBackend(cluster.cli(), LaunchSettings(python=sys.executable, results_dir=self.results,
-                                                             env=(("HEALTHD_PROBE_FAULT", "corrupt:0"),)))
+                                                             env=(("HEALTHD_PROBE_FAULT", "corrupt:0"),)),
+                                node_classes=FAKE_GPU_CLASSES)
         self.store = Store(tmp_path / "s.sqlite")
         self.judge = Judge(JudgeSettings())
         settings = RemediationSettings(mode="enforce", **remediation)

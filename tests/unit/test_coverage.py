@@ -24,6 +24,15 @@ def test_full_check_is_the_oldest_newest_judged_run_of_every_enabled_probe() -> 
     assert full_check_times(["a"], [], judged) == {}
 
 
+def test_a_one_gpu_node_is_fully_checked_without_the_probes_between_its_gpus() -> None:
+    """On one GPU the intra-node nccl probe has nothing to measure (``skipped``, never judged): the
+    node's full check needs every other enabled probe only."""
+    judged = {("one", "gemm"): 500.0, ("one", "ddp"): 400.0, ("eight", "gemm"): 500.0, ("eight", "ddp"): 400.0}
+    probes = ["ddp", "gemm", "nccl"]
+    assert full_check_times(["one", "eight"], probes, judged, one_gpu=["one"], between_gpus=["nccl"]) == {"one": 400.0}
+    assert full_check_times(["one"], probes, judged) == {}
+
+
 def test_coverage_per_class_and_in_all() -> None:
     nodes = [Node("a", "idle", node_class="h100"), Node("b", "allocated", node_class="h100"),
              Node("c", "idle", node_class="a100"), Node("d", "idle")]
