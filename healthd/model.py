@@ -63,6 +63,10 @@ class Node:
     """GPUs the probes must find on the node when its class says otherwise than ``gpus`` (a rule's
     ``expect_gpus``); ``None``: ``gpus``. Set by the backend, not stored."""
 
+    gpu_uuids: tuple[str, ...] = ()
+    """The UUIDs the node's GPUs had when last seen (the local backend's listing, or the store's
+    inventory): a probe that finds fewer GPUs names the missing ones. Not stored with the node."""
+
     @property
     def required_gpus(self) -> int:
         """The GPUs every probe on this node must find (``--expect-gpus``): fewer is ``gpus_missing``."""

@@ -214,6 +214,7 @@ def _job(probe: str, nodes: tuple[Node, ...], settings: ProbeSettings, make_run_
         ranks_per_node=settings.ranks_per_node,
         kind=kind,
         expect_gpus=expected_gpus(nodes),
+        expect_gpu_uuids=nodes[0].gpu_uuids if len(nodes) == 1 and expected_gpus(nodes) else (),
     )
 
 

@@ -86,6 +86,18 @@ def require_probe_python(python: Path, use: str) -> None:
         )
 
 
+def discover_gpus() -> list[NodeGpu]:
+    """This machine's GPUs: ``nvidia-smi -L``, else NVML, else (no names, no UUIDs) one per entry of
+    ``/proc/driver/nvidia/gpus``, where the driver is loaded but neither tool is installed."""
+    listed = node_gpus()
+    if listed:
+        return listed
+    try:
+        return [NodeGpu(i, "") for i, _ in enumerate(sorted(os.listdir("/proc/driver/nvidia/gpus")))]
+    except OSError:
+        return []
+
+
 GPU_REDISCOVER_S = 300.0
 """How often the local backend lists this machine's GPUs again (``nvidia-smi -L`` or NVML)."""
 
@@ -126,7 +138,7 @@ class LocalBackend:
     def __init__(
         self, *, node_name: str, python: Path, ranks: int | None = None, env: dict[str, str] | None = None,
         gpus: int | None = None, node_class: str | None = None,
-        list_gpus: Callable[[], list[NodeGpu]] = node_gpus,
+        list_gpus: Callable[[], list[NodeGpu]] = discover_gpus,
     ) -> None:
         self.node_name = node_name
         self.python = python
@@ -171,6 +183,7 @@ class LocalBackend:
                 gpu_type=self.gpus.gpu_type,
                 cpus=os.cpu_count(),
                 node_class=self.gpus.node_class,
+                gpu_uuids=tuple(g.uuid for g in self._most_listed if g.uuid),
             )
         ]
 

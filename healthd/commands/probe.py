@@ -47,19 +47,18 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 
 def cmd_probe_here(args: argparse.Namespace) -> int:
-    from healthd.cluster.local import LocalGpus, probe_argv, require_probe_python
+    from healthd.cluster.local import LocalGpus, discover_gpus, probe_argv, require_probe_python
     from healthd.model import ProbeJob
     from healthd.parsers.expand import expand_result
     from healthd.parsers.healthd_json import parse_result
     from healthd.planning import new_run_id
     from healthd.process import run
-    from probes.gpus import node_gpus
 
     settings, _ = settings_from(args)
     require_probe_python(settings.local.python, f"healthd probe runs {args.name} on this machine")
     timeout = args.timeout or settings.probes.get(args.name, ProbeSettings()).timeout_s
     extra = [a for a in args.probe_args if a != "--"]
-    gpus = LocalGpus.of(node_gpus(), gpus=settings.local.gpus, node_class=settings.local.node_class)
+    gpus = LocalGpus.of(discover_gpus(), gpus=settings.local.gpus, node_class=settings.local.node_class)
     job = ProbeJob(run_id=new_run_id(), probe=args.name, nodes=(settings.local.node_name,),
                    args=tuple(extra), timeout_s=timeout, expect_gpus=gpus.count or None)
     argv = probe_argv(settings.local.python, job, None, ranks=settings.local.ranks)

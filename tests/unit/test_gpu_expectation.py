@@ -39,9 +39,13 @@ def test_the_local_backend_keeps_expecting_a_gpu_that_fell_off_the_bus(tmp_path:
     backend = LocalBackend(node_name="vm", python=Path("python3"), list_gpus=lambda: listings.pop(0))
     (node,) = backend.list_nodes()
     assert (node.gpus, node.node_class, node.required_gpus) == (2, "nvidia_h100_80gb_hbm3x2", 2)
+    assert node.gpu_uuids == ("GPU-a", "GPU-b")
     backend._listed_at = float("-inf")  # the next rediscovery is due: it lists one GPU fewer
     (node,) = backend.list_nodes()
-    assert node.required_gpus == 2 and listings == []
+    assert node.required_gpus == 2 and node.gpu_uuids == ("GPU-a", "GPU-b") and listings == []
+    (job,) = plan([node], probes={"gemm": ProbeSettings()}, last_attempts={}, busy_nodes=(), in_flight=0, now=0.0,
+                  limits=PlanLimits())
+    assert (job.expect_gpus, job.expect_gpu_uuids) == (2, ("GPU-a", "GPU-b"))
 
 
 def test_a_class_rule_can_say_the_gres_are_not_gpus() -> None:
