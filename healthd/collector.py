@@ -165,10 +165,18 @@ def log_tail(result_path: Path, *, owner: int | None = None) -> str:
     return " | ".join((causes or lines)[-LOG_TAIL_LINES:])
 
 
+CLAMP_WARN_S = 2.0
+"""A clamp of a result's times by more than this is a clock off (warning ``result_times_clamped``); a
+smaller one is the resolution of the sources (logged at debug): a probe's start is read from /proc in
+10 ms ticks and may fall a few ms before the run's submission on the local backend, and Slurm's job
+times are whole seconds, so a result written in the job's last second ends after its end time."""
+
+
 def trusted(result: ProbeResult, run: RunRow, job: JobStatus | None, now: float) -> ProbeResult:
     """``result`` as far as it may speak for ``run`` (pure): it names the run, only the run's nodes (in
     ``nodes``, measurements and checks), and its times are clamped into the job's life, from its
     submission to its end (or ``now``), so a clock far off never makes a run the node's last for ever.
+    Only a clamp by more than ``CLAMP_WARN_S`` is a warning.
 
     :raises ParseError: a result without the run's ``run_id``, or naming a node outside the run.
     """
@@ -186,8 +194,10 @@ def trusted(result: ProbeResult, run: RunRow, job: JobStatus | None, now: float)
     finished = min(max(result.finished_at, started), high)
     if (started, finished) == (result.started_at, result.finished_at):
         return result
-    log.warning("result_times_clamped", started_at=result.started_at, finished_at=result.finished_at,
-                to=(started, finished))
+    by = max(abs(started - result.started_at), abs(finished - result.finished_at))
+    (log.warning if by > CLAMP_WARN_S else log.debug)(
+        "result_times_clamped", started_at=result.started_at, finished_at=result.finished_at, to=(started, finished),
+        by_s=round(by, 3))
     return result.model_copy(update={"started_at": started, "finished_at": finished})
 
 

@@ -213,7 +213,8 @@ class Daemon:
         job that started since is seen, so the window between the read and sbatch is one query long.
         A probe that still pends has lost its node to a user (the collector cancels it after
         ``pending_timeout_s``): it keeps its nodes out of the plan but no longer counts against
-        the in-flight cap, so it never holds up probes of other idle nodes.
+        the in-flight cap, so it never holds up probes of other idle nodes; nor does it count in the
+        idle share once its node is no longer idle (``plan``'s ``pending_nodes``).
         """
         if not self.backend_up:
             log.info("plan_skipped", why="the backend is down")
@@ -239,6 +240,7 @@ class Daemon:
             now=now,
             limits=limits,
             priority=priority,
+            pending_nodes={n for r in runs if r.state == "submitted" for n in r.nodes},
         )
         if in_flight + len(jobs) < limits.max_jobs_in_flight:
             jobs += plan_sweep(

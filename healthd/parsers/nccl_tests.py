@@ -1215,7 +1215,7 @@ def _run_measurements(run: NcclTestRun, node: str | None) -> tuple[list[Measurem
                     continue
                 seen.add((name, key_labels))
                 out.append(Measurement(name=name, value=value, labels=dict(labels), node=node))
-    if run.avg_busbw_gbps is not None:
+    if run.avg_busbw_gbps is not None and math.isfinite(run.avg_busbw_gbps * 1e9):
         out.append(
             Measurement(
                 name="avg_busbw_bytes_per_second",

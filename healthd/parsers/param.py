@@ -58,6 +58,24 @@ def _to_float(token: str) -> float | None:
         return None
 
 
+MAX_COUNT = 2**53
+"""The largest shape or count column (M, N, K, features, batch...) a compute row may have: above it a
+float no longer holds every whole number, and products such as ``2*M*N*K`` leave the float range."""
+
+
+def _counts(values: list[float], lineno: int, table: str, columns: tuple[str, ...]) -> list[int]:
+    """The leading ``columns`` of a row as whole numbers in ``[0, MAX_COUNT]``; ``ParseError`` otherwise."""
+    out: list[int] = []
+    for name, value in zip(columns, values, strict=False):
+        if not (0 <= value <= MAX_COUNT and value == int(value)):
+            raise ParseError(
+                f"param compute: line {lineno}: {table} column {name} must be a whole number "
+                f"from 0 to 2**53, got {value!r}"
+            )
+        out.append(int(value))
+    return out
+
+
 # =========================================================================== comms
 
 
@@ -417,8 +435,9 @@ _TABLE_ROW = re.compile(r"^\s*\d{1,20},")
 
 def parse_param_compute(text: str) -> ComputeOutput:
     """Parse ``driver.py``/``pytorch_gemm.py``/``pytorch_emb.py``/``pytorch_linear.py``
-    output. Raises ``ParseError`` when no table is found or a table row does not have its
-    table's column count (message names the line)."""
+    output. Raises ``ParseError`` when no table is found, a table row does not have its
+    table's column count, or a shape or count column is not a whole number up to ``MAX_COUNT``
+    (message names the line)."""
     if not isinstance(text, str):
         raise ParseError(f"param compute: expected text (str), got {type(text).__name__}")
     kernel: Kernel | None = None
@@ -465,24 +484,13 @@ def parse_param_compute(text: str) -> ComputeOutput:
                 f"param compute: line {lineno}: expected {expected} values in a {table} row, got {len(values)}"
             )
         if table == "gemm":
-            gemm.append(
-                GemmRow(lineno, int(values[0]), int(values[1]), int(values[2]), values[3], values[4] * unit_scale, None)
-            )
+            dims = _counts(values, lineno, table, ("M", "N", "K"))
+            gemm.append(GemmRow(lineno, dims[0], dims[1], dims[2], values[3], values[4] * unit_scale, None))
         elif table == "emb":
-            emb.append(
-                EmbRow(
-                    lineno,
-                    int(values[0]),
-                    int(values[1]),
-                    int(values[2]),
-                    int(values[3]),
-                    values[4],
-                    values[5],
-                    values[6],
-                )
-            )
+            features, embdim, nnz, batch = _counts(values, lineno, table, ("Features", "embdim", "nnz", "batch"))
+            emb.append(EmbRow(lineno, features, embdim, nnz, batch, values[4], values[5], values[6]))
         else:
-            ints = [int(v) for v in values[:5]]
+            ints = _counts(values, lineno, table, ("#Layer", "Input", "Hidden", "Output", "Batch"))
             linear.append(
                 LinearRow(lineno, ints[0], ints[1], ints[2], ints[3], ints[4], values[5], values[6], values[7])
             )

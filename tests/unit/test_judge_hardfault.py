@@ -73,6 +73,38 @@ def test_could_not_check_is_nobodys_fault(text: str) -> None:
     assert classify(text, PAIR) is None
 
 
+# Two ranks on one GPU (issue 26, on an H100 with NCCL 2.28.9): NCCL's init check
+# (`WARN("Duplicate GPU detected : rank %d and rank %d both on CUDA device %lx")`, then ncclInvalidUsage)
+# as torch raises it and as rank 1's diagnosis line carries it; then the NCCL_DEBUG=WARN line itself, and
+# NCCL 2.14, which returned ncclInternalError for the same check.
+DUPLICATE_GPU = ("rank 1 (node n1) failed in phase 'init': DistBackendError: NCCL error in: "
+                 "/pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:77, invalid usage (run with NCCL_DEBUG=WARN "
+                 "for details), NCCL version 2.28.9\nncclInvalidUsage: This usually reflects invalid usage of NCCL "
+                 "library.\nLast error:\nDuplicate GPU detected : rank 1 and rank 0 both on CUDA device 1000")
+DUPLICATE_GPU_WARN = ("n1:4242:4250 [0] init.cc:497 NCCL WARN Duplicate GPU detected : rank 1 and rank 0 both on "
+                      "CUDA device 1000")
+DUPLICATE_GPU_2_14 = ("rank 0 (node n1) failed in phase 'init': DistBackendError: NCCL error in: "
+                      "ProcessGroupNCCL.cpp:1275, internal error, NCCL version 2.14.3\nncclInternalError: Internal "
+                      "check failed.\nLast error:\nDuplicate GPU detected : rank 0 and rank 1 both on CUDA device 1000")
+
+
+@pytest.mark.parametrize("text", [DUPLICATE_GPU, DUPLICATE_GPU_WARN, DUPLICATE_GPU_2_14,
+                                  DUPLICATE_GPU + "; " + DUPLICATE_GPU.replace("rank 1 (node n1)", "rank 0 (node n1)")])
+@pytest.mark.parametrize("nodes", [("n1",), PAIR])
+def test_two_ranks_on_one_gpu_is_a_configuration_error_not_a_node_fault(text: str, nodes: tuple[str, ...]) -> None:
+    assert classify(text, nodes) is None
+    failed = JobStatus("1", JobState.FAILED, exit_code=1, nodes=nodes)
+    result = ProbeResult(probe="nccl", outcome=Outcome.ERROR, reason=text, started_at=0, finished_at=1,
+                         nodes=list(nodes))
+    assert outcome_of(failed, result, None, nodes) == (Outcome.ERROR, text)
+
+
+def test_an_nccl_failure_of_the_node_at_start_up_is_still_its_fault() -> None:
+    text = "rank 1 (node n2) failed in phase 'init': DistBackendError: NCCL error: unhandled system error"
+    fault = classify(text, PAIR)
+    assert fault is not None and (fault.code, fault.nodes) == (ReasonCode.NCCL_ERROR, ("n2",))
+
+
 def test_the_collector_sorts_node_faults_from_infrastructure() -> None:
     def error(reason: str, nodes: list[str]) -> ProbeResult:
         return ProbeResult(probe="nccl", outcome=Outcome.ERROR, reason=reason, started_at=0, finished_at=1,

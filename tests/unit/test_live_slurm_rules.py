@@ -73,6 +73,28 @@ def test_a_pending_probe_never_holds_up_probes_of_other_idle_nodes(fake: FakeSlu
         d.store.close()
 
 
+def test_a_probe_pending_on_a_node_a_user_took_leaves_the_idle_share_to_the_other_idle_nodes(
+        fake: FakeSlurmClient, tmp_path: Path) -> None:
+    """Issue 26: 4 nodes, 3 idle; the probe of the first pends because a user took its node. That node is
+    no longer idle: the next plan probes another idle node (it waited 90 s, until the cancel, before)."""
+    d = make_daemon(fake, tmp_path, max_concurrent_jobs=8, max_idle_share=0.25)
+    try:
+        fake.occupy("n4")
+        d.plan_and_launch()
+        (first,) = fake.jobs_by_id.values()
+        fake.occupy(first.nodes[0])  # a user's job took it right after our read
+        d.plan_and_launch()
+        assert len(fake.jobs_by_id) == 2 and first.state is JobState.PENDING
+        second = max(fake.jobs_by_id, key=int)
+        fake.start(second)
+        d.collect()
+        d.plan_and_launch()
+        assert len(fake.jobs_by_id) == 2  # our probe running on its node holds the share of 3 idle nodes
+    finally:
+        d.http._server.server_close()
+        d.store.close()
+
+
 def test_the_collector_cancels_a_probe_pending_past_its_timeout_as_skipped(fake: FakeSlurmClient,
                                                                             tmp_path: Path) -> None:
     d = make_daemon(fake, tmp_path, max_concurrent_jobs=1, pending_timeout_s=0.05)

@@ -156,3 +156,21 @@ def test_ten_megabyte_input(
     record_property("parse_seconds", round(elapsed, 3))
     print(f"\n{tool}: parsed {len(text) / 1e6:.1f} MB ({copies} copies of {path}) in {elapsed:.2f} s")
     assert count(parsed) > 0
+
+
+@pytest.mark.parametrize(
+    ("row", "column"),
+    [
+        ("       128,       1e300,       1e300,       0.519193     827.240", "N"),
+        ("       128,       4096,       1.5,       0.519193     827.240", "K"),
+        ("       128,       4096,       -4096,       0.519193     827.240", "K"),
+    ],
+)
+def test_param_compute_gemm_shape_out_of_range_is_a_parse_error(row: str, column: str) -> None:
+    """SYNTHETIC: a GEMM row of the real capture with N and K at 1e300 (finite floats whose
+    ``2*M*N*K`` is no float: it raised ``OverflowError``), a fractional and a negative K."""
+    text = (FIXTURES / "param" / "compute_gemm_readme_cpu_gflops.txt").read_text()
+    original = "       128,       4096,       4096,       0.519193     827.240"
+    assert original in text
+    with pytest.raises(ParseError, match=rf"line 8: gemm column {column} must be a whole number"):
+        TOOLS["param-compute"].results(text.replace(original, row), node="n1", at=1.0)

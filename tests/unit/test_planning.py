@@ -76,6 +76,29 @@ def test_caps_on_jobs_in_flight_and_idle_share() -> None:
     assert len(run(nodes[:2], limits=PlanLimits(max_idle_share=0.25))) == 1
 
 
+def test_a_probe_pending_on_a_node_a_user_took_does_not_count_in_the_idle_share() -> None:
+    """Issue 26: 4 nodes, 3 idle (a, b, c) and d running a user's job; the first plan probes a. A user
+    takes a before the probe starts: a is no longer idle, so it is not part of the idle share and b
+    is probed at the next plan, not once a's pending probe is cancelled (60 s later)."""
+    limits = PlanLimits(max_idle_share=0.25)
+    probes = {"gemm": PROBES["gemm"]}
+    user = Node("d", "allocated", partitions=("batch",))
+    assert run([idle("a"), idle("b"), idle("c"), user], probes=probes, limits=limits) == [("gemm", ("a",))]
+    taken = Node("a", "allocated", partitions=("batch",))
+    counter = ids()
+
+    def plan_with(a: Node, *, pending: set[str]) -> list[tuple[str, tuple[str, ...]]]:
+        jobs = plan([a, idle("b"), idle("c"), user], probes=probes, last_attempts={}, busy_nodes={"a"},
+                    in_flight=0, now=1000.0, limits=limits, make_run_id=lambda: f"r{next(counter)}",
+                    pending_nodes=pending)
+        return [(j.probe, j.nodes) for j in jobs]
+
+    assert plan_with(taken, pending={"a"}) == [("gemm", ("b",))]
+    # our probe running on a (not pending), or pending on a node still idle, holds its share
+    assert plan_with(taken, pending=set()) == []
+    assert plan_with(idle("a"), pending={"a"}) == []
+
+
 def test_jitter_is_deterministic_and_within_span() -> None:
     values = {jitter(f"n{i}", "gemm", 60.0) for i in range(50)}
     assert all(0 <= v < 60 for v in values) and len(values) == 50
