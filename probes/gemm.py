@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 from probes.catalogue import ProbeName
 from probes.context import ProbeContext, ProbeOutput
 from probes.nccl import parse_size
-from probes.options import positive_float
+from probes.options import non_negative_float
 from probes.result import Check, Measurement, ProbeResult
 from probes.telemetry import GpuTelemetry, Summary, open_gpu
 from probes.timing import median
@@ -87,12 +87,6 @@ def _bytes_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _seconds_arg(text: str) -> float:
-    if text.strip() in ("0", "0.0"):
-        return 0.0
-    return positive_float(text)
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", type=int, default=None, help="M=N=K (default 8192 on GPU, 1024 on CPU)")
     parser.add_argument(
@@ -106,14 +100,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--warmup-seconds",
-        type=_seconds_arg,
+        type=non_negative_float,
         default=None,
         help="least warm-up per dtype, then until steady, at most 3x as long (default 1.0 GPU, 0.05 CPU; 0: none)",
     )
     parser.add_argument("--iters", type=int, default=None, help="timed matmuls per dtype (default 20 GPU, 10 CPU)")
     parser.add_argument(
         "--measure-seconds",
-        type=_seconds_arg,
+        type=non_negative_float,
         default=None,
         help="on GPU, time as many more matmuls as fill this (default 0.25 GPU, 0 CPU)",
     )
