@@ -198,6 +198,11 @@ class Sampler:
         self._thread.start()
         return self
 
+    def samples(self) -> list[Sample]:
+        """The readings so far (all of them after :meth:`stop`)."""
+        with self._lock:
+            return list(self._samples)
+
     def stop(self) -> Summary:
         self._stop.set()
         if self._thread is not None:
