@@ -52,5 +52,6 @@ def test_gpu_check_alternating_rounds_and_full_check() -> None:
     report = _run("--rounds", "2")
     _assert_ratios(report, 2)
     full = report["full_check"]
-    assert set(full["probes_s"]) == {"env", "nccl", "gemm", "ddp"}
+    assert set(full["probes_s"]) == set(full["outcomes"]) == {"env", "nccl", "gemm", "ddp"}
+    assert full["outcomes"]["gemm"] == "pass"
     assert full["total_s"] == pytest.approx(sum(full["probes_s"].values())) and full["total_s"] > 0
