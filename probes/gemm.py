@@ -533,14 +533,23 @@ def run(ctx: ProbeContext) -> ProbeOutput:
 
 
 def format_table(result: ProbeResult) -> str:
-    lines = [f"# {'node':<20}  {'gpu':>3}  {'dtype':>5}  {'TFLOP/s':>9}  {'check':<5}  detail"]
+    lines = [f"# {'node':<20}  {'gpu':>3}  {'dtype':>5}  {'TFLOP/s':>9}  {'MHz':>5}  {'W':>5}  {'throttled':>9}"
+             f"  {'check':<5}  detail"]
     checks = {(c.node, c.gpu, c.name.split(".")[1]): c for c in result.checks if c.name.startswith("gemm.")}
+    gpu_state = {(m.node, m.labels.get("gpu"), m.labels.get("dtype"), m.name): m.value for m in result.measurements}
+
+    def state(m: Measurement, name: str, scale: float, fmt: str, unit: str = "") -> str:
+        value = gpu_state.get((m.node, m.labels["gpu"], m.labels["dtype"], name))
+        return "-" if value is None else format(value / scale, fmt) + unit
+
     for m in result.measurements:
         if m.name != "flop_per_second":
             continue
         c = checks.get((m.node, int(m.labels["gpu"]), m.labels["dtype"]))
         lines.append(
             f"  {m.node or '-':<20}  {m.labels['gpu']:>3}  {m.labels['dtype']:>5}  {m.value / 1e12:9.3f}"
+            f"  {state(m, 'sm_clock_hertz', 1e6, '.0f'):>5}  {state(m, 'power_watts', 1, '.0f'):>5}"
+            f"  {state(m, 'throttle_ratio', 0.01, '.0f', '%'):>9}"
             f"  {'ok' if c is None or c.ok else 'FAIL':<5}  {c.detail if c else ''}"
         )
     lines.append(f"# {'node':<20}  {'gpu':>3}  {'copy GB/s':>9}")
@@ -550,4 +559,6 @@ def format_table(result: ProbeResult) -> str:
     skipped = result.params.get("skipped_dtypes") or {}
     for dtype, why in skipped.items():
         lines.append(f"# {dtype}: skipped: {why}")
+    if result.params.get("telemetry") not in (None, "nvml"):
+        lines.append(f"# clock, power, throttling: {result.params['telemetry']}")
     return "\n".join(lines)

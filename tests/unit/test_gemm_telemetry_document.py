@@ -27,3 +27,16 @@ def test_h100_gemm_document_with_telemetry_parses() -> None:
     assert got["sm_clock_hertz"].value == 1.3325e9 and got["power_watts"].value == 700.0
     assert got["throttle_ratio"].value == 0.5 and got["power_limit_watts"].labels == {"gpu": "0", "dtype": "fp8"}
     assert result.params["gpu_state"][0]["reasons"] == ["sw_power_cap", "hw_thermal_slowdown"]
+
+
+def test_table_shows_the_gpus_state_next_to_the_figure() -> None:
+    from probes.gemm import format_table
+    from probes.result import ProbeResult
+
+    doc = json.loads(H100_GEMM.read_text())
+    summary = Summary.of([Sample(1330, 700_000, 700_000, 0x4), Sample(1330, 700_000, 700_000, 0x4 | 0x40)])
+    doc["measurements"] += [m.model_dump() for m in telemetry_measurements("vm", 0, "fp8", summary)]
+    rows = {line.split()[2]: line.split() for line in format_table(ProbeResult.model_validate(doc)).splitlines()
+            if line.startswith("  vm") and len(line.split()) > 4}
+    assert rows["fp8"][3:7] == ["1314.174", "1330", "700", "50%"]
+    assert rows["bf16"][4:7] == ["-", "-", "-"]  # a document without readings
