@@ -95,14 +95,25 @@ class Watch:
 
     def run(self, fn: Callable[[], Any]) -> tuple[Any, Summary | None]:
         if self.tel is None:
-            return fn(), None
+            return _released(fn), None
         sampler = self.tel.window(0.05).start()
         try:
-            out = fn()
+            out = _released(fn)
         finally:
             sampler.stop()
         busy = [s for s in sampler.samples() if not (s.reasons or 0) & GPU_IDLE]
         return out, Summary.of(busy) if busy else None
+
+
+def _released(fn: Callable[[], Any]) -> Any:
+    """``fn()``, then this process's cached GPU memory handed back (the next probe process needs it)."""
+    try:
+        return fn()
+    finally:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
 
 # --- the independent harness -----------------------------------------------------------------------

@@ -155,11 +155,18 @@ def open_gpu(uuid: str | None, pci_bus_id: str | None, index: int | None) -> tup
     nvml, why = load_nvml()
     if nvml is None:
         return None, why
+
+    def by_text(call: Callable[[Any], Any], text: str) -> Any:
+        try:
+            return call(text)
+        except TypeError:  # older nvidia-ml-py (no str-to-bytes conversion) takes bytes only
+            return call(text.encode())
+
     tries: list[tuple[str, Callable[[], Any]]] = []
     if uuid:
-        tries.append(("uuid", lambda: nvml.nvmlDeviceGetHandleByUUID(uuid)))
+        tries.append(("uuid", lambda: by_text(nvml.nvmlDeviceGetHandleByUUID, uuid)))
     if pci_bus_id:
-        tries.append(("pci_bus_id", lambda: nvml.nvmlDeviceGetHandleByPciBusId(pci_bus_id)))
+        tries.append(("pci_bus_id", lambda: by_text(nvml.nvmlDeviceGetHandleByPciBusId, pci_bus_id)))
     if index is not None:
         tries.append(("index", lambda: nvml.nvmlDeviceGetHandleByIndex(index)))
     errors = []

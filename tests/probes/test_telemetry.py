@@ -159,3 +159,17 @@ def test_dtype_order_rotates_by_run_id() -> None:
         assert sorted(order) == sorted(dtypes) and order == gemm.dtype_order(dtypes, f"run-{i}", 3)
     assert gemm.dtype_order(dtypes, None, 2)[0] == "bf16"
     assert telemetry.THROTTLE_MASK == 0x8 | 0x20 | 0x40 | 0x80
+
+
+def test_older_bindings_that_take_bytes_only(nvml: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before nvidia-ml-py converted str to bytes, ``c_char_p(str)`` raised TypeError."""
+    original = fake_pynvml.nvmlDeviceGetHandleByUUID
+
+    def bytes_only(uuid: str | bytes) -> Any:
+        if isinstance(uuid, str):
+            raise TypeError("bytes or integer address expected instead of str instance")
+        return original(uuid)
+
+    monkeypatch.setattr(fake_pynvml, "nvmlDeviceGetHandleByUUID", bytes_only)
+    tel, _ = open_gpu(UUID1, None, None)
+    assert tel is not None and tel.found_by == "uuid" and tel.handle.gpu.uuid == UUID1
