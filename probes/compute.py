@@ -6,7 +6,11 @@ In the manner of facebookresearch/param ``train/compute/pt``:
   with ReLU, softmax and cross-entropy, trained with SGD on random data; weights and data cast
   to the dtype (PARAM's ``--explicit-cast``; ``tf32`` is fp32 with TF32 matmuls allowed).
   ``mlp_flop_per_second = 6 * batch * sum(in_i * out_i) / step`` (PARAM: forward 2, backward 4),
-  the step timed around ``zero_grad; forward; loss; backward; step``, median of ``--steps``;
+  the step timed around ``zero_grad; forward; loss; backward; step`` (CUDA events on GPU),
+  median of ``--steps``, after ``--warmup`` steps and then ``--warmup-seconds`` more of them (1 s
+  on GPU) until the step time is steady (as the ``gemm`` probe: a GPU at full load reaches its
+  power limit and lowers its clock within about a second); gradients are set to ``None`` between
+  steps (``zero_grad()``'s default since torch 2.0, what PARAM does there), not zero-filled;
 - ``pytorch_emb.py``: ``nn.EmbeddingBag(features, dim, mode="sum")`` over ``batch`` bags of
   ``nnz`` random rows. ``embedding_bag_bytes_per_second = batch * nnz * dim * element size /
   time`` (PARAM's ``total_bytes``: the rows read), median of ``--steps`` lookups.
@@ -26,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from probes.catalogue import ProbeName
 from probes.context import ProbeContext, ProbeOutput
-from probes.gemm import set_tf32, time_each
+from probes.gemm import set_tf32, settle, time_each
+from probes.options import non_negative_float
 from probes.result import Check, Measurement, ProbeResult
 from probes.timing import median
 
@@ -88,6 +93,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nnz", type=int, default=None, help="rows per bag (default 64 GPU, 10 CPU)")
     parser.add_argument("--bags", type=int, default=None, help="bags per lookup (default 16384 GPU, 1000 CPU)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps (default 5 GPU, 1 CPU)")
+    parser.add_argument(
+        "--warmup-seconds",
+        type=non_negative_float,
+        default=None,
+        help="then MLP steps for at least this long and until steady, at most 3x (default 1.0 GPU, 0.05 CPU)",
+    )
     parser.add_argument("--steps", type=int, default=None, help="timed steps (default 20 GPU, 5 CPU)")
 
 
@@ -121,7 +132,9 @@ def torch_dtype(dtype: str) -> torch.dtype:
     return {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
 
 
-def _mlp(ctx: ProbeContext, shape: MlpShape, dtype: str, warmup: int, steps: int) -> tuple[float, bool]:
+def _mlp(
+    ctx: ProbeContext, shape: MlpShape, dtype: str, warmup: int, steps: int, warmup_seconds: float = 0.0
+) -> tuple[float, bool]:
     """Median step seconds and whether every loss was finite."""
     import torch
     from torch import nn
@@ -141,18 +154,19 @@ def _mlp(ctx: ProbeContext, shape: MlpShape, dtype: str, warmup: int, steps: int
     losses: list[torch.Tensor] = []
 
     def step(_: int) -> None:
-        optimizer.zero_grad(set_to_none=False)
+        optimizer.zero_grad(set_to_none=True)
         out = torch.softmax(model(data), dim=1)
         loss = loss_f(out.float(), target)
         loss.backward()
         optimizer.step()
         losses.append(loss.detach())
 
+    ctx.barrier()
     ctx.mark("compute.mlp.warmup")
     for i in range(warmup):
         step(i)
     ctx.sync()
-    ctx.barrier()
+    settle(ctx, step, warmup_seconds)
     ctx.mark("compute.mlp.timed")
     times = time_each(ctx, step, steps)
     finite = bool(torch.isfinite(torch.stack(losses)).all().item())
@@ -206,13 +220,14 @@ def run(ctx: ProbeContext) -> ProbeOutput:
     dtype: str = args.dtype or ("bf16" if cuda else "fp32")
     warmup = args.warmup if args.warmup is not None else (5 if cuda else 1)
     steps = args.steps if args.steps is not None else (20 if cuda else 5)
+    warmup_seconds: float = args.warmup_seconds if args.warmup_seconds is not None else (1.0 if cuda else 0.05)
     if steps < 1 or warmup < 0:
         raise ValueError("--steps must be >= 1 and --warmup >= 0")
     capability = torch.cuda.get_device_capability(ctx.device) if cuda else None
     why = support(dtype, ctx.device_type, capability)
     reasons = [w for w in ctx.gather(why) if w]
     tf32 = set_tf32(dtype, ctx.device_type)
-    mlp_seconds, finite = (0.0, True) if reasons else _mlp(ctx, mlp, dtype, warmup, steps)
+    mlp_seconds, finite = (0.0, True) if reasons else _mlp(ctx, mlp, dtype, warmup, steps, warmup_seconds)
     emb_seconds, emb_error = _embedding_bag(ctx, emb, warmup, steps)
     gathered = ctx.gather((ctx.gpu, mlp_seconds, finite, emb_seconds, emb_error))
     out = ProbeOutput(params={
@@ -227,6 +242,7 @@ def run(ctx: ProbeContext) -> ProbeOutput:
         "emb_bags": emb.batch,
         "emb_bytes_per_lookup": emb.bytes_per_lookup(4),
         "warmup": warmup,
+        "warmup_seconds": warmup_seconds,
         "steps": steps,
         "tolerance": EMB_TOLERANCE,
         **({"skipped": {"mlp": reasons[0]}} if reasons else {}),

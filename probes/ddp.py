@@ -1,10 +1,15 @@
 """The ``ddp`` probe: a few training steps of a small GPT-style decoder under DistributedDataParallel.
 
-Like PyTorch's ``benchmarks/distributed/ddp/benchmark.py``: synthetic data, every step timed on
-the host around ``zero_grad; forward; loss; backward; optimizer.step`` and a device sync;
-``--warmup`` steps dropped; step-time quantiles over all ranks x steps (p50, p90). The same
-model without DDP, on each rank alone (all ranks at once, no communication), gives the
-single-rank throughput, and the scaling efficiency is per-rank DDP throughput over it.
+Like PyTorch's ``benchmarks/distributed/ddp/benchmark.py``: synthetic data, every step
+``zero_grad; forward; loss; backward; optimizer.step`` timed on its own (CUDA events on GPU, with
+no host synchronisation between steps, as in training; the host clock on CPU); ``--warmup``
+steps dropped; step-time quantiles over all ranks x steps (p50, p90). The same model without DDP,
+on each rank alone (all ranks at once, no communication), gives the single-rank throughput, and
+the scaling efficiency is per-rank DDP throughput over it. Both models are built, warmed up and
+then timed in alternating turns (single, DDP, DDP, single), so both see the same GPU state (a GPU
+at its power limit clocks lower after a few seconds of load) and neither gains by going first.
+DDP runs with ``gradient_as_bucket_view`` (gradients live in the all-reduce buckets: no copy into
+and out of them each step) and without ``find_unused_parameters`` or buffer broadcasts.
 
 - ``throughput_samples_per_second``: ``world_size * batch / p50`` (``per_rank``: each
   rank's ``batch / median`` of its own steps);
@@ -29,6 +34,7 @@ autocast where supported); CPU default is tiny so the probe stays within seconds
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import time
 from collections import Counter
@@ -47,6 +53,8 @@ NAME = ProbeName.DDP
 HELP = "training throughput of a small GPT under DDP, scaling efficiency, parameter equality"
 
 QUANTILES = (0.5, 0.9)
+ROUNDS = 2
+"""The timed steps of each model are taken in this many turns, alternating (see :func:`alternate`)."""
 
 
 @dataclass(frozen=True)
@@ -162,32 +170,84 @@ def compute_dtype(autocast_bf16: bool) -> str:
     return "bf16" if autocast_bf16 else "fp32"
 
 
-def _train(
-    ctx: ProbeContext, model: torch.nn.Module, cfg: ModelConfig, warmup: int, steps: int, phase: str
-) -> list[float]:
-    """Seconds of each timed step (after ``warmup`` untimed ones)."""
-    import torch
+class Trainer:
+    """One model, its AdamW and its synthetic batch; :meth:`steps` runs and times training steps."""
 
-    gen = torch.Generator(device=ctx.device)
-    gen.manual_seed(2000 + ctx.rank)
-    idx = torch.randint(0, cfg.vocab_size, (cfg.batch_size, cfg.seq_len + 1), device=ctx.device, generator=gen)
-    x, y = idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    autocast_bf16 = ctx.device_type == "cuda" and torch.cuda.is_bf16_supported()
-    times: list[float] = []
-    for i in range(warmup + steps):
-        if i == warmup:
-            ctx.mark(f"ddp.{phase}.timed")
-        t = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device_type=ctx.device_type, dtype=torch.bfloat16, enabled=autocast_bf16):
-            loss = model(x, y)
+    def __init__(self, ctx: ProbeContext, model: torch.nn.Module, cfg: ModelConfig) -> None:
+        import torch
+
+        gen = torch.Generator(device=ctx.device)
+        gen.manual_seed(2000 + ctx.rank)
+        idx = torch.randint(0, cfg.vocab_size, (cfg.batch_size, cfg.seq_len + 1), device=ctx.device, generator=gen)
+        self.x, self.y = idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
+        self.ctx = ctx
+        self.model = model
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        self.autocast_bf16 = ctx.device_type == "cuda" and torch.cuda.is_bf16_supported()
+
+    def _step(self) -> None:
+        import torch
+
+        self.optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device_type=self.ctx.device_type, dtype=torch.bfloat16, enabled=self.autocast_bf16):
+            loss = self.model(self.x, self.y)
         loss.backward()
-        optimizer.step()
-        ctx.sync()
-        if i >= warmup:
+        self.optimizer.step()
+
+    def steps(self, count: int) -> list[float]:
+        """Seconds of each of ``count`` steps. On GPU each step is timed by CUDA events and the host
+        is not synchronised between steps (as in training: the host queues the next step while the
+        GPU runs this one), only after the last; on CPU the host clock (the ops are synchronous)."""
+        if self.ctx.device_type == "cuda":
+            import torch
+
+            event: Any = torch.cuda.Event
+            marks = [event(enable_timing=True) for _ in range(count + 1)]
+            marks[0].record()
+            for i in range(count):
+                self._step()
+                marks[i + 1].record()
+            self.ctx.sync()
+            return [float(a.elapsed_time(b)) / 1e3 for a, b in itertools.pairwise(marks)]
+        times = []
+        for _ in range(count):
+            t = time.perf_counter()
+            self._step()
             times.append(time.perf_counter() - t)
-    return times
+        return times
+
+
+def chunks(steps: int, rounds: int) -> list[int]:
+    """``steps`` split into ``rounds`` nearly equal parts, empty ones dropped.
+
+    >>> chunks(20, 2), chunks(5, 2), chunks(1, 2)
+    ([10, 10], [3, 2], [1])
+    """
+    parts = [steps // rounds + (1 if i < steps % rounds else 0) for i in range(rounds)]
+    return [p for p in parts if p]
+
+
+def alternate(
+    ctx: ProbeContext, single: Trainer, ddp: Trainer, warmup: int, steps: int
+) -> tuple[list[float], list[float]]:
+    """Warm both up, then time them in turns, single-DDP-DDP-single (:data:`ROUNDS` halves each), so
+    that both see the same GPU state (clock, power cap, temperature) and neither is favoured by
+    going first; the ranks enter each turn together."""
+    single_times: list[float] = []
+    ddp_times: list[float] = []
+    ctx.mark("ddp.single.warmup")
+    single.steps(warmup)
+    ctx.barrier()
+    ctx.mark("ddp.ddp.warmup")
+    ddp.steps(warmup)
+    parts = chunks(steps, ROUNDS)
+    turns = [(t, n) for i, n in enumerate(parts) for t in ((single, ddp) if i % 2 == 0 else (ddp, single))]
+    for trainer, n in turns:
+        ctx.barrier()
+        phase = "single" if trainer is single else "ddp"
+        ctx.mark(f"ddp.{phase}.timed")
+        (single_times if trainer is single else ddp_times).extend(trainer.steps(n))
+    return single_times, ddp_times
 
 
 def _flat_params(model: torch.nn.Module) -> torch.Tensor:
@@ -220,15 +280,8 @@ def run(ctx: ProbeContext) -> ProbeOutput:
 
     ctx.mark("ddp.build")
     torch.manual_seed(1234)
-    single = build_model(cfg).to(ctx.device)
-    n_params = sum(p.numel() for p in single.parameters())
-    ctx.barrier()
-    ctx.mark("ddp.single.warmup")
-    single_times = _train(ctx, single, cfg, warmup, steps, "single")
-    del single
-    ctx.barrier()
-
-    ctx.mark("ddp.ddp.warmup")
+    single_model = build_model(cfg).to(ctx.device)
+    n_params = sum(p.numel() for p in single_model.parameters())
     torch.manual_seed(1234)
     model = build_model(cfg).to(ctx.device)
     ddp = DistributedDataParallel(
@@ -236,8 +289,11 @@ def run(ctx: ProbeContext) -> ProbeOutput:
         device_ids=[ctx.device.index] if cuda else None,
         broadcast_buffers=False,
         bucket_cap_mb=25,
+        gradient_as_bucket_view=True,
     )
-    ddp_times = _train(ctx, ddp, cfg, warmup, steps, "ddp")
+    ctx.barrier()
+    single_times, ddp_times = alternate(ctx, Trainer(ctx, single_model, cfg), Trainer(ctx, ddp, cfg), warmup, steps)
+    del single_model
 
     bf16 = cuda and torch.cuda.is_bf16_supported()
     ctx.mark("ddp.check")
@@ -262,6 +318,7 @@ def run(ctx: ProbeContext) -> ProbeOutput:
             "parameters": n_params,
             "warmup": warmup,
             "steps": steps,
+            "rounds": ROUNDS,
             "autocast": "bf16" if bf16 else None,
             "optimizer": "AdamW",
             "flop_per_token": FLOP_PER_PARAMETER_TOKEN * n_params,

@@ -14,7 +14,8 @@ pytestmark = pytest.mark.slow
 
 
 def test_gemm_per_rank_on_cpu() -> None:
-    run = run_probe(["gemm", "--size", "256", "--iters", "4", "--warmup", "1", "--copy-bytes", "8M"])
+    run = run_probe(["gemm", "--size", "256", "--iters", "4", "--warmup", "1", "--copy-bytes", "8M",
+                     "--warmup-seconds", "0.05", "--run-id", "r-1"])
     assert run.returncode == 0, run.stderr[-3000:]
     result = run.result
     assert result.outcome is Outcome.PASS, dump(result)
@@ -34,6 +35,12 @@ def test_gemm_per_rank_on_cpu() -> None:
     assert result.params["size"] == 256
     assert result.params["dtypes"] == ["fp32", "bf16"]
     assert result.params["skipped_dtypes"] == {}  # fp16/fp8 run on CPU only when asked (emulated, slow)
+    assert sorted(result.params["order"]) == ["bf16", "fp32"] and result.params["warmup_seconds"] == 0.05
+    assert result.params["telemetry"] == "not a GPU run"  # no NVML reading on CPU
+    assert {m.name for m in result.measurements} == {"flop_per_second", "memory_bandwidth_bytes_per_second"}
+    state = {(s["gpu"], s["dtype"]): s for s in result.params["gpu_state"]}
+    assert set(state) == {(g, d) for g in (0, 1) for d in ("fp32", "bf16")}
+    assert all(s["warmup_s"] >= 0.05 and s["iters"] == 4 for s in state.values())
 
 
 def test_gemm_fp16_fp8_and_tf32_paths_on_cpu() -> None:
