@@ -135,6 +135,28 @@ class _RunEval:
     """Node → (series, distance from its own baseline in noise units and relative, positive: worse)."""
 
 
+
+THROTTLED_AT = 0.1
+"""A GPU slowed by its hardware (HW slowdown, thermal, power brake) in at least this share of a
+GEMM window's NVML readings (``throttle_ratio``) has its findings of that window say so."""
+
+
+def throttling(run: RunInput) -> dict[tuple[str, str | None, str | None], str]:
+    """(node, gpu, dtype) -> ``the GPU was throttled 80% of the window at 1,330 MHz`` for the GPUs
+    the run's own NVML readings (``probes.telemetry``) show slowed by their hardware (pure)."""
+    clocks = {(m.node, m.labels.get("gpu"), m.labels.get("dtype")): m.value
+              for m in run.measurements if m.name == "sm_clock_hertz" and m.node}
+    out: dict[tuple[str, str | None, str | None], str] = {}
+    for m in run.measurements:
+        if m.name != "throttle_ratio" or not m.node or m.value < THROTTLED_AT:
+            continue
+        where = (m.node, m.labels.get("gpu"), m.labels.get("dtype"))
+        clock = clocks.get(where)
+        at = f" at {clock / 1e6:,.0f} MHz" if clock else ""
+        out[where] = (f"the GPU was throttled (hardware slowdown, thermal or power brake) {m.value:.0%} "
+                      f"of the window{at}")
+    return out
+
 class Judge:
     """Judgement state and its evaluation. One instance per daemon (or replay, or simulation)."""
 
@@ -342,6 +364,7 @@ class Judge:
         for sel in selected:
             per_node[sel.m.node] += 1
         c = s.confirm
+        throttled = throttling(run)
         for m, direction, key, fkey in selected:
             members = (m.node,) if m.node else run.nodes
             k = k_for(s.false_drains_per_1000_node_days, s.runs_per_node_day,
@@ -388,6 +411,9 @@ class Judge:
                     if f is not None:
                         found.append(f)
                 ev.values.append((node, key, m.value, m.node is None))
+                why = throttled.get((node, m.labels.get("gpu"), m.labels.get("dtype"))) if found else None
+                if why:
+                    found = [replace(f, detail=f"{f.detail}; {why}") for f in found]
                 if m.node:
                     ev.node_findings.setdefault(node, []).extend(found)
                 else:

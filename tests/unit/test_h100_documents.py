@@ -28,7 +28,7 @@ from healthd.model import Node, Outcome, RunKind
 from healthd.parsers.expand import expand_result
 from healthd.parsers.healthd_json import parse_result
 from probes.gpus import NodeGpu
-from probes.result import ProbeResult
+from probes.result import Measurement, ProbeResult
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "h100"
 GPU = NodeGpu(0, "GPU-3f1c0a52-0000-0000-0000-000000000000", "NVIDIA H100 80GB HBM3")
@@ -157,3 +157,23 @@ def test_the_one_gpu_nccl_documents_are_skipped() -> None:
     for d in docs:
         outcome, reason = outcome_of(None, d, None, ("vm",))
         assert (outcome, reason) == (Outcome.SKIPPED, "one GPU per node: nothing to measure"), d.run_id
+
+
+def test_a_slow_gemm_on_a_throttled_gpu_says_so() -> None:
+    """The GEMM probe reads NVML during each timed window (``throttle_ratio``, ``sm_clock_hertz``): a GPU
+    found slow while its hardware slowed it is judged as such, the verdict naming the throttling."""
+    judge = Judge(JudgeSettings(default_floors=False))
+    rows = [r for r in listed_runs() if r.probe == "gemm" and r.start < LOAD[0]]
+    for row in rows:
+        d = daemon_doc(row.run_id)
+        judge.evaluate([run_from_collected(collected(d, row.run_id), d.finished_at)], [NODE], now=d.finished_at + 1)
+    slow = daemon_doc("3139a651923c4726")
+    gpu = next(m.labels["gpu"] for m in slow.measurements if m.name == "flop_per_second")
+    extra = [Measurement(name="throttle_ratio", value=0.8, labels={"gpu": gpu, "dtype": "bf16"}, node="vm"),
+             Measurement(name="sm_clock_hertz", value=1.33e9, labels={"gpu": gpu, "dtype": "bf16"}, node="vm")]
+    slow = slow.model_copy(update={"measurements": [*slow.measurements, *extra]})
+    out = judge.evaluate([run_from_collected(collected(slow, "3139a651923c4726"), slow.finished_at)], [NODE],
+                         now=slow.finished_at + 1)
+    (verdict,) = out.verdicts
+    assert verdict.outcome is Outcome.DEGRADED
+    assert "throttled (hardware slowdown, thermal or power brake) 80% of the window at 1,330 MHz" in verdict.reason
