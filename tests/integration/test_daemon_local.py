@@ -198,4 +198,5 @@ def test_a_gpu_class_without_gpus_fails_as_gpus_missing_never_as_a_cpu_run(tmp_p
                if n.startswith(("healthd_gemm_", "healthd_nccl_", "healthd_ddp_", "healthd_baseline_"))]
     assert figures == [], figures
     verdicts = {lab["probe"]: lab["outcome"] for n, lab, v in samples if n == "healthd_node_verdict" and v == 1}
-    assert verdicts and set(verdicts.values()) == {"fail"}, verdicts
+    # the recommended probe's verdict is confirmed (fail); another may still wait for its re-probe (degraded)
+    assert verdicts[str(rec["probe"])] == "fail" and set(verdicts.values()) <= {"fail", "degraded"}, verdicts
