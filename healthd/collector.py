@@ -262,6 +262,8 @@ class Collector:
         """Job ids cancelled in this collection (the runs of a combined job share one)."""
         self._shared: set[str] = set()
         """Job ids of several unfinished runs (combined jobs) in this collection."""
+        self._logs: dict[str, list[Path]] = {}
+        """The result paths of each shared job's runs: the job's log is next to one of them (the first's)."""
 
     def result_path(self, run_id: str) -> Path:
         return self.results_dir / f"{run_id}.json"
@@ -312,6 +314,10 @@ class Collector:
         self._cancelled = set()
         counts = Counter(r.job_id for r in runs if r.job_id)
         self._shared = {job_id for job_id, n in counts.items() if n > 1}
+        self._logs = {}
+        for r in runs:
+            if r.job_id in self._shared:
+                self._logs.setdefault(r.job_id, []).append(self._path_of(r))
         closing: list[_Closing] = []
         store_down: StoreError | None = None
         now = self.clock()
@@ -401,8 +407,11 @@ class Collector:
             return None
         return self._finish(run, status)
 
+    def _path_of(self, run: RunRow) -> Path:
+        return Path(run.result_path) if run.result_path else self.result_path(run.run_id)
+
     def _finish(self, run: RunRow, status: JobStatus | None, fallback_reason: str = "") -> _Closing:
-        path = Path(run.result_path) if run.result_path else self.result_path(run.run_id)
+        path = self._path_of(run)
         result: ProbeResult | None = None
         parse_error: str | None = None
         try:
@@ -410,6 +419,8 @@ class Collector:
         except ParseError as exc:
             result, parse_error = None, str(exc)
             tail = log_tail(path, owner=self.owner)
+            for peer in self._logs.get(status.job_id, []) if status is not None and not tail else []:
+                tail = tail or log_tail(peer, owner=self.owner)
             if tail:
                 parse_error += f"; output: {tail}"
             self.on_error("parse")

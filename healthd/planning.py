@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from healthd.config import ProbeSettings, SweepSettings
 from healthd.model import BundledRun, Node, ProbeJob, RunKind
-from probes.catalogue import CHECK_COMMAND, CHECK_PROBES
+from probes.catalogue import CHECK_COMMAND, CHECK_COMMON_OPTIONS, CHECK_PROBES
 
 BLOCKING_FLAGS = frozenset(
     {
@@ -183,7 +183,7 @@ def plan(
         settings = probes[probe]
         if settings.nodes_per_job == 1:
             along = [p for p in mates.get(node.name, ()) if p != probe and _same_launch(probes[p], settings)]
-            if probe in CHECK_PROBES and along:
+            if probe in CHECK_PROBES and _checkable(settings) and along:
                 jobs.append(_check_job((probe, *along), node, probes, make_run_id))
             else:
                 jobs.append(_job(probe, (node,), settings, make_run_id))
@@ -203,13 +203,18 @@ def _interval_due(candidates: Sequence[Node], probes: Mapping[str, ProbeSettings
                   last_attempts: Mapping[tuple[str, str], float], now: float) -> dict[str, list[str]]:
     """Per node, the single-node probes that can run in a check and whose interval has passed there."""
     out: dict[str, list[str]] = {}
-    names = [p for p in CHECK_PROBES if p in probes and probes[p].enabled and probes[p].nodes_per_job == 1]
+    names = [p for p in CHECK_PROBES if p in probes and probes[p].enabled and _checkable(probes[p])]
     for node in candidates:
         for probe in names:
             last = last_attempts.get((node.name, probe))
             if last is None or last + probes[probe].interval_s <= now:
                 out.setdefault(node.name, []).append(probe)
     return out
+
+
+def _checkable(settings: ProbeSettings) -> bool:
+    """A single-node probe whose ``args`` are its own options only (a check takes the common ones once)."""
+    return settings.nodes_per_job == 1 and not any(a.split("=", 1)[0] in CHECK_COMMON_OPTIONS for a in settings.args)
 
 
 def _same_launch(a: ProbeSettings, b: ProbeSettings) -> bool:

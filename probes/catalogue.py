@@ -59,6 +59,13 @@ CATALOGUE: Mapping[ProbeName, ProbeSpec] = MappingProxyType({spec.name: spec for
 CHECK_COMMAND = "check"
 """``python -m probes check``: several probes' bodies after one start-up (see the module docstring)."""
 
+CHECK_COMMON_OPTIONS: frozenset[str] = frozenset({
+    "--backend", "--device", "--nproc", "--timeout", "--run-id", "--output", "--format", "--expect-gpus",
+    "--expect-gpu-uuids",
+})
+"""The options every probe shares (``probes.__main__.common_parser``): a check takes them once for all
+its probes, never in one probe's own options (``--arg``)."""
+
 CHECK_PROBES: tuple[str, ...] = tuple(spec.name.value for spec in CATALOGUE.values() if spec.check)
 """The probes that can run inside a check, in catalogue order."""
 

@@ -11,7 +11,7 @@ from healthd.config import NodeClassRule, Settings
 from healthd.model import BundledRun, Node, ProbeJob
 from healthd.node_class import DEFAULT_CLASS, class_of
 from probes.__main__ import build_parser
-from probes.catalogue import CATALOGUE, CHECK_COMMAND, PROBE_NAMES, ProbeName, probe_spec
+from probes.catalogue import CATALOGUE, CHECK_COMMAND, CHECK_COMMON_OPTIONS, PROBE_NAMES, ProbeName, probe_spec
 
 
 @pytest.mark.parametrize("name", list(ProbeName))
@@ -67,3 +67,10 @@ def test_a_check_job_runs_probes_check_with_each_run_and_its_options() -> None:
     only_env = ProbeJob("r1", "check", ("n1",), bundle=(BundledRun("r1", "env"), BundledRun("r2", "gemm")))
     assert "--nproc" not in probe_argv("python", only_env, None, ranks=3)  # no probe with local ranks
     assert "--output-dir" not in probe_argv("python", only_env, None, ranks=3)  # no result path: stdout
+
+
+def test_the_common_options_a_check_takes_once_are_the_probes_common_options() -> None:
+    from probes.__main__ import common_parser
+
+    options = {o for action in common_parser()._actions for o in action.option_strings if o.startswith("--")}
+    assert options == CHECK_COMMON_OPTIONS

@@ -29,6 +29,8 @@ for probe, run_id in pairs.items():
            "measurements": [{"name": "visible_gpus", "value": 0.0, "node": "here"}],
            "checks": [{"name": probe + ".ok", "ok": outcome == "pass", "node": "here"}]}
     open(os.path.join(out, run_id + ".json"), "w").write(json.dumps(doc))
+if skip:
+    print("ddp stopped early: rank 1 hung", file=sys.stderr)
 sys.exit(1 if skip else 0)
 """
 
@@ -62,6 +64,8 @@ def test_a_run_left_without_its_document_is_an_error_and_the_others_keep_theirs(
     assert (done["c1"].outcome, done["c2"].outcome) == (Outcome.PASS, Outcome.FAIL)
     assert done["c3"].outcome is Outcome.ERROR
     assert "no result file" in done["c3"].reason and "c3.json" in done["c3"].reason
+    # the job's log, next to the first run's result
+    assert done["c3"].reason.endswith("output: ddp stopped early: rank 1 hung")
 
 
 def test_a_check_job_that_cannot_be_submitted_closes_every_run(tmp_path: Path) -> None:
@@ -85,3 +89,27 @@ def test_a_combined_jobs_exit_code_does_not_undo_a_runs_own_pass() -> None:
     assert outcome_of(failed, result, None, shared=True) == (Outcome.PASS, "")
     assert outcome_of(timed_out, result, None)[0] is Outcome.ERROR
     assert outcome_of(timed_out, result, None, shared=True) == (Outcome.PASS, "")
+
+
+def test_a_leftover_check_process_is_known_by_any_of_its_run_ids() -> None:
+    import subprocess
+    import sys
+    import time
+
+    from healthd.cluster.local import _kill_orphan
+
+    argv = [sys.executable, "-c", "import time; time.sleep(60)", "check", "--run-ids", "env=abc1,gemm=def2"]
+    proc = subprocess.Popen(argv, start_new_session=True)
+    cmdline = Path(f"/proc/{proc.pid}/cmdline")
+    deadline = time.monotonic() + 10
+    while not cmdline.read_bytes() and time.monotonic() < deadline:  # empty for a moment after the start
+        time.sleep(0.01)
+    try:
+        assert not _kill_orphan(f"local:{proc.pid}:ef2")  # not a run id of it
+        assert not _kill_orphan(f"local:{proc.pid}:gemm")
+        assert _kill_orphan(f"local:{proc.pid}:def2")
+        assert proc.wait(timeout=10) == -9
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -90,3 +90,12 @@ def test_the_budget_counts_every_run_of_a_check() -> None:
     gpus = {"a": 2}
     assert within_budget([job], budget=ProbeBudget(90.0, 0.0), gpus=gpus, duration_s=durations) == [job]
     assert within_budget([job], budget=ProbeBudget(89.0, 0.0), gpus=gpus, duration_s=durations) == []
+
+
+def test_a_probe_whose_args_hold_a_common_option_runs_alone() -> None:
+    probes = {"gemm": ProbeSettings(interval_s=100.0, args=["--timeout=50"]), "env": ProbeSettings(interval_s=100.0),
+              "ddp": ProbeSettings(interval_s=100.0)}
+    (job,) = jobs_of([idle("a")], probes=probes)
+    assert [r.probe for r in job.bundle] == ["env", "ddp"]
+    last = {("a", "env"): 950.0, ("a", "ddp"): 950.0}  # gemm leads: it runs alone
+    assert [(j.probe, j.bundle) for j in jobs_of([idle("a")], last, probes=probes)] == [("gemm", ())]
