@@ -14,6 +14,7 @@ import re
 import sqlite3
 import stat
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -202,21 +203,24 @@ def trusted(result: ProbeResult, run: RunRow, job: JobStatus | None, now: float)
 
 
 def outcome_of(job: JobStatus | None, result: ProbeResult | None, parse_error: str | None,
-               nodes: Sequence[str] = ()) -> tuple[Outcome, str]:
+               nodes: Sequence[str] = (), *, shared: bool = False) -> tuple[Outcome, str]:
     """Sort one finished run of ``nodes`` (pure). A probe that could not run is ``error``, never
     ``fail``; one whose own error document holds evidence against nodes of the run
     (``healthd.judge.hardfault``: GPUs missing, a hang or a crash in the measurement phase, a CUDA or
     NCCL error) is ``fail`` with the fault in its reason (without a document nothing is attributed);
     one that Slurm pre-empted for a user's job is ``skipped`` (the node was taken, nothing is known
-    of it)."""
+    of it). ``shared``: the job ran several runs (a combined job, ``python -m probes check``): its
+    exit code and time-out speak for all of them (another probe's error, a later probe's hang), so a
+    run's own complete ``pass`` document stands."""
     if job is not None and job.state is JobState.PREEMPTED:
         return Outcome.SKIPPED, f"pre-empted: {job.reason or 'Slurm gave the node to a job that outranks the probe'}"
     if result is not None:
         if result.outcome is Outcome.PASS and not result.measurements and not result.checks:
             return Outcome.ERROR, "probe reported pass without any measurement"
-        if job is not None and job.state is JobState.TIMEOUT and result.outcome is Outcome.PASS:
+        if not shared and job is not None and job.state is JobState.TIMEOUT and result.outcome is Outcome.PASS:
             return Outcome.ERROR, "job timed out after writing its result"
-        if job is not None and result.outcome is Outcome.PASS and (job.state is JobState.FAILED or job.exit_code):
+        if (not shared and job is not None and result.outcome is Outcome.PASS
+                and (job.state is JobState.FAILED or job.exit_code)):
             return Outcome.ERROR, f"the job failed ({job.reason or f'exit code {job.exit_code}'}) after writing a pass"
         if result.outcome is Outcome.ERROR:
             fault = classify(result.reason, tuple(nodes) or tuple(result.nodes))
@@ -254,29 +258,45 @@ class Collector:
         self.clock = clock
         self.on_error = on_error
         self.owner = owner
+        self._cancelled: set[str] = set()
+        """Job ids cancelled in this collection (the runs of a combined job share one)."""
+        self._shared: set[str] = set()
+        """Job ids of several unfinished runs (combined jobs) in this collection."""
+        self._logs: dict[str, list[Path]] = {}
+        """The result paths of each shared job's runs: the job's log is next to one of them (the first's)."""
 
     def result_path(self, run_id: str) -> Path:
         return self.results_dir / f"{run_id}.json"
 
     def launch(self, job: ProbeJob) -> str | None:
         """Record and submit ``job``. The run is in the store before the backend sees it, so a
-        crash in between leaves a run to recover, never an unknown job."""
-        path = self.result_path(job.run_id)
-        self.store.add_run(
-            run_id=job.run_id, probe=job.probe, nodes=job.nodes, backend=self.backend.name,
-            job_id=None, submitted_at=self.clock(), result_path=str(path), kind=job.kind,
-        )
+        crash in between leaves a run to recover, never an unknown job.
+
+        A combined job (``job.bundle``) records one run per probe, each with its own result file,
+        and is submitted once: its runs share the backend's job id and are collected each on its own.
+        """
+        submitted_at = self.clock()
+        for run in job.runs:
+            self.store.add_run(
+                run_id=run.run_id, probe=run.probe, nodes=job.nodes, backend=self.backend.name,
+                job_id=None, submitted_at=submitted_at, result_path=str(self.result_path(run.run_id)), kind=job.kind,
+            )
         with structlog.contextvars.bound_contextvars(run_id=job.run_id, probe=job.probe, node=",".join(job.nodes)):
             try:
-                job_id = self.backend.submit(job, path)
+                job_id = self.backend.submit(job, self.result_path(job.run_id))
             except HealthdError as exc:
                 self.on_error("submit")
                 log.error("probe_submit_failed", error=str(exc))
-                self.store.finish_run(job.run_id, outcome=Outcome.ERROR, reason=f"submit failed: {exc}",
-                                      finished_at=self.clock())
+                for run in job.runs:
+                    self.store.finish_run(run.run_id, outcome=Outcome.ERROR, reason=f"submit failed: {exc}",
+                                          finished_at=self.clock())
                 return None
-            self.store.set_job_id(job.run_id, job_id)
-            log.info("probe_submitted", job_id=job_id)
+            for run in job.runs:
+                self.store.set_job_id(run.run_id, job_id)
+            if job.bundle:
+                log.info("probe_submitted", job_id=job_id, runs={r.probe: r.run_id for r in job.bundle})
+            else:
+                log.info("probe_submitted", job_id=job_id)
             return job_id
 
     def collect(self) -> list[Collected]:
@@ -289,8 +309,15 @@ class Collector:
         runs = self.store.unfinished_runs()
         if not runs:
             return []
-        job_ids = [r.job_id for r in runs if r.job_id]
+        job_ids = list(dict.fromkeys(r.job_id for r in runs if r.job_id))
         statuses = self.backend.poll(job_ids) if job_ids else {}
+        self._cancelled = set()
+        counts = Counter(r.job_id for r in runs if r.job_id)
+        self._shared = {job_id for job_id, n in counts.items() if n > 1}
+        self._logs = {}
+        for r in runs:
+            if r.job_id in self._shared:
+                self._logs.setdefault(r.job_id, []).append(self._path_of(r))
         closing: list[_Closing] = []
         store_down: StoreError | None = None
         now = self.clock()
@@ -305,7 +332,7 @@ class Collector:
                 closing.append(step)
         done = self._store(closing)
         closed = {c.run_id for c in done}
-        self.backend.forget([r.job_id for r in runs if r.job_id and r.run_id in closed])
+        self.backend.forget(list(dict.fromkeys(r.job_id for r in runs if r.job_id and r.run_id in closed)))
         if store_down is not None:
             raise store_down
         return done
@@ -364,11 +391,13 @@ class Collector:
             return self._finish(run, None, fallback_reason="the job vanished from the cluster")
         if status.state is JobState.PENDING:
             if now - run.submitted_at > self.pending_timeout_s:
-                try:
-                    self.backend.cancel([status.job_id])
-                except BackendError as exc:
-                    log.warning("probe_cancel_failed", error=str(exc))
-                    return None
+                if status.job_id not in self._cancelled:  # the runs of a combined job share it
+                    try:
+                        self.backend.cancel([status.job_id])
+                    except BackendError as exc:
+                        log.warning("probe_cancel_failed", error=str(exc))
+                        return None
+                    self._cancelled.add(status.job_id)
                 return self._close(run, Outcome.SKIPPED,
                                    f"still pending after {self.pending_timeout_s:g} s (node taken first)", None)
             return None
@@ -378,8 +407,11 @@ class Collector:
             return None
         return self._finish(run, status)
 
+    def _path_of(self, run: RunRow) -> Path:
+        return Path(run.result_path) if run.result_path else self.result_path(run.run_id)
+
     def _finish(self, run: RunRow, status: JobStatus | None, fallback_reason: str = "") -> _Closing:
-        path = Path(run.result_path) if run.result_path else self.result_path(run.run_id)
+        path = self._path_of(run)
         result: ProbeResult | None = None
         parse_error: str | None = None
         try:
@@ -387,12 +419,15 @@ class Collector:
         except ParseError as exc:
             result, parse_error = None, str(exc)
             tail = log_tail(path, owner=self.owner)
+            for peer in self._logs.get(status.job_id, []) if status is not None and not tail else []:
+                tail = tail or log_tail(peer, owner=self.owner)
             if tail:
                 parse_error += f"; output: {tail}"
             self.on_error("parse")
         if status is None and result is None:
             parse_error = f"{fallback_reason}: {parse_error}"
-        outcome, reason = outcome_of(status, result, parse_error, run.nodes)
+        outcome, reason = outcome_of(status, result, parse_error, run.nodes,
+                                     shared=status is not None and status.job_id in self._shared)
         return self._close(run, outcome, reason, result, started_at=status.started_at if status else None)
 
     def _close(

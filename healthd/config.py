@@ -95,6 +95,9 @@ class SchedulerSettings(_Section):
     misfire_grace_s: PositiveSeconds = 30.0
     heartbeat_stale_s: PositiveSeconds = 120.0
     """``/healthz`` answers 503 (and the systemd watchdog is not fed) when no tick ran for this long."""
+    combine_probes: bool = True
+    """Single-node probes due on a node together run in one job (``python -m probes check``, one
+    start-up), each with its own run (``healthd.planning.plan``'s ``combine``)."""
 
 
 TransportName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9 _./-]*$")]

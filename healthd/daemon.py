@@ -11,7 +11,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
@@ -224,11 +224,11 @@ class Daemon:
         now = time.time()
         self.store.upsert_nodes(known, now)
         runs = self.store.unfinished_runs()
-        in_flight = sum(1 for r in runs if not waiting_for_nodes(r, now, s.scheduler.plan_interval_s))
+        in_flight = jobs_in_flight(runs, now, s.scheduler.plan_interval_s)
         limits = plan_limits(self.traits, s)
         if self._launch_requests(known, runs, limits, now):
             runs = self.store.unfinished_runs()
-            in_flight = sum(1 for r in runs if not waiting_for_nodes(r, now, s.scheduler.plan_interval_s))
+            in_flight = jobs_in_flight(runs, now, s.scheduler.plan_interval_s)
         last_attempts = self.store.last_attempts()
         priority = self.judge.priority_requests(self.remediator.recheck_nodes(), s.probes, last_attempts, now)
         jobs = plan(
@@ -241,6 +241,7 @@ class Daemon:
             limits=limits,
             priority=priority,
             pending_nodes={n for r in runs if r.state == "submitted" for n in r.nodes},
+            combine=s.scheduler.combine_probes,
         )
         if in_flight + len(jobs) < limits.max_jobs_in_flight:
             jobs += plan_sweep(
@@ -505,6 +506,11 @@ def waiting_for_nodes(run: RunRow, now: float, plan_interval_s: float) -> bool:
     """A run submitted more than one plan interval ago that has not started: its nodes were taken
     by users between our read and sbatch (it pends at the lowest priority until it is cancelled)."""
     return run.state == "submitted" and now - run.submitted_at >= plan_interval_s
+
+
+def jobs_in_flight(runs: Sequence[RunRow], now: float, plan_interval_s: float) -> int:
+    """Backend jobs in flight (the runs of a combined job share one), less those ``waiting_for_nodes``."""
+    return len({r.job_id or r.run_id for r in runs if not waiting_for_nodes(r, now, plan_interval_s)})
 
 
 def _utc(ts: float) -> Any:

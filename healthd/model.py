@@ -111,6 +111,17 @@ class RunKind(StrEnum):
 
 
 @dataclass(frozen=True)
+class BundledRun:
+    """One probe of a combined job (``python -m probes check``): a run of its own (its run id, its row
+    in the store, its result file ``<run_id>.json``), with its probe's options and time limit."""
+
+    run_id: str
+    probe: str
+    args: tuple[str, ...] = ()
+    timeout_s: float = 300.0
+
+
+@dataclass(frozen=True)
 class ProbeJob:
     """A probe to run once on a set of nodes; ``run_id`` ties the backend job to its result."""
 
@@ -126,6 +137,15 @@ class ProbeJob:
     CPU when > 0); ``None``: the probe's own default."""
     expect_gpu_uuids: tuple[str, ...] = ()
     """The UUIDs the node's GPUs had when last seen (single-node jobs): a missing GPU is named by it."""
+    bundle: tuple[BundledRun, ...] = ()
+    """Non-empty: a combined job of one node (``probe`` is ``"check"``, ``run_id`` the first run's,
+    ``timeout_s`` the sum of the runs' limits) that runs each of these probes after one start-up
+    and writes each run's own result; nothing is stored under the job's own probe name."""
+
+    @property
+    def runs(self) -> tuple[BundledRun, ...]:
+        """The runs this job records: its bundle, or itself."""
+        return self.bundle or (BundledRun(self.run_id, self.probe, self.args, self.timeout_s),)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from healthd.config import ProbeSettings, SweepSettings
-from healthd.model import Node, ProbeJob, RunKind
+from healthd.model import BundledRun, Node, ProbeJob, RunKind
+from probes.catalogue import CHECK_COMMAND, CHECK_COMMON_OPTIONS, CHECK_PROBES
 
 BLOCKING_FLAGS = frozenset(
     {
@@ -113,6 +114,7 @@ def plan(
     priority: Sequence[PriorityRequest] = (),
     make_priority_run_id: Callable[[], str] = new_priority_run_id,
     pending_nodes: Iterable[str] = (),
+    combine: bool = False,
 ) -> list[ProbeJob]:
     """Probe jobs to submit now.
 
@@ -126,7 +128,11 @@ def plan(
       after ``pending_timeout_s``) must not keep the other idle nodes waiting;
     - multi-node probes (``nodes_per_job > 1``) group due nodes of the same node class;
     - ``priority`` requests come first, in order, within the same caps; a request whose nodes
-      are not all free now, or whose job cannot be filled with free partners, waits.
+      are not all free now, or whose job cannot be filled with free partners, waits;
+    - ``combine`` (``[scheduler] combine_probes``): a single-node probe that can run in a check
+      (``ProbeSpec.check``) takes along, in one job (``python -m probes check``, ``ProbeJob.bundle``),
+      the other such probes of its node whose interval has passed (their jitter is not waited for),
+      with the same ``ranks_per_node`` and launcher; each keeps its own run.
     """
     busy = set(busy_nodes)
     probeable = [n for n in nodes if why_not_probeable(n, limits) is None]
@@ -151,6 +157,7 @@ def plan(
             if ready_at <= now:
                 due.append((ready_at, probe, node))
     due.sort(key=lambda item: (item[0], item[1], item[2].name))
+    mates = _interval_due(candidates, probes, last_attempts, now) if combine else {}
 
     jobs: list[ProbeJob] = []
     taken: set[str] = set()
@@ -175,7 +182,11 @@ def plan(
             continue
         settings = probes[probe]
         if settings.nodes_per_job == 1:
-            jobs.append(_job(probe, (node,), settings, make_run_id))
+            along = [p for p in mates.get(node.name, ()) if p != probe and _same_launch(probes[p], settings)]
+            if probe in CHECK_PROBES and _checkable(settings) and along:
+                jobs.append(_check_job((probe, *along), node, probes, make_run_id))
+            else:
+                jobs.append(_job(probe, (node,), settings, make_run_id))
             taken.add(node.name)
             continue
         group = waiting_groups.setdefault((probe, node.node_class), [])
@@ -186,6 +197,47 @@ def plan(
             taken.update(n.name for n in group)
             waiting_groups[(probe, node.node_class)] = []
     return jobs
+
+
+def _interval_due(candidates: Sequence[Node], probes: Mapping[str, ProbeSettings],
+                  last_attempts: Mapping[tuple[str, str], float], now: float) -> dict[str, list[str]]:
+    """Per node, the single-node probes that can run in a check and whose interval has passed there."""
+    out: dict[str, list[str]] = {}
+    names = [p for p in CHECK_PROBES if p in probes and probes[p].enabled and _checkable(probes[p])]
+    for node in candidates:
+        for probe in names:
+            last = last_attempts.get((node.name, probe))
+            if last is None or last + probes[probe].interval_s <= now:
+                out.setdefault(node.name, []).append(probe)
+    return out
+
+
+def _checkable(settings: ProbeSettings) -> bool:
+    """A single-node probe whose ``args`` are its own options only (a check takes the common ones once)."""
+    return settings.nodes_per_job == 1 and not any(a.split("=", 1)[0] in CHECK_COMMON_OPTIONS for a in settings.args)
+
+
+def _same_launch(a: ProbeSettings, b: ProbeSettings) -> bool:
+    """Whether two probes may share one rank session: the same ranks and the same launcher."""
+    return a.ranks_per_node == b.ranks_per_node and a.launcher == b.launcher
+
+
+def _check_job(names: Sequence[str], node: Node, probes: Mapping[str, ProbeSettings],
+               make_run_id: Callable[[], str]) -> ProbeJob:
+    """One job running ``names`` on ``node`` after one start-up, in catalogue order, each its own run."""
+    ordered = sorted(names, key=CHECK_PROBES.index)
+    runs = tuple(BundledRun(make_run_id(), p, tuple(probes[p].args), probes[p].timeout_s) for p in ordered)
+    first = probes[ordered[0]]
+    return ProbeJob(
+        run_id=runs[0].run_id,
+        probe=CHECK_COMMAND,
+        nodes=(node.name,),
+        timeout_s=sum(r.timeout_s for r in runs),
+        ranks_per_node=first.ranks_per_node,
+        expect_gpus=expected_gpus((node,)),
+        expect_gpu_uuids=node.gpu_uuids if expected_gpus((node,)) else (),
+        bundle=runs,
+    )
 
 
 def _priority_group(
@@ -348,7 +400,7 @@ def within_budget(
     kept: list[ProbeJob] = []
     blocked = False
     for job in jobs:
-        cost = run_cost_gpu_s(job.probe, job.nodes, gpus, duration_s, job.timeout_s)
+        cost = sum(run_cost_gpu_s(r.probe, job.nodes, gpus, duration_s, r.timeout_s) for r in job.runs)
         if job.kind is RunKind.REPROBE:
             kept.append(job)
             left -= cost

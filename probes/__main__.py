@@ -1,4 +1,5 @@
-"""``python -m probes <name> [common options] [probe options]``, a name from ``probes.catalogue``.
+"""``python -m probes <name> [common options] [probe options]``, a name from ``probes.catalogue``,
+or ``python -m probes check ...``: several probes after one start-up (:mod:`probes.check`).
 
 Exit codes: 0 the probe ran (outcome ``pass`` or ``fail``), 1 it could not run (outcome
 ``error``; the document is still written, with the reason), 2 usage error (argparse).
@@ -14,7 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from probes.catalogue import CATALOGUE, PROBE_NAMES, ProbeName
+from probes.catalogue import CATALOGUE, CHECK_COMMAND, PROBE_NAMES, ProbeName
 from probes.context import CommandModule, ProbeModule
 from probes.dist import LaunchError, detect_launch, node_name
 from probes.expect import parse_uuid_list
@@ -80,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m probes",
         description="healthd probes for compute nodes; prints one ProbeResult JSON document",
     )
-    sub = parser.add_subparsers(dest="probe", required=True, metavar="{" + ",".join(PROBE_NAMES) + "}")
+    sub = parser.add_subparsers(dest="probe", required=True,
+                                metavar="{" + ",".join((*PROBE_NAMES, CHECK_COMMAND)) + "}")
     common = common_parser()
     for name, spec in CATALOGUE.items():
         if not spec.torch:
@@ -90,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
         module: ProbeModule = probe_module(name)
         p = sub.add_parser(name.value, parents=[common], help=module.HELP, description=module.HELP)
         module.add_arguments(p)
+    from probes import check
+
+    check.register(sub, common)
     return parser
 
 
@@ -112,7 +117,12 @@ def _launch_error(module: ProbeModule, args: argparse.Namespace, reason: str) ->
 
 def main(argv: Sequence[str] | None = None) -> int:
     raw = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(raw)
+    parser = build_parser()
+    args = parser.parse_args(raw)
+    if args.probe == CHECK_COMMAND:
+        from probes import check
+
+        return check.main(args, raw, parser)
     spec = CATALOGUE[ProbeName(args.probe)]
     if not spec.torch:
         command: CommandModule = probe_module(spec.name)

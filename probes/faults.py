@@ -11,6 +11,11 @@ Kinds:
   or collective would; the probe must end within ``--timeout`` naming the rank.
 - ``crash:<rank>``: the rank exits abruptly (``os._exit``, no cleanup, no report) when the
   measurement phase starts.
+- ``raise:<rank>``: the probe body raises ``RuntimeError`` on that rank when the measurement
+  phase starts (as a bug in a probe would): the probe's outcome is ``error``.
+
+``HEALTHD_PROBE_FAULT_PROBES=<probe>[,<probe>...]`` limits the faults to those probes' parts of a
+``python -m probes check`` (unset: every probe of the check is faulted).
 
 This exists so tests can exercise the failure paths with real processes. It is never set
 by the daemon.
@@ -23,9 +28,10 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 FAULT_ENV = "HEALTHD_PROBE_FAULT"
+FAULT_PROBES_ENV = "HEALTHD_PROBE_FAULT_PROBES"
 CRASH_EXIT_CODE = 86
 
-FaultKind = Literal["corrupt", "hang", "crash"]
+FaultKind = Literal["corrupt", "hang", "crash", "raise"]
 
 
 @dataclass(frozen=True)
@@ -61,3 +67,10 @@ def active_faults(rank: int, environ: dict[str, str] | None = None, *, node: str
     env = os.environ if environ is None else environ
     return frozenset(f.kind for f in parse_faults(env.get(FAULT_ENV))
                      if f.rank == rank or (f.node is not None and f.node == node and local_rank == 0))
+
+
+def faults_apply_to(probe: str, environ: dict[str, str] | None = None) -> bool:
+    """Whether the injected faults hit ``probe``'s part of a check (``HEALTHD_PROBE_FAULT_PROBES``)."""
+    env = os.environ if environ is None else environ
+    names = [n.strip() for n in env.get(FAULT_PROBES_ENV, "").split(",") if n.strip()]
+    return not names or probe in names

@@ -192,57 +192,7 @@ def run_standalone(probe: ProbeModule, args: argparse.Namespace, argv: Sequence[
     signal.signal(signal.SIGINT, on_signal)
     child_argv = [sys.executable, "-m", "probes", *argv, "--nproc", str(nproc)]
     try:
-        for rank in range(nproc):
-            env = dict(os.environ)
-            env.update(
-                {
-                    "RANK": str(rank),
-                    "WORLD_SIZE": str(nproc),
-                    "LOCAL_RANK": str(rank),
-                    "LOCAL_WORLD_SIZE": str(nproc),
-                    "GROUP_RANK": "0",
-                    "MASTER_ADDR": "127.0.0.1",
-                    "MASTER_PORT": str(port),
-                    LAUNCHER_ENV: "standalone",
-                    T0_ENV: repr(t0),
-                    RESULT_FILE_ENV: result_file,
-                }
-            )
-            for var in ("TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID"):
-                env.pop(var, None)
-            proc = subprocess.Popen(
-                child_argv,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=2,
-                stderr=subprocess.PIPE,
-                preexec_fn=_set_pdeathsig,
-            )
-            children.append(Child(rank=rank, proc=proc))
-        pumps = [threading.Thread(target=_pump, args=(c,), daemon=True) for c in children]
-        for p in pumps:
-            p.start()
-
-        rank0_done_at: float | None = None
-        while True:
-            now = time.time()
-            for c in children:
-                if c.exited_at is None and c.proc.poll() is not None:
-                    c.exited_at = now
-            if all(c.exited_at is not None for c in children):
-                break
-            if rank0_done_at is None and children[0].exited_at is not None:
-                rank0_done_at = now
-            if rank0_done_at is not None and now - rank0_done_at > RANK0_GRACE_S:
-                _stop(children)
-                break
-            if now >= deadline:
-                _stop(children, at_deadline=True)
-                break
-            time.sleep(0.05)
-        for p in pumps:
-            p.join(timeout=1.0)
-
+        run_ranks(children, child_argv, nproc, port, t0, deadline, {RESULT_FILE_ENV: result_file})
         result = _read_result(result_file)
         rank0_silent = result is None
         if result is None:
@@ -266,6 +216,67 @@ def run_standalone(probe: ProbeModule, args: argparse.Namespace, argv: Sequence[
         if not stopping.is_set():
             _stop(children)
         shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def run_ranks(children: list[Child], child_argv: Sequence[str], nproc: int, port: int, t0: float,
+              deadline: float, extra_env: dict[str, str]) -> None:
+    """Start ``nproc`` ranks of ``child_argv`` (appended to ``children`` as they start) and wait
+    until they exit, rank 0 has been gone for :data:`RANK0_GRACE_S`, or ``deadline``."""
+    for rank in range(nproc):
+        env = dict(os.environ)
+        env.update(
+            {
+                "RANK": str(rank),
+                "WORLD_SIZE": str(nproc),
+                "LOCAL_RANK": str(rank),
+                "LOCAL_WORLD_SIZE": str(nproc),
+                "GROUP_RANK": "0",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                LAUNCHER_ENV: "standalone",
+                T0_ENV: repr(t0),
+                **extra_env,
+            }
+        )
+        for var in ("TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID"):
+            env.pop(var, None)
+        proc = subprocess.Popen(
+            child_argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=2,
+            stderr=subprocess.PIPE,
+            preexec_fn=_set_pdeathsig,
+        )
+        children.append(Child(rank=rank, proc=proc))
+    pumps = [threading.Thread(target=_pump, args=(c,), daemon=True) for c in children]
+    for p in pumps:
+        p.start()
+
+    rank0_done_at: float | None = None
+    while True:
+        now = time.time()
+        for c in children:
+            if c.exited_at is None and c.proc.poll() is not None:
+                c.exited_at = now
+        if all(c.exited_at is not None for c in children):
+            break
+        if rank0_done_at is None and children[0].exited_at is not None:
+            rank0_done_at = now
+        if rank0_done_at is not None and now - rank0_done_at > RANK0_GRACE_S:
+            _stop(children)
+            break
+        if now >= deadline:
+            _stop(children, at_deadline=True)
+            break
+        time.sleep(0.05)
+    for p in pumps:
+        p.join(timeout=1.0)
+
+
+def read_result(path: str) -> ProbeResult | None:
+    """The document at ``path``; ``None`` when there is none or it does not parse."""
+    return _read_result(path)
 
 
 def _read_result(path: str) -> ProbeResult | None:

@@ -21,6 +21,8 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from probes import env as env_probe
@@ -34,7 +36,7 @@ from probes.dist import (
     resolve_device,
 )
 from probes.expect import shortfall_text
-from probes.faults import CRASH_EXIT_CODE, active_faults
+from probes.faults import CRASH_EXIT_CODE, FaultKind, active_faults, faults_apply_to
 from probes.gpus import gpu_slot, name_check_gpus, node_gpus
 from probes.liveness import Liveness, diagnose, prefixed_client, tcp_store
 from probes.report import emit, render, reserve_stdout
@@ -43,6 +45,8 @@ from probes.timing import Deadline, probe_t0, rank_margin_seconds
 
 RESULT_FILE_ENV = "HEALTHD_PROBE_RESULT_FILE"
 """Set by the standalone launcher: rank 0 writes its JSON document there instead of stdout."""
+RESULT_DIR_ENV = "HEALTHD_PROBE_RESULT_DIR"
+"""Set by the standalone launcher of a check: rank 0 writes each probe's document to ``<dir>/<probe>.json``."""
 
 COLLECTIVE_TIMEOUT_LEAD_S = 2.0
 FAILING_GRACE_S = 15.0
@@ -72,16 +76,40 @@ def exit_code_of(outcome: Outcome) -> int:
     return 1 if outcome is Outcome.ERROR else 0
 
 
-class RankSession:
-    """Shared state of one rank, and the single way out of it."""
+@dataclass(frozen=True)
+class CheckPart:
+    """One probe of a check (``python -m probes check``): its module and its own options."""
 
-    def __init__(self, probe: ProbeModule, args: argparse.Namespace, launch: LaunchInfo) -> None:
+    probe: ProbeModule
+    args: argparse.Namespace
+    """As if the probe ran alone: its own options, run id, ``--timeout`` (its part's limit), ``--output``."""
+
+
+class RankSession:
+    """Shared state of one rank, and the single way out of it.
+
+    A check runs several probes (:class:`CheckPart`) in one session: ``probe``/``args``/``params``
+    are the current part's; ``later`` the parts not yet run (a failure gives each an ``error``
+    document); ``check_timeout`` the whole check's ``--timeout`` (``None``: a single probe).
+    """
+
+    def __init__(self, probe: ProbeModule, args: argparse.Namespace, launch: LaunchInfo, *,
+                 later: Sequence[CheckPart] = (), check_timeout: float | None = None,
+                 check_params: dict[str, Any] | None = None) -> None:
         self.probe = probe
         self.args = args
         self.launch = launch
         self.t0 = probe_t0()
-        self.deadline = Deadline(self.t0 + float(args.timeout))
-        self.rank_deadline = Deadline(self.deadline.at - rank_margin_seconds(float(args.timeout)))
+        total = float(args.timeout if check_timeout is None else check_timeout)
+        self.check_timeout = check_timeout
+        self.deadline = Deadline(self.t0 + total)
+        self.rank_deadline = Deadline(self.deadline.at - rank_margin_seconds(total))
+        self.later: list[CheckPart] = list(later)
+        self.check_params = check_params
+        self.part_t0 = self.t0
+        self.part_deadline = self._part_deadline()
+        self.part_ready_at: float | None = None
+        """When the current part could start measuring: the shared start-up's end for the first."""
         self.params = common_params(args, launch)
         self.liveness: Liveness | None = None
         self.ranks: list[RankInfo] = []
@@ -95,21 +123,69 @@ class RankSession:
         self._finished = False
         self._failing = False
         self._exit_code = 1
+        self._parts_code = 0
         self.result_file = os.environ.get(RESULT_FILE_ENV)
+        self.result_dir = os.environ.get(RESULT_DIR_ENV)
+
+    # -- check parts -------------------------------------------------------------------------
+    def _part_deadline(self) -> Deadline:
+        if self.check_timeout is None:
+            return self.rank_deadline
+        return Deadline(min(self.rank_deadline.at, self.part_t0 + float(self.args.timeout)))
+
+    def next_part(self) -> None:
+        """Make the first of ``later`` the current part (a check), its clock starting now."""
+        with self._lock:
+            part = self.later.pop(0)
+            self.probe, self.args = part.probe, part.args
+            self.part_t0 = self.part_ready_at = time.time()
+            self.part_deadline = self._part_deadline()
+            backend, device = self.params["backend"], self.params["device"]
+            self.params = {**common_params(part.args, self.launch), "backend": backend, "device": device}
+            if self.check_params is not None:
+                self.params["check"] = {**self.check_params, "startup_shared": True}
+
+    def _startup_seconds(self) -> float | None:
+        return (self.part_ready_at - self.part_t0) if self.part_ready_at else None
 
     # -- the way out -------------------------------------------------------------------------
-    def _write(self, result: ProbeResult) -> None:
-        if self.result_file:
+    def _write(self, result: ProbeResult, probe: ProbeModule | None = None,
+               args: argparse.Namespace | None = None) -> None:
+        probe, args = probe or self.probe, args or self.args
+        if self.result_dir:
+            emit(result.to_json() + "\n", os.path.join(self.result_dir, f"{probe.NAME.value}.json"))
+        elif self.result_file:
             emit(result.to_json() + "\n", self.result_file)
         else:
-            emit(render(result, self.args.format, self.probe.format_table), self.args.output)
+            emit(render(result, args.format, probe.format_table), args.output)
 
-    def finish(self, output: ProbeOutput, measure_end: float) -> int:
-        """Write the normal document (rank 0) and return the exit code."""
+    def part_error(self, reason: str) -> None:
+        """The current part of a check could not run (its body raised on some rank): rank 0
+        writes its ``error`` document; the check goes on with the next part."""
+        with self._lock:
+            if self._finished or self.launch.rank != 0:
+                return
+            self._parts_code = 1
+            self._write(ProbeResult(
+                probe=self.probe.NAME,
+                run_id=self.args.run_id,
+                outcome=Outcome.ERROR,
+                reason=reason,
+                started_at=self.part_t0,
+                finished_at=time.time(),
+                startup_seconds=self._startup_seconds(),
+                nodes=env_probe.nodes_in_order(self.ranks) if self.ranks else [self.launch.node],
+                environment=self.environment,
+                params=self.params,
+            ))
+
+    def finish(self, output: ProbeOutput, measure_end: float, *, final: bool = True) -> int:
+        """Write the normal document (rank 0) and return the exit code; ``final=False``: a part of
+        a check that others follow."""
         with self._lock:
             if self._finished:
                 return self._exit_code
-            self._finished = True
+            self._finished = final
             if self.launch.rank != 0:
                 self._exit_code = 0
                 return 0
@@ -123,17 +199,18 @@ class RankSession:
                 run_id=self.args.run_id,
                 outcome=outcome,
                 reason=reason,
-                started_at=self.t0,
+                started_at=self.part_t0,
                 finished_at=time.time(),
-                startup_seconds=(self.pg_ready_at - self.t0) if self.pg_ready_at else None,
-                measure_seconds=(measure_end - self.pg_ready_at) if self.pg_ready_at else None,
+                startup_seconds=self._startup_seconds(),
+                measure_seconds=(measure_end - self.part_ready_at) if self.part_ready_at else None,
                 nodes=env_probe.nodes_in_order(self.ranks),
                 environment=self.environment,
                 params={**self.params, **output.params},
                 measurements=output.measurements,
                 checks=checks,
             )
-            self._exit_code = exit_code_of(outcome)
+            self._parts_code = max(self._parts_code, exit_code_of(outcome))
+            self._exit_code = self._parts_code
             self._write(result)
             return self._exit_code
 
@@ -163,19 +240,33 @@ class RankSession:
                 text = f"{reason} (rank states unreadable: {type(exc).__name__}: {exc})"
         environment = self.environment or self._partial_environment()
         try:
+            nodes = env_probe.nodes_in_order(self.ranks) if self.ranks else [self.launch.node]
             result = ProbeResult(
                 probe=self.probe.NAME,
                 run_id=self.args.run_id,
                 outcome=Outcome.ERROR,
                 reason=text,
-                started_at=self.t0,
+                started_at=self.part_t0,
                 finished_at=time.time(),
-                startup_seconds=(self.pg_ready_at - self.t0) if self.pg_ready_at else None,
-                nodes=env_probe.nodes_in_order(self.ranks) if self.ranks else [self.launch.node],
+                startup_seconds=self._startup_seconds(),
+                nodes=nodes,
                 environment=environment,
                 params=self.params,
             )
             self._write(result)
+            now = time.time()
+            for part in self.later:
+                self._write(ProbeResult(
+                    probe=part.probe.NAME,
+                    run_id=part.args.run_id,
+                    outcome=Outcome.ERROR,
+                    reason=f"not run: the check stopped in probe {self.probe.NAME.value}: {text}",
+                    started_at=now,
+                    finished_at=now,
+                    nodes=nodes,
+                    environment=environment,
+                    params={**common_params(part.args, self.launch), "check": self.check_params},
+                ), part.probe, part.args)
         except Exception:
             traceback.print_exc()
         sys.stderr.flush()
@@ -207,9 +298,12 @@ class RankSession:
 
     def start_watchdog(self) -> None:
         def watch() -> None:
-            remaining = self.rank_deadline.remaining()
-            if remaining > 0:
-                time.sleep(remaining)
+            while (remaining := self.part_deadline.remaining()) > 0:
+                time.sleep(min(remaining, 0.5))
+            if self.check_timeout is not None and self.part_deadline.at < self.rank_deadline.at:
+                self.fail(f"probe did not finish within its {self.args.timeout:g} s limit in the check")
+            if self.check_timeout is not None:
+                self.fail(f"check did not finish within its {self.check_timeout:g} s timeout")
             self.fail(f"probe did not finish within its {self.args.timeout:g} s timeout")
 
         threading.Thread(target=watch, name="healthd-watchdog", daemon=True).start()
@@ -248,7 +342,62 @@ def run_rank(probe: ProbeModule, args: argparse.Namespace, launch: LaunchInfo) -
         session.fail("interrupted")
 
 
+def run_check_rank(parts: Sequence[CheckPart], check_timeout: float, launch: LaunchInfo,
+                   check_params: dict[str, Any]) -> int:
+    """Run the probes of a check as one rank: one start-up, then each part's body in turn."""
+    if not os.environ.get(RESULT_FILE_ENV) and not os.environ.get(RESULT_DIR_ENV):
+        reserve_stdout()
+    first = parts[0]
+    session = RankSession(first.probe, first.args, launch, later=parts[1:], check_timeout=check_timeout,
+                          check_params=check_params)
+    session.params["check"] = {**check_params, "startup_shared": False}
+    session.start_signal_thread()
+    session.start_watchdog()
+    os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "2"
+    try:
+        return _run_check(session, parts)
+    except Exception as exc:
+        session.fail(f"{type(exc).__name__}: {exc}".strip())
+    except KeyboardInterrupt:
+        session.fail("interrupted")
+
+
+@dataclass
+class _Started:
+    """What the start-up of a rank session leaves for the probe bodies."""
+
+    device: Any
+    gpu: int
+    devices: list[Any]
+    faults: frozenset[FaultKind]
+    meta: Any
+    liveness: Liveness
+
+
 def _run(session: RankSession) -> int:
+    started = _start(session, [CheckPart(session.probe, session.args)])
+    output = _part(session, started, catch=False)
+    assert output is not None
+    code = session.finish(output, time.time())
+    _close(started)
+    return code
+
+
+def _run_check(session: RankSession, parts: Sequence[CheckPart]) -> int:
+    started = _start(session, parts)
+    code = 0
+    for index in range(len(parts)):
+        if index:
+            session.next_part()
+        output = _part(session, started, catch=True)
+        if output is not None:
+            code = session.finish(output, time.time(), final=index == len(parts) - 1)
+    _close(started)
+    return max(code, session._parts_code)
+
+
+def _start(session: RankSession, parts: Sequence[CheckPart]) -> _Started:
+    """Everything before the probe bodies: device, rendezvous, liveness, process group, ranks."""
     args, launch = session.args, session.launch
     import torch
     import torch.distributed as dist
@@ -263,9 +412,10 @@ def _run(session: RankSession) -> int:
     backend = resolve_backend("gloo" if gpus_short else args.backend, device_type)
     session.device_type, session.backend = device_type, backend
     session.params.update({"backend": backend, "device": device_type})
-    before_init = getattr(session.probe, "before_init", None)
-    if before_init is not None:
-        before_init(args, backend)
+    for part in parts:
+        before_init = getattr(part.probe, "before_init", None)
+        if before_init is not None:
+            before_init(part.args, backend)
     if device_type == "cuda":
         slot = gpu_slot(launch.local_rank, launch.local_world_size, torch.cuda.device_count(), os.environ,
                         node_gpus())
@@ -316,7 +466,7 @@ def _run(session: RankSession) -> int:
 
         meta = dist.new_group(backend="gloo", timeout=timedelta(seconds=max(1.0, pg_timeout)))
     dist.barrier(group=meta)
-    session.pg_ready_at = time.time()
+    session.pg_ready_at = session.part_ready_at = time.time()
 
     liveness.mark("environment")
     if device_type == "cuda":
@@ -335,20 +485,31 @@ def _run(session: RankSession) -> int:
         session.environment = env_probe.build_environment(
             launch.launcher, backend, device_type, env_probe.versions(device_type), session.ranks
         )
+    return _Started(device=device, gpu=gpu, devices=devices, faults=faults, meta=meta, liveness=liveness)
 
+
+def _part(session: RankSession, started: _Started, *, catch: bool) -> ProbeOutput | None:
+    """One probe's body and its checks, on every rank; ``catch`` (a check): a body that raises on
+    some rank gives this probe an ``error`` document (``None`` is returned) once every rank is
+    through, instead of ending the session."""
+    import torch.distributed as dist
+
+    args, launch, liveness, meta = session.args, session.launch, started.liveness, started.meta
+    assert session.device_type is not None and session.backend is not None
+    faults = started.faults if not catch or faults_apply_to(session.probe.NAME.value) else frozenset()
     ctx = ProbeContext(
         args=args,
         launch=launch,
-        device=device,
-        device_type=device_type,
-        backend=backend,
-        gpu=gpu,
-        gpu_uuid=next((d.uuid for d in devices if d.index == gpu), None),
+        device=started.device,
+        device_type=session.device_type,
+        backend=session.backend,
+        gpu=started.gpu,
+        gpu_uuid=next((d.uuid for d in started.devices if d.index == started.gpu), None),
         ranks=session.ranks,
         faults=faults,
         mark=liveness.mark,
         meta_group=meta,
-        deadline_at=session.rank_deadline.at,
+        deadline_at=session.part_deadline.at,
     )
     liveness.mark("probe.start")
     if "crash" in faults:
@@ -359,22 +520,41 @@ def _run(session: RankSession) -> int:
         while True:
             time.sleep(3600)
 
-    output = session.probe.run(ctx)
+    try:
+        if "raise" in faults:
+            raise RuntimeError("injected fault: the probe body raised")
+        output = session.probe.run(ctx)
+        raised = None
+    except Exception as exc:
+        if not catch:
+            raise
+        raised = f"{type(exc).__name__}: {exc}".strip()
+        log(f"rank {launch.rank}: probe {session.probe.NAME.value} raised: {raised}")
+        traceback.print_exc()
+        output = ProbeOutput()
     liveness.mark("probe.end")
-    dist.barrier(group=meta)  # every rank got through the probe before a document says so
-    env_checks, expected = env_probe.gpu_count_checks(session.ranks, args.expect_gpus, device_type,
+    if catch:
+        errors = ctx.gather(raised)  # every rank through the body (or its exception) before a document
+        if any(errors):
+            session.part_error("; ".join(f"rank {r}: {e}" for r, e in enumerate(errors) if e))
+            return None
+    else:
+        dist.barrier(group=meta)  # every rank got through the probe before a document says so
+    env_checks, expected = env_probe.gpu_count_checks(session.ranks, args.expect_gpus, session.device_type,
                                                       args.expect_gpu_uuids)
     output.checks[:0] = env_checks
     output.checks = name_check_gpus(output.checks, session.ranks)
     if expected:
         output.params.setdefault("expected_gpus_per_node", expected)
-    measure_end = time.time()
     liveness.mark("finish")
+    return output
 
-    code = session.finish(output, measure_end)
-    liveness.report("done", "1")
-    liveness.mark("done")
-    dist.barrier(group=meta)
-    liveness.stop()
+
+def _close(started: _Started) -> None:
+    import torch.distributed as dist
+
+    started.liveness.report("done", "1")
+    started.liveness.mark("done")
+    dist.barrier(group=started.meta)
+    started.liveness.stop()
     dist.destroy_process_group()
-    return code

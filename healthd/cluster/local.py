@@ -22,7 +22,7 @@ from pathlib import Path
 from healthd.cluster.base import BackendTraits
 from healthd.config import Settings
 from healthd.errors import BackendError, CommandTimeout, ConfigError, HealthdError
-from healthd.jobs import expectation_args
+from healthd.jobs import check_args, expectation_args
 from healthd.logging import get_logger
 from healthd.model import JobState, JobStatus, Node, ProbeJob
 from healthd.node_class import DEFAULT_CLASS, gpu_type_of
@@ -41,6 +41,8 @@ _FIND_TORCH = f"import importlib.util, sys; sys.exit(0 if importlib.util.find_sp
 def probe_argv(python: Path | str, job: ProbeJob, result_path: Path | None, *, ranks: int | None) -> list[str]:
     """The argv that runs ``job`` on this machine (pure); no ``result_path``: the result goes to stdout.
     No ``ranks`` (nor ``job.ranks_per_node``): the probes' launcher starts one rank per visible GPU."""
+    if job.bundle:
+        return _check_argv(python, job, result_path, ranks=ranks)
     argv = [str(python), "-m", "probes", job.probe, "--run-id", job.run_id, "--timeout", f"{job.timeout_s:g}"]
     if result_path is not None:
         argv += ["--output", str(result_path)]
@@ -48,6 +50,15 @@ def probe_argv(python: Path | str, job: ProbeJob, result_path: Path | None, *, r
     if (spec := probe_spec(job.probe)) is not None and spec.local_ranks and nproc is not None:
         argv += ["--nproc", str(nproc)]
     return argv + expectation_args(job) + list(job.args)
+
+
+def _check_argv(python: Path | str, job: ProbeJob, result_path: Path | None, *, ranks: int | None) -> list[str]:
+    """A combined job (``job.bundle``): ``python -m probes check``, every run's document next to ``result_path``."""
+    argv = [str(python), "-m", "probes", *check_args(job, result_path.parent if result_path is not None else None)]
+    nproc = job.ranks_per_node or ranks
+    if nproc is not None and any((spec := probe_spec(r.probe)) is not None and spec.local_ranks for r in job.bundle):
+        argv += ["--nproc", str(nproc)]
+    return argv
 
 
 def torch_problem(python: Path, *, timeout_s: float = TORCH_CHECK_TIMEOUT_S) -> str | None:
@@ -307,7 +318,8 @@ def _kill_orphan(job_id: str) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    if run_id.encode() not in cmdline:
+    named = {piece for token in cmdline for item in token.split(b",") for piece in (item, item.partition(b"=")[2])}
+    if run_id.encode() not in named:  # a run id of its own, or one of a check's --run-ids PROBE=ID,...
         return False
     try:
         os.killpg(pid, signal.SIGKILL)

@@ -105,12 +105,18 @@ def choose_launch(
 ) -> tuple[ProbeJob, LaunchSettings]:
     """``job`` with its NCCL transport expectation added (unless its args already give one), and
     ``launch`` with the launcher of its probe and node class (pure)."""
-    launcher = choices.launcher(job.probe, node_class)
+    launcher = choices.launcher(job.bundle[0].probe if job.bundle else job.probe, node_class)
     if launcher is not None:
         launch = replace(launch, launcher=launcher)
     expected = choices.expected_transport(job.probe, node_class)
     if expected and EXPECT_TRANSPORT_OPTION not in job.args:
         job = replace(job, args=(*job.args, EXPECT_TRANSPORT_OPTION, ",".join(expected)))
+    if job.bundle:
+        job = replace(job, bundle=tuple(
+            replace(r, args=(*r.args, EXPECT_TRANSPORT_OPTION, ",".join(want)))
+            if (want := choices.expected_transport(r.probe, node_class)) and EXPECT_TRANSPORT_OPTION not in r.args
+            else r
+            for r in job.bundle))
     return job, launch
 
 

@@ -54,3 +54,21 @@ def test_job_names_round_trip() -> None:
 @pytest.mark.parametrize(("timeout", "minutes"), [(1, 2), (60, 2), (120, 3), (179, 4), (3600, 61)])
 def test_time_limit(timeout: float, minutes: int) -> None:
     assert time_limit_minutes(timeout) == minutes
+
+
+def test_single_node_check_script_runs_each_run_with_its_own_result() -> None:
+    from healthd.model import BundledRun
+
+    job = ProbeJob(
+        run_id="c0ffee0000000001", probe="check", nodes=("gpu01",), timeout_s=420.0, expect_gpus=8,
+        expect_gpu_uuids=("GPU-a", "GPU-b"),
+        bundle=(
+            BundledRun("c0ffee0000000001", "env", (), 60.0),
+            BundledRun("c0ffee0000000002", "nccl", ("--expect-transport", "NVLS"), 120.0),
+            BundledRun("c0ffee0000000003", "gemm", ("--size", "4096"), 120.0),
+            BundledRun("c0ffee0000000004", "ddp", (), 120.0),
+        ),
+    )
+    script = render_batch_script(job, SETTINGS, ranks_per_node=8, gpus_per_node=8)
+    assert_golden("sbatch_check_single.sh", script)
+    assert "#SBATCH --job-name=healthd.check.c0ffee0000000001\n" in script

@@ -14,7 +14,7 @@ from healthd.collector import log_tail
 from healthd.config import load_settings
 from healthd.errors import ConfigError
 from healthd.jobs import Launcher, LaunchSettings, container_mounts, launcher_problems, render_batch_script
-from healthd.model import ProbeJob
+from healthd.model import BundledRun, ProbeJob
 from tests.golden_files import assert_golden
 
 FAILURES = Path(__file__).resolve().parents[1] / "fixtures" / "launchers"
@@ -193,6 +193,13 @@ def test_class_settings_override_the_probe_settings(tmp_path: Path) -> None:
     assert job == gemm and launch.launcher.kind == "apptainer"
     already = ProbeJob(run_id="r3", probe="nccl", nodes=("n1",), args=("--expect-transport", "Socket"))
     assert choose_launch(already, base, choices, None)[0] == already
+    check = ProbeJob(run_id="r4", probe="check", nodes=("n1",),
+                     bundle=(BundledRun("r4", "env"), BundledRun("r5", "nccl", ("--sizes", "8K"))))
+    job, launch = choose_launch(check, base, choices, "h100x8")
+    assert job.bundle == (BundledRun("r4", "env"), BundledRun("r5", "nccl", ("--sizes", "8K", "--expect-transport",
+                                                                              "IB,OFI")))
+    assert launch.launcher.kind == "bare"  # env's: the planner combines only probes with one launcher
+    assert choose_launch(check, base, choices, "gh200")[1].launcher.kind == "apptainer"  # the class's
 
 
 @pytest.mark.parametrize(("text", "key", "message"), [
