@@ -127,25 +127,29 @@ def test_sigkill_mid_probe_then_restart_loses_and_duplicates_nothing(tmp_path: P
         runs = json.loads(get(port, "/api/v1/runs")[1])["runs"]
         time.sleep(0.2)
     assert runs, "no run was submitted"
-    (run,) = runs
-    assert run["state"] in ("submitted", "running")
-    assert probe_processes(str(run["run_id"]))
+    # gemm and nccl are due together: one combined job (`probes check`), one run each, one job id
+    assert {r["probe"] for r in runs} == {"gemm", "nccl"} and len({r["job_id"] for r in runs}) == 1, runs
+    assert all(r["state"] in ("submitted", "running") for r in runs)
+    first = str(runs[0]["run_id"])
+    job = str(runs[0]["job_id"])
+    assert probe_processes(first)
     daemon.kill()  # SIGKILL: no clean-up at all
-    assert probe_processes(str(run["run_id"])), "the probe should outlive a SIGKILLed daemon"
+    assert probe_processes(first), "the probe should outlive a SIGKILLed daemon"
 
     again = daemon_factory(config, port)  # type: ignore[operator]
     again.wait_http()
     runs_after = json.loads(get(port, "/api/v1/runs")[1])["runs"]
-    same = [r for r in runs_after if r["run_id"] == run["run_id"]]
-    assert len(same) == 1
-    assert same[0]["state"] == "finished" and same[0]["outcome"] == "error"
-    assert same[0]["reason"] == "daemon restart: the probe was interrupted"
+    same = [r for r in runs_after if r["job_id"] == job]
+    assert sorted(r["run_id"] for r in same) == sorted(str(r["run_id"]) for r in runs)  # none lost, none twice
+    assert all(r["state"] == "finished" and r["outcome"] == "error"
+               and r["reason"] == "daemon restart: the probe was interrupted" for r in same), same
     deadline = time.time() + 5
-    while probe_processes(str(run["run_id"])) and time.time() < deadline:
+    while probe_processes(first) and time.time() < deadline:
         time.sleep(0.1)
-    assert probe_processes(str(run["run_id"])) == []
+    assert probe_processes(first) == []
     text = get(port, "/metrics")[1]
     assert 'healthd_probe_runs_total{outcome="error",probe="gemm"} 1.0' in text
+    assert 'healthd_probe_runs_total{outcome="error",probe="nccl"} 1.0' in text
 
 
 def test_probe_on_demand_through_the_local_daemon(tmp_path: Path, daemon_factory: object) -> None:
