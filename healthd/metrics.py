@@ -328,8 +328,10 @@ def node_views(snap: Snapshot) -> dict[str, NodeView]:
             for name, p in parts.items()}
 
 
-def node_samples(v: NodeView, detail: Detail, meta: dict[str, tuple[str, str]]) -> Iterator[Sample]:
-    """One node's samples; ``meta`` learns the type and help of measurement families it has not seen."""
+def node_samples(v: NodeView, detail: Detail, meta: dict[str, tuple[str, str]],
+                 uuids: Mapping[str, str] | None = None) -> Iterator[Sample]:
+    """One node's samples; ``meta`` learns the type and help of measurement families it has not seen; ``uuids``:
+    the ``gpu_uuids`` of ``v.gpus`` when the caller has them already."""
     full = detail == "full"
     name = ("node", v.name)
     if v.node is not None:
@@ -358,7 +360,8 @@ def node_samples(v: NodeView, detail: Detail, meta: dict[str, tuple[str, str]]) 
         shown = [m for m in v.latest if (m.probe, m.name) in HEADLINES]
     else:
         shown = headline(v.latest)
-    uuids = gpu_uuids(v.gpus)
+    if uuids is None:
+        uuids = gpu_uuids(v.gpus)
     yield from _measurement_samples(shown, meta, uuids)
     yield from _mfu_samples(v)
     series = v.series if full else [s for s in v.series if (s.probe, s.name) in HEADLINES]
@@ -441,6 +444,9 @@ def _series_id(probe: str, name: str, labels: Mapping[str, str]) -> tuple[Series
     return result
 
 
+_NO_UUIDS: Mapping[str, str] = {}
+
+
 @dataclass(slots=True)
 class _NodeState:
     """One node's current rows as a refresh reads them (with ``detail = "summary"``: the headline series of
@@ -454,7 +460,7 @@ class _NodeState:
     best: dict[tuple[str, str], tuple[Any, ...]] = field(default_factory=dict)
     best_series: dict[tuple[str, str], tuple[Any, ...]] = field(default_factory=dict)
     drain: str | None = None
-    gpus: tuple[GpuSeen, ...] = ()
+    uuids: Mapping[str, str] = field(default_factory=dict)
 
     def view(self, name: str, *, full: bool) -> NodeView:
         """The node's view (without run timings unless ``full``: the summary does not show them)."""
@@ -466,7 +472,7 @@ class _NodeState:
                         latest=tuple(self.latest[k] for k in sorted(self.latest)),
                         verdicts=tuple(self.verdicts[p] for p in sorted(self.verdicts)),
                         series=tuple(self.series[k] for k in sorted(self.series)), drain_reason=self.drain,
-                        gpus=self.gpus, headline=not full)
+                        headline=not full)
 
 
 def _keep(held: dict[SeriesId, Any], best: dict[tuple[str, str], tuple[Any, ...]],
@@ -616,17 +622,17 @@ class Exposition:
             for start in range(0, len(ordered), READ_NODES):
                 part = ordered[start:start + READ_NODES]
                 states = _states(self._read(part, families), full=families is None)
-                inventory = store.gpu_inventory(part)
+                inventory = store.gpu_uuids(part)
                 for name in part:
                     state = states.pop(name, None) or _NodeState()
                     node = self._nodes.get(name)
                     state.node = (Node(name, node[0], gpus=node[3], gpu_type=node[2], node_class=node[1])
                                   if node else None)
                     state.drain = self._drains.get(name)
-                    state.gpus = inventory.get(name, ())
+                    state.uuids = inventory.get(name, _NO_UUIDS)
                     view = state.view(name, full=families is None)
                     if not view.empty:
-                        rendered[name] = _fragment(node_samples(view, self.detail, self._meta))
+                        rendered[name] = _fragment(node_samples(view, self.detail, self._meta, state.uuids))
                         self.rendered_nodes += 1
                 del states
             counts: dict[str, int] = defaultdict(int)

@@ -300,6 +300,21 @@ class RunsStore(LatestStore):
             out[r[0]].append(GpuSeen(r[1], r[2], r[3], r[4], bool(r[5])))
         return {node: tuple(gpus) for node, gpus in out.items()}
 
+    def gpu_uuids(self, nodes: Sequence[str]) -> dict[str, dict[str, str]]:
+        """Per node of ``nodes``, the UUID of each GPU of its inventory by index as text (a ``gpu`` label's
+        value; empty: unknown): what ``/metrics`` labels the node's per-GPU series with (``gpu_inventory``'s
+        UUIDs, read without building its rows)."""
+        out: dict[str, dict[str, str]] = {}
+        with self._lock:
+            for node, gpu, uuid in self._db.execute(
+                    "SELECT node, CAST(gpu AS TEXT), COALESCE(uuid, '') FROM gpu_inventory"
+                    " WHERE node IN (SELECT value FROM json_each(?))", (json.dumps(list(nodes)),)):
+                found = out.get(node)
+                if found is None:
+                    found = out[node] = {}
+                found[gpu] = uuid
+        return out
+
     def record_result(
         self, result: ProbeResult, *, nodes: Sequence[str], backend: str, source: str, result_path: str | None
     ) -> str:

@@ -112,6 +112,7 @@ def test_every_per_gpu_series_carries_one_uuid_per_gpu_after_a_swap(tmp_path: Pa
     store_doc(store, "before", with_gpus(gemm, [H100_UUID, SPARE], at=1000.0))
     swapped = "GPU-0b5e8d11-aaaa-bbbb-cccc-ddddeeeeffff"
     store_doc(store, "after", with_gpus(gemm, [H100_UUID, swapped], at=2000.0))
+    assert store.gpu_uuids(["vm", "n2"]) == {"vm": {"0": H100_UUID, "1": swapped}}
     for detail in ("summary", "full"):
         text = render_text(store, "local", detail)  # type: ignore[arg-type]
         assert uuids_by_gpu(text, "healthd_gemm_flop_per_second") == {"0": {H100_UUID}, "1": {swapped}}, detail

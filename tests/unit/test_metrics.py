@@ -200,7 +200,8 @@ def test_a_refresh_renders_only_the_nodes_that_changed(tmp_path: Path) -> None:
     exposition.set_detail("full")
     exposition.refresh()
     assert exposition.rendered_nodes == 11
-    assert lookup(exposition.body())("healthd_gemm_flop_per_second", {"node": "g0", "gpu": "0", "gpu_uuid": "", "dtype": "fp8"})
+    fp8 = {"node": "g0", "gpu": "0", "gpu_uuid": "", "dtype": "fp8"}
+    assert lookup(exposition.body())("healthd_gemm_flop_per_second", fp8)
 
 
 @pytest.mark.parametrize("detail", ["summary", "full"])
