@@ -119,7 +119,8 @@ class GpuSeen:
     seen_at: float
     """When a finished run last reported a GPU at this index (the run's finish)."""
     present: bool = True
-    """Reported by the node's newest run that reported devices; ``False``: gone since (its UUID names it)."""
+    """Listed by the node's newest run whose environment had ranks on it; ``False``: a later run did not find
+    it (a run with fewer GPUs, or on the CPU: none), kept with the UUID it had, which names the missing GPU."""
 
 
 @dataclass(frozen=True)
