@@ -39,6 +39,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+# this checkout's healthd, not one an editable install of another checkout puts on the path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.scrape import measure as scrape_measure
 from healthd.config import Settings
 from healthd.judge.persist import load_judge
 from healthd.logging import setup_logging
@@ -48,9 +52,6 @@ from healthd.simulate import Scenario, Simulation, scenario_settings
 from healthd.store import Store
 from healthd.store.runs import FinishedRun
 from probes.result import Measurement, ProbeResult
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.scrape import measure as scrape_measure
 
 KEYS = ("nodes", "series", "scrape_ms", "scrape_bytes", "api_nodes_page_ms", "plan_tick_ms", "collect_tick_ms",
         "judge_ms_per_result", "store_10k_results_s", "rss_mb", "store_mb_per_day")

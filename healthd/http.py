@@ -35,7 +35,16 @@ from prometheus_client.exposition import gzip_accepted
 from healthd.errors import HealthdError, InvalidNodeName
 from healthd.judge.metrics import FINDING_LABELS, confirmed_finding
 from healthd.logging import get_logger
-from healthd.metrics import CONTENT_TYPE, HEADLINES, OUTCOMES, Exposition, NodeView, headline, node_views
+from healthd.metrics import (
+    CONTENT_TYPE,
+    HEADLINES,
+    OUTCOMES,
+    Exposition,
+    NodeView,
+    gpu_uuids,
+    headline,
+    node_views,
+)
 from healthd.model import validate_node_name
 from healthd.store import Store
 from healthd.store.rows import RunRow, Snapshot
@@ -70,11 +79,14 @@ class ApiError(Exception):
 def node_document(view: NodeView, *, detail: bool = False) -> dict[str, Any]:
     """One node of the ``/api/v1/nodes`` documents: its last result per probe with its headline measurements
     (``healthd.metrics.HEADLINES``) and its verdicts; with ``detail``, every measurement, the verdicts'
-    evidence, the judged series (baseline, floor) and the confirmed findings."""
+    evidence, the judged series (baseline, floor) and the confirmed findings. ``gpu_inventory``: the node's GPUs as
+    the probes last reported them (``Store.gpu_inventory``); a per-GPU measurement carries its GPU's ``gpu_uuid``."""
     node = view.node
+    uuids = gpu_uuids(view.gpus)
     latest: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for m in view.latest if detail else headline(view.latest):
-        latest[m.probe].append({"name": m.name, "labels": m.labels, "value": m.value, "at": m.at, "run_id": m.run_id})
+        latest[m.probe].append({"name": m.name, "labels": m.labels, "value": m.value, "at": m.at, "run_id": m.run_id}
+                               | ({"gpu_uuid": uuids.get(m.labels["gpu"]) or None} if "gpu" in m.labels else {}))
     doc: dict[str, Any] = {
         "name": view.name,
         "state": node.state if node else None,
@@ -83,6 +95,8 @@ def node_document(view: NodeView, *, detail: bool = False) -> dict[str, Any]:
         "gpus": node.gpus if node else None,
         "node_class": node.node_class if node else None,
         "reason": node.reason if node else None,
+        "gpu_inventory": [{"index": g.index, "uuid": g.uuid, "name": g.name, "present": g.present,
+                           "seen_at": g.seen_at} for g in view.gpus],
         "probes": {
             lr.probe: {"last_run_id": lr.last_run_id, "last_outcome": lr.last_outcome.value,
                        "last_reason": lr.last_reason, "last_run_at": lr.last_run_at,

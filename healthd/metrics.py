@@ -45,7 +45,7 @@ from healthd.model import Node, Outcome, Verdict
 from healthd.store import Store
 from healthd.store.db import collector_paused
 from healthd.store.latest import ChangeCursor, Changes
-from healthd.store.rows import JudgedSeries, LastRun, MeasurementRow, RecommendationRow, RunTiming, Snapshot
+from healthd.store.rows import GpuSeen, JudgedSeries, LastRun, MeasurementRow, RecommendationRow, RunTiming, Snapshot
 
 Detail = Literal["summary", "full"]
 OUTCOMES = tuple(o.value for o in Outcome)
@@ -158,6 +158,10 @@ def sample_line(family: str, labels: Labels, value: float) -> str:
     if not labels:
         return f"{family} {_number(value)}\n"
     if labels[0][0] == "node":
+        if len(labels) > 1 and labels[1][0] == "gpu_uuid":
+            parts = _UUID_TEMPLATES.get((family, labels[2:])) or _uuid_template(family, labels[2:])
+            return (f"{parts[0]}{_escape(labels[1][1])}{parts[1]}{_escape(labels[0][1])}{parts[2]}"
+                    f" {_number(value)}\n")
         found = _TEMPLATES.get((family, labels[1:])) or _template(family, labels[1:])
         return f"{found[0]}{_escape(labels[0][1])}{found[1]} {_number(value)}\n"
     text = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels))
@@ -177,6 +181,25 @@ def _template(family: str, others: Labels) -> tuple[str, str]:
     before = "".join(f'{k}="{_escape(v)}",' for k, v in items[:at])
     after = "".join(f',{k}="{_escape(v)}"' for k, v in items[at:])
     found = _TEMPLATES[(family, others)] = (f'{family}{{{before}node="', f'"{after}}}')
+    return found
+
+
+_UUID_TEMPLATES: dict[tuple[str, Labels], tuple[str, str, str]] = {}
+
+
+def _uuid_template(family: str, others: Labels) -> tuple[str, str, str]:
+    """As ``_template`` for a per-GPU sample: its text before its ``gpu_uuid`` label's value, between it and its
+    ``node`` label's value, and after (a sample's labels: node, gpu_uuid, then ``others``)."""
+    if len(_UUID_TEMPLATES) >= 1 << 16:
+        _UUID_TEMPLATES.clear()
+    items = sorted(others)
+    first = sum(1 for k, _ in items if k < "gpu_uuid")
+    second = sum(1 for k, _ in items if k < "node")
+    before = "".join(f'{k}="{_escape(v)}",' for k, v in items[:first])
+    between = "".join(f'{k}="{_escape(v)}",' for k, v in items[first:second])
+    after = "".join(f',{k}="{_escape(v)}"' for k, v in items[second:])
+    found = _UUID_TEMPLATES[(family, others)] = (f'{family}{{{before}gpu_uuid="', f'",{between}node="',
+                                                 f'"{after}}}')
     return found
 
 
@@ -218,7 +241,8 @@ def headline(latest: Iterable[MeasurementRow]) -> list[MeasurementRow]:
     return out
 
 
-def _measurement_samples(latest: Iterable[MeasurementRow], meta: dict[str, tuple[str, str]]) -> Iterator[Sample]:
+def _measurement_samples(latest: Iterable[MeasurementRow], meta: dict[str, tuple[str, str]],
+                         uuids: Mapping[str, str]) -> Iterator[Sample]:
     for m in latest:
         if m.node is None:
             continue
@@ -230,7 +254,31 @@ def _measurement_samples(latest: Iterable[MeasurementRow], meta: dict[str, tuple
             # Only a summary may carry a "quantile" label (promtool check metrics): these are the last run's
             # quantiles, without _sum and _count.
             meta[family] = ("summary" if "quantile" in m.labels else "gauge", text + " (last probe run)")
-        yield family, (("node", m.node), *_series_id(m.probe, m.name, m.labels)[0][2]), m.value
+        gpu = m.labels.get("gpu")
+        if gpu is None:
+            yield family, (("node", m.node), *_series_id(m.probe, m.name, m.labels)[0][2]), m.value
+        else:
+            yield (family, (("node", m.node), ("gpu_uuid", uuids.get(gpu, "")),
+                            *_series_id(m.probe, m.name, m.labels)[0][2]), m.value)
+
+
+def gpu_uuids(gpus: Iterable[GpuSeen]) -> dict[str, str]:
+    """The UUID each GPU index (as a ``gpu`` label) of a node's inventory shows: one per index, the newest."""
+    return {str(g.index): g.uuid or "" for g in gpus}
+
+
+def _with_uuid(samples: Iterable[Sample], uuids: Mapping[str, str]) -> Iterator[Sample]:
+    """``samples`` of a node, a per-GPU one (a ``gpu`` label) with the GPU's ``gpu_uuid`` (empty: unknown) where
+    it has none or an empty one (a finding's, from its evidence)."""
+    for family, labels, value in samples:
+        gpu = next((v for k, v in labels if k == "gpu"), None)
+        if not gpu:
+            yield family, labels, value
+        elif any(k == "gpu_uuid" for k, _ in labels):
+            yield family, tuple((k, uuids.get(gpu, "")) if k == "gpu_uuid" and not v else (k, v)
+                                for k, v in labels), value
+        else:
+            yield family, (labels[0], ("gpu_uuid", uuids.get(gpu, "")), *labels[1:]), value
 
 
 @dataclass(frozen=True)
@@ -245,6 +293,8 @@ class NodeView:
     verdicts: tuple[Verdict, ...] = ()
     series: tuple[JudgedSeries, ...] = ()
     drain_reason: str | None = None
+    gpus: tuple[GpuSeen, ...] = ()
+    """The node's GPU inventory (``Store.gpu_inventory``): the UUID of each per-GPU series' ``gpu``."""
     headline: bool = False
     """Whether ``latest`` holds, of each measurement, the series nearest its headline only already (as
     ``headline`` chooses them; with those of ``MFU_INPUT``)."""
@@ -274,12 +324,14 @@ def node_views(snap: Snapshot) -> dict[str, NodeView]:
         parts[rec.node]
     return {name: NodeView(name, nodes.get(name), last_runs=tuple(p["last_runs"]), timings=tuple(p["timings"]),
                            latest=tuple(p["latest"]), verdicts=tuple(p["verdicts"]), series=tuple(p["series"]),
-                           drain_reason=drain_reason(recs.get(name, ())))
+                           drain_reason=drain_reason(recs.get(name, ())), gpus=snap.gpus.get(name, ()))
             for name, p in parts.items()}
 
 
-def node_samples(v: NodeView, detail: Detail, meta: dict[str, tuple[str, str]]) -> Iterator[Sample]:
-    """One node's samples; ``meta`` learns the type and help of measurement families it has not seen."""
+def node_samples(v: NodeView, detail: Detail, meta: dict[str, tuple[str, str]],
+                 uuids: Mapping[str, str] | None = None) -> Iterator[Sample]:
+    """One node's samples; ``meta`` learns the type and help of measurement families it has not seen; ``uuids``:
+    the ``gpu_uuids`` of ``v.gpus`` when the caller has them already."""
     full = detail == "full"
     name = ("node", v.name)
     if v.node is not None:
@@ -308,15 +360,17 @@ def node_samples(v: NodeView, detail: Detail, meta: dict[str, tuple[str, str]]) 
         shown = [m for m in v.latest if (m.probe, m.name) in HEADLINES]
     else:
         shown = headline(v.latest)
-    yield from _measurement_samples(shown, meta)
+    if uuids is None:
+        uuids = gpu_uuids(v.gpus)
+    yield from _measurement_samples(shown, meta, uuids)
     yield from _mfu_samples(v)
     series = v.series if full else [s for s in v.series if (s.probe, s.name) in HEADLINES]
-    for sample in series_samples(series, full=full):
+    for sample in _with_uuid(series_samples(series, full=full), uuids):
         if sample[0] not in meta and sample[0] not in FAMILIES:
             kind = sample[0].split("_", 2)[1]
             meta[sample[0]] = ("gauge", f"{REFERENCE_HELP[kind]} {sample[0].split('_', 3)[3].replace('_', ' ')}")
         yield sample
-    yield from finding_samples(v.verdicts)
+    yield from _with_uuid(finding_samples(v.verdicts), uuids)
     if v.drain_reason is not None:
         yield "healthd_drain_recommended", (name, ("reason_code", v.drain_reason)), 1.0
     elif full and v.verdicts:
@@ -390,6 +444,9 @@ def _series_id(probe: str, name: str, labels: Mapping[str, str]) -> tuple[Series
     return result
 
 
+_NO_UUIDS: Mapping[str, str] = {}
+
+
 @dataclass(slots=True)
 class _NodeState:
     """One node's current rows as a refresh reads them (with ``detail = "summary"``: the headline series of
@@ -403,6 +460,7 @@ class _NodeState:
     best: dict[tuple[str, str], tuple[Any, ...]] = field(default_factory=dict)
     best_series: dict[tuple[str, str], tuple[Any, ...]] = field(default_factory=dict)
     drain: str | None = None
+    uuids: Mapping[str, str] = field(default_factory=dict)
 
     def view(self, name: str, *, full: bool) -> NodeView:
         """The node's view (without run timings unless ``full``: the summary does not show them)."""
@@ -564,15 +622,17 @@ class Exposition:
             for start in range(0, len(ordered), READ_NODES):
                 part = ordered[start:start + READ_NODES]
                 states = _states(self._read(part, families), full=families is None)
+                inventory = store.gpu_uuids(part)
                 for name in part:
                     state = states.pop(name, None) or _NodeState()
                     node = self._nodes.get(name)
                     state.node = (Node(name, node[0], gpus=node[3], gpu_type=node[2], node_class=node[1])
                                   if node else None)
                     state.drain = self._drains.get(name)
+                    state.uuids = inventory.get(name, _NO_UUIDS)
                     view = state.view(name, full=families is None)
                     if not view.empty:
-                        rendered[name] = _fragment(node_samples(view, self.detail, self._meta))
+                        rendered[name] = _fragment(node_samples(view, self.detail, self._meta, state.uuids))
                         self.rendered_nodes += 1
                 del states
             counts: dict[str, int] = defaultdict(int)

@@ -7,6 +7,7 @@ its ``Outcome`` is re-exported here so daemon code has one place to import from.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -23,6 +24,7 @@ __all__ = [
     "ProbeResult",
     "RunKind",
     "Verdict",
+    "devices_by_node",
     "validate_node_name",
 ]
 
@@ -174,3 +176,21 @@ class Verdict:
     run_ids: tuple[str, ...] = ()
     evidence: dict[str, float | str] = field(default_factory=dict)
     at: float = 0.0
+
+
+def devices_by_node(result: ProbeResult, nodes: Sequence[str]) -> dict[str, tuple[tuple[int, str | None, str], ...]]:
+    """The GPUs ``result``'s environment lists per node of its run (``nodes``), the union over the node's ranks,
+    as (index, uuid, name) by index; a node whose ranks list none (a run on the CPU) maps to ``()``. A rank on a
+    node the run does not name counts for the run's node when it has one node only."""
+    env = result.environment
+    if env is None:
+        return {}
+    out: dict[str, dict[int, tuple[int, str | None, str]]] = {}
+    for rank in env.ranks:
+        node = rank.node if rank.node in nodes else nodes[0] if len(nodes) == 1 else None
+        if node is None:
+            continue
+        gpus = out.setdefault(node, {})
+        for d in rank.devices:
+            gpus.setdefault(d.index, (d.index, d.uuid, d.name))
+    return {node: tuple(gpus[i] for i in sorted(gpus)) for node, gpus in out.items()}

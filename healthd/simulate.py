@@ -18,6 +18,7 @@ import random
 import tempfile
 import time
 import tomllib
+import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -38,7 +39,7 @@ from healthd.model import JobState, JobStatus, Node, Outcome, ProbeJob, validate
 from healthd.planning import PlanLimits, plan
 from healthd.remediation import Action, Remediator
 from healthd.store import Store
-from probes.result import Check, Measurement, ProbeResult
+from probes.result import Check, DeviceInfo, Environment, Measurement, ProbeResult, RankInfo
 
 SIM_EPOCH = 1_700_000_000.0
 
@@ -284,6 +285,7 @@ class SimCluster:
                 name = f"{spec.prefix}{i:0{width}d}"
                 self.nodes[name] = _SimNode(name, spec)
         self.jobs: dict[str, _SimJob] = {}
+        self._devices: dict[str, list[DeviceInfo]] = {}
         self.running: dict[str, str] = {}
         self._next = 0
         self.drain_log: list[tuple[float, str, str]] = []
@@ -472,9 +474,25 @@ class SimCluster:
                 outcome, reason = Outcome.FAIL, f"wrong data on {f.node}"
         result = ProbeResult(probe=job.probe, run_id=job.run_id, outcome=outcome, reason=reason,
                              started_at=sim.start, finished_at=sim.end, nodes=list(job.nodes),
-                             measurements=measurements, checks=checks)
+                             measurements=measurements, checks=checks, environment=self._environment(members))
         sim.path.parent.mkdir(parents=True, exist_ok=True)
         sim.path.write_text(result.to_json())
+
+    def _environment(self, members: Sequence[_SimNode]) -> Environment | None:
+        """What a GPU node's probe reports it ran on: one rank per node listing the node's GPUs (stable UUIDs)."""
+        if not all(m.spec.gpus for m in members):
+            return None
+        ranks = []
+        for rank, m in enumerate(members):
+            devices = self._devices.get(m.name)
+            if devices is None:
+                devices = self._devices[m.name] = [
+                    DeviceInfo(index=gpu, name=m.spec.gpu_type,
+                               uuid=f"GPU-{uuid.uuid5(uuid.NAMESPACE_URL, f'{m.name}/{gpu}')}")
+                    for gpu in range(m.spec.gpus)]
+            ranks.append(RankInfo(rank=rank, local_rank=0, world_size=len(members), local_world_size=1,
+                                  hostname=m.name, node=m.name, device="cuda:0", devices=devices))
+        return Environment(launcher="srun", backend="nccl", device_type="cuda", python="3", ranks=ranks)
 
     def _noise(self, sd: float) -> float:
         return max(0.01, self.rng.gauss(1.0, sd)) if sd > 0 else 1.0

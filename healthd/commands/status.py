@@ -37,6 +37,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     bad = 0
     for node in doc["nodes"]:
         print(f"{node['name']}  state={node['state'] or '?'}  class={node['node_class'] or '-'}")
+        for gpu in node["gpu_inventory"]:
+            gone = "" if gpu["present"] else "  (not found by the newest run)"
+            print(f"  gpu {gpu['index']} ({gpu['uuid'] or 'no UUID'}) {gpu['name'] or ''}{gone}")
         for probe, info in sorted(node["probes"].items()):
             verdict = node["verdicts"].get(probe, {})
             when = datetime.fromtimestamp(info["last_run_at"], tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
@@ -47,7 +50,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             judged = f" (the run: {run_outcome}; the verdict: {outcome})" if run_outcome != outcome else ""
             print(f"  {probe:<8} {outcome:<9} last run {when} UTC{judged}" + (f"  {reason}" if reason else ""))
             for m in info["measurements"][:12]:
-                labels = ",".join(f"{k}={v}" for k, v in sorted(m["labels"].items()))
+                labels = ",".join(f"{k}={v}" + (f" ({m['gpu_uuid']})" if k == "gpu" and m.get("gpu_uuid") else "")
+                                  for k, v in sorted(m["labels"].items()))
                 print(f"           {m['name']:<36} {human(m['name'], m['value'], column=True):>14}  {labels}")
     if not doc["nodes"]:
         print("no nodes known yet")

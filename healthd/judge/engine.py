@@ -410,6 +410,9 @@ class Judge:
                                 min_deviation=self.min_deviation, event_proof=True)
                     if f is not None:
                         found.append(f)
+                uuid = run.gpu_uuids.get((node, m.labels["gpu"])) if found and "gpu" in m.labels else None
+                if uuid:
+                    found = [f.on_gpu(uuid) for f in found]
                 ev.values.append((node, key, m.value, m.node is None))
                 why = throttled.get((node, m.labels.get("gpu"), m.labels.get("dtype"))) if found else None
                 if why:

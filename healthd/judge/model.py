@@ -9,8 +9,8 @@ confirmation; see ``healthd.judge.engine``.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from enum import IntEnum, StrEnum
 from typing import Literal, NamedTuple, overload
 
@@ -91,12 +91,12 @@ class SeriesKey(NamedTuple):
     def without(self, *keys: str) -> SeriesKey:
         return SeriesKey(self.probe, self.name, tuple(kv for kv in self.labels if kv[0] not in keys))
 
-    def describe(self) -> str:
+    def describe(self, uuid: str | None = None) -> str:
         """``gpu 3 flop_per_second{dtype=bf16}``: the GPU first, so one slow GPU is named (with its UUID
-        where a failed check gave it: ``gpu 3 (GPU-5e1a…) check:gemm.bf16.result``)."""
+        where a failed check or the run's environment gave it: ``gpu 3 (GPU-5e1a…) check:gemm.bf16.result``)."""
         labels = dict(self.labels)
         gpu = labels.pop("gpu", None)
-        uuid = labels.pop("gpu_uuid", None)
+        uuid = labels.pop("gpu_uuid", None) or uuid
         inner = ",".join(f"{k}={_short_size(k, v)}" for k, v in sorted(labels.items()))
         text = f"{self.name}{{{inner}}}" if inner else self.name
         return f"gpu {gpu}{f' ({uuid})' if uuid else ''} {text}" if gpu is not None else text
@@ -130,6 +130,15 @@ class Finding:
     event_proof: bool = False
     """True when a fleet-wide shift cannot explain it (a failed check; an outlier against the
     class as it is during the event)."""
+    gpu_uuid: str | None = None
+    """The UUID of the GPU of a per-GPU series as the run reported it (not part of the series' key)."""
+
+    def on_gpu(self, uuid: str) -> Finding:
+        """This finding naming its GPU by ``uuid`` too: ``gpu 3 (GPU-…) flop_per_second…`` in its text and
+        ``gpu_uuid`` in its evidence."""
+        plain = self.key.describe()
+        detail = self.key.describe(uuid) + self.detail[len(plain):] if self.detail.startswith(plain) else self.detail
+        return replace(self, detail=detail, gpu_uuid=uuid)
 
     def evidence(self) -> dict[str, float | str]:
         out: dict[str, float | str] = {"layer": self.code.value, "series": self.key.describe(), "value": self.value,
@@ -140,6 +149,9 @@ class Finding:
         for name in EVIDENCE_LABELS:
             if name in labels:
                 out[name] = labels[name]
+        if self.gpu_uuid and "gpu" in labels:
+            out["gpu_uuid"] = self.gpu_uuid
+            out["series"] = self.key.describe(self.gpu_uuid)
         return out
 
 
@@ -180,6 +192,8 @@ class RunInput:
     measurements: tuple[MeasurementInput, ...] = ()
     failed_checks: tuple[CheckInput, ...] = ()
     kind: RunKind = RunKind.PROBE
+    gpu_uuids: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    """The UUID of each GPU of the run by (node, GPU index as its ``gpu`` label): per-GPU findings name it."""
 
     @property
     def priority(self) -> bool:

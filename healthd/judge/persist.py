@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from healthd.config import JudgeSettings
 from healthd.judge.engine import Judge
 from healthd.judge.model import CheckInput, JudgeOutput, MeasurementInput, RunInput
-from healthd.model import Node
+from healthd.model import Node, devices_by_node
 
 if TYPE_CHECKING:
     from healthd.collector import Collected
@@ -24,12 +24,15 @@ def run_from_collected(c: Collected, now: float) -> RunInput:
     result = c.result
     measurements: tuple[MeasurementInput, ...] = ()
     failed: tuple[CheckInput, ...] = ()
+    uuids: dict[tuple[str, str], str] = {}
     if result is not None:
+        uuids = {(node, str(index)): uuid for node, gpus in devices_by_node(result, c.nodes).items()
+                 for index, uuid, _ in gpus if uuid}
         measurements = tuple(MeasurementInput(m.name, m.value, dict(m.labels), m.node) for m in result.measurements)
         failed = tuple(CheckInput(ch.name, ch.detail, ch.node, ch.gpu, ch.gpu_uuid)
                        for ch in result.checks if not ch.ok)
     return RunInput(c.run_id, c.probe, tuple(c.nodes), c.outcome, c.reason,
-                    result.finished_at if result is not None else now, measurements, failed, c.kind)
+                    result.finished_at if result is not None else now, measurements, failed, c.kind, uuids)
 
 
 def keep_seconds(settings: JudgeSettings) -> float:

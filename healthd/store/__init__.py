@@ -28,6 +28,7 @@ from healthd.store.requests import RequestsStore
 from healthd.store.rows import (
     AuditRow,
     DrainRow,
+    GpuSeen,
     JudgedSeries,
     LastRun,
     MeasurementRow,
@@ -44,6 +45,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "AuditRow",
     "DrainRow",
+    "GpuSeen",
     "JudgedSeries",
     "LastRun",
     "MeasurementRow",
@@ -89,6 +91,7 @@ class Store(SweepsStore, NodesStore, RemediationStore, JudgementStore, BudgetSto
                 scaling=tuple(self.scaling_table()) if fleet else (),
                 series=tuple(series),
                 recommendations=tuple(recommendations),
+                gpus=self.gpu_inventory(nodes) if nodes != () else {},
             )
 
     def prune_judgement(self, older_than: float) -> int:

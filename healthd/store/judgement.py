@@ -67,6 +67,7 @@ def _findings_json(findings: Iterable[Finding]) -> str:
         {"code": f.code.value, "severity": int(f.severity), "probe": f.key.probe, "name": f.key.name,
          "labels": dict(f.key.labels), "value": f.value, "reference": f.reference, "threshold": f.threshold,
          "detail": f.detail, "score": f.score, "event_proof": f.event_proof}
+        | ({"gpu_uuid": f.gpu_uuid} if f.gpu_uuid else {})
         for f in findings])
 
 
@@ -76,7 +77,8 @@ def _findings(text: str) -> tuple[Finding, ...]:
     return tuple(
         Finding(ReasonCode(d["code"]), Severity(d["severity"]), SeriesKey.of(d["probe"], d["name"], d["labels"]),
                 float(d["value"]), float(d["reference"]), float(d["threshold"]), d["detail"],
-                float(d["score"]) if d.get("score") is not None else None, bool(d.get("event_proof", False)))
+                float(d["score"]) if d.get("score") is not None else None, bool(d.get("event_proof", False)),
+                d.get("gpu_uuid"))
         for d in json.loads(text))
 
 

@@ -109,6 +109,20 @@ class LastRun:
     last_success_at: float | None
 
 
+@dataclass(frozen=True, slots=True)
+class GpuSeen:
+    """One GPU of a node as the probes last reported it (``Store.gpu_inventory``)."""
+
+    index: int
+    uuid: str | None
+    name: str | None
+    seen_at: float
+    """When a finished run last reported a GPU at this index (the run's finish)."""
+    present: bool = True
+    """Listed by the node's newest run whose environment had ranks on it; ``False``: a later run did not find
+    it (a run with fewer GPUs, or on the CPU: none), kept with the UUID it had, which names the missing GPU."""
+
+
 @dataclass(frozen=True)
 class RunTiming:
     """Per (node, probe): queue wait, duration and GPUs held of the newest finished run (as ``LastRun``)."""
@@ -136,6 +150,8 @@ class Snapshot:
     series: tuple[JudgedSeries, ...] = ()
     recommendations: tuple[RecommendationRow, ...] = ()
     """The active drain recommendations."""
+    gpus: Mapping[str, tuple[GpuSeen, ...]] = field(default_factory=dict)
+    """The GPU inventory of the snapshot's nodes (``Store.gpu_inventory``)."""
 
 
 

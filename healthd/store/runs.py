@@ -6,15 +6,15 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from healthd.errors import StoreError
-from healthd.model import Outcome, ProbeResult, RunKind
+from healthd.model import Outcome, ProbeResult, RunKind, devices_by_node
 from healthd.store.db import collector_paused
 from healthd.store.latest import CHECK_KINDS, CHECK_OUTCOMES, FinishedLatest, LatestStore, LatestValues
-from healthd.store.rows import MeasurementRow, RollupRow, RunRow, canonical_labels
+from healthd.store.rows import GpuSeen, MeasurementRow, RollupRow, RunRow, canonical_labels
 from healthd.store.series import label_text
 
 ROLLUP_BATCH = 2000
@@ -47,6 +47,8 @@ class _Pending:
     sample_value: list[float] = field(default_factory=list)
     sample_per_rank: list[str | None] = field(default_factory=list)
     checks: list[tuple[Any, ...]] = field(default_factory=list)
+    gpus: list[tuple[str, float, tuple[tuple[int, str | None, str], ...]]] = field(default_factory=list)
+    """(node, finished at, its GPUs as (index, uuid, name)) of each finished run that listed the node's devices."""
     latest: list[FinishedLatest] = field(default_factory=list)
     values: LatestValues = field(default_factory=LatestValues)
     bumps: dict[tuple[str, str, str], float] = field(default_factory=dict)
@@ -56,7 +58,7 @@ class _Pending:
 
     def written(self) -> None:
         for column in (self.runs, self.sample_run, self.sample_series, self.sample_value, self.sample_per_rank,
-                       self.checks):
+                       self.checks, self.gpus):
             column.clear()
 
     def marks(self) -> tuple[int, int]:
@@ -210,6 +212,15 @@ class RunsStore(LatestStore):
         db.executemany("INSERT INTO samples (run, series, value, per_rank) VALUES (?, ?, ?, ?)", pending.samples())
         db.executemany("INSERT INTO checks (run_id, name, ok, detail, node, gpu, rank) VALUES (?, ?, ?, ?, ?, ?, ?)",
                        pending.checks)
+        for node, at, gpus in pending.gpus:
+            newest = db.execute("SELECT MAX(seen_at) FROM gpu_inventory WHERE node = ?", (node,)).fetchone()[0]
+            if newest is not None and at < newest:
+                continue
+            db.execute("UPDATE gpu_inventory SET present = 0 WHERE node = ?", (node,))
+            db.executemany("INSERT INTO gpu_inventory (node, gpu, uuid, name, seen_at, present)"
+                           " VALUES (?, ?, ?, ?, ?, 1) ON CONFLICT (node, gpu) DO UPDATE SET uuid = excluded.uuid,"
+                           " name = excluded.name, seen_at = excluded.seen_at, present = 1",
+                           [(node, *gpu, at) for gpu in gpus])
         pending.written()
 
     def _finish(self, db: sqlite3.Connection, run: FinishedRun,
@@ -273,6 +284,36 @@ class RunsStore(LatestStore):
         values.at.extend([finished_at] * added)
         values.run_id.extend([run_id] * added)
         pending.checks.extend((run_id, c.name, int(c.ok), c.detail, c.node, c.gpu, c.rank) for c in result.checks)
+        pending.gpus.extend((node, finished_at, gpus) for node, gpus in devices_by_node(result, nodes).items())
+
+    def gpu_inventory(self, nodes: Iterable[str] | None = None) -> dict[str, tuple[GpuSeen, ...]]:
+        """Per node (of ``nodes``; default every node), its GPUs as the probes last reported them, by index: a GPU
+        a later run did not find is kept with ``present`` False and the UUID it had. A node whose runs never
+        listed a device has no entry."""
+        out: dict[str, list[GpuSeen]] = defaultdict(list)
+        names = None if nodes is None else json.dumps(sorted(set(nodes)))
+        rows = self._query(
+            "SELECT node, gpu, uuid, name, seen_at, present FROM gpu_inventory"
+            + ("" if names is None else " WHERE node IN (SELECT value FROM json_each(?))") + " ORDER BY node, gpu",
+            () if names is None else (names,))
+        for r in rows:
+            out[r[0]].append(GpuSeen(r[1], r[2], r[3], r[4], bool(r[5])))
+        return {node: tuple(gpus) for node, gpus in out.items()}
+
+    def gpu_uuids(self, nodes: Sequence[str]) -> dict[str, dict[str, str]]:
+        """Per node of ``nodes``, the UUID of each GPU of its inventory by index as text (a ``gpu`` label's
+        value; empty: unknown): what ``/metrics`` labels the node's per-GPU series with (``gpu_inventory``'s
+        UUIDs, read without building its rows)."""
+        out: dict[str, dict[str, str]] = {}
+        with self._lock:
+            for node, gpu, uuid in self._db.execute(
+                    "SELECT node, CAST(gpu AS TEXT), COALESCE(uuid, '') FROM gpu_inventory"
+                    " WHERE node IN (SELECT value FROM json_each(?))", (json.dumps(list(nodes)),)):
+                found = out.get(node)
+                if found is None:
+                    found = out[node] = {}
+                found[gpu] = uuid
+        return out
 
     def record_result(
         self, result: ProbeResult, *, nodes: Sequence[str], backend: str, source: str, result_path: str | None

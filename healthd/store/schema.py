@@ -396,6 +396,19 @@ MIGRATIONS: tuple[str, ...] = (
         GROUP BY n.node, r.probe
     ) AS j WHERE latest_runs.node = j.node AND latest_runs.probe = j.probe
     """,
+    # 10: each node's GPUs as the probes last reported them (a finished run's environment): one row per GPU index,
+    # kept when a later run finds fewer GPUs (``present`` 0), so a missing GPU is named by the UUID it had
+    """
+    CREATE TABLE gpu_inventory (
+        node    TEXT NOT NULL,
+        gpu     INTEGER NOT NULL,
+        uuid    TEXT,
+        name    TEXT,
+        seen_at REAL NOT NULL,
+        present INTEGER NOT NULL,
+        PRIMARY KEY (node, gpu)
+    ) WITHOUT ROWID
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

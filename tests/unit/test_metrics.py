@@ -66,7 +66,7 @@ def lookup(text: bytes | str) -> Callable[..., float | None]:
 
 def test_values_from_the_store(store: Store) -> None:
     v = lookup(scrape(store))
-    assert v("healthd_gemm_flop_per_second", {"node": "n1", "gpu": "1", "dtype": "bf16"}) == 7.4e14
+    assert v("healthd_gemm_flop_per_second", {"node": "n1", "gpu": "1", "gpu_uuid": "", "dtype": "bf16"}) == 7.4e14
     group = {"collective": "all_reduce", "size_bytes": "1073741824", "placement": "out_of_place", "scope": "group"}
     assert v("healthd_nccl_busbw_bytes_per_second", {"node": "n1", **group}) == 4.5e11
     assert v("healthd_nccl_busbw_bytes_per_second", {"node": "n2", **group}) == 4.5e11
@@ -166,8 +166,8 @@ def test_summary_keeps_an_eight_gpu_node_within_the_budget(tmp_path: Path) -> No
     v = lookup(summary)
     assert v("healthd_nccl_busbw_bytes_per_second", {"node": "g1", "collective": "all_reduce", "scope": "node",
                                                      "size_bytes": str(1 << 30), "placement": "out_of_place"}) == 2**30
-    assert v("healthd_gemm_flop_per_second", {"node": "g1", "gpu": "7", "dtype": "bf16"}) == 7e14
-    assert v("healthd_gemm_flop_per_second", {"node": "g1", "gpu": "7", "dtype": "fp8"}) is None
+    assert v("healthd_gemm_flop_per_second", {"node": "g1", "gpu": "7", "gpu_uuid": "", "dtype": "bf16"}) == 7e14
+    assert v("healthd_gemm_flop_per_second", {"node": "g1", "gpu": "7", "gpu_uuid": "", "dtype": "fp8"}) is None
     assert v("healthd_node_probe_baseline_ratio", {"node": "g1", "probe": "nccl"}) == pytest.approx(1 / 1.25)
     assert v("healthd_node_verdict", {"node": "g1", "probe": "gemm", "outcome": "pass", "reason_code": "ok"}) == 1
     assert lookup(full)("healthd_nccl_busbw_bytes_per_second", {
@@ -200,7 +200,8 @@ def test_a_refresh_renders_only_the_nodes_that_changed(tmp_path: Path) -> None:
     exposition.set_detail("full")
     exposition.refresh()
     assert exposition.rendered_nodes == 11
-    assert lookup(exposition.body())("healthd_gemm_flop_per_second", {"node": "g0", "gpu": "0", "dtype": "fp8"})
+    fp8 = {"node": "g0", "gpu": "0", "gpu_uuid": "", "dtype": "fp8"}
+    assert lookup(exposition.body())("healthd_gemm_flop_per_second", fp8)
 
 
 @pytest.mark.parametrize("detail", ["summary", "full"])

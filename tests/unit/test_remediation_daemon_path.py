@@ -130,8 +130,8 @@ def test_daemon_path_finds_drains_exports_and_restarts(tmp_path: Path) -> None:
     assert samples['healthd_drain_recommended{node="n3",reason_code="below_floor"}'] == 1.0
     assert samples['healthd_drain_recommended{node="n4",reason_code=""}'] == 0.0
     assert samples['healthd_node_verdict{node="n3",outcome="fail",probe="gemm",reason_code="below_floor"}'] == 1.0
-    assert samples['healthd_floor_gemm_flop_per_second{dtype="bf16",gpu="2",node="n3"}'] == 525e12
-    baseline = samples['healthd_baseline_gemm_flop_per_second{dtype="bf16",gpu="2",node="n3"}']
+    assert samples['healthd_floor_gemm_flop_per_second{dtype="bf16",gpu="2",gpu_uuid="",node="n3"}'] == 525e12
+    baseline = samples['healthd_baseline_gemm_flop_per_second{dtype="bf16",gpu="2",gpu_uuid="",node="n3"}']
     assert abs(baseline - 700e12) < 21e12  # the faulty values never entered the baseline
     assert samples['healthd_remediation_actions_total{action="drain",result="done"}'] == 1.0
     assert samples['healthd_remediation_actions_total{action="undrain",result="done"}'] == 0.0
