@@ -12,6 +12,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
@@ -253,8 +254,21 @@ class Daemon:
                 now=now,
                 limits=limits,
             )[: limits.max_jobs_in_flight - in_flight - len(jobs)]
-        for job in self._within_budget(jobs, known, runs, now):
+        for job in self._with_known_uuids(self._within_budget(jobs, known, runs, now)):
             self.collector.launch(job)
+
+    def _with_known_uuids(self, jobs: list[ProbeJob]) -> list[ProbeJob]:
+        """Single-node jobs that expect GPUs, with the UUIDs the store's inventory has for the node
+        (``--expect-gpu-uuids``: a missing GPU is named by the UUID it had). One store read per tick."""
+        wanted = {j.nodes[0] for j in jobs if j.expect_gpus and len(j.nodes) == 1 and not j.expect_gpu_uuids}
+        if not wanted:
+            return jobs
+        seen = self.store.gpu_inventory(wanted)
+        out = []
+        for job in jobs:
+            uuids = tuple(g.uuid for g in seen.get(job.nodes[0], ()) if g.uuid) if job.nodes[0] in wanted else ()
+            out.append(replace(job, expect_gpu_uuids=uuids) if uuids else job)
+        return out
 
     def _launch_requests(self, known: list[Node], runs: list[RunRow], limits: PlanLimits, now: float) -> int:
         """Settle the pending on-demand probe requests (``healthd probe NAME --node N``): refuse those
@@ -283,6 +297,8 @@ class Daemon:
         jobs = plan_requests(known, [PriorityRequest(r.probe, (r.node,), partners=partners, allow_drained=True)
                                      for r in waiting], probes=self.settings.probes, busy_nodes=held, limits=limits)
         launched = 0
+        known_uuids = iter(self._with_known_uuids([j for j in jobs if j is not None]))
+        jobs = [next(known_uuids) if j is not None else None for j in jobs]
         for r, job in zip(waiting, jobs, strict=True):
             if job is not None:
                 self.collector.launch(job)

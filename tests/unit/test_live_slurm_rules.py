@@ -142,3 +142,23 @@ def test_healthz_says_the_daemon_is_fine_and_slurm_is_not(daemon: Daemon, fake: 
         assert ok and "not answering" not in text
     finally:
         daemon.scheduler.shutdown(wait=False)
+
+
+def test_a_probe_job_names_the_gpus_the_node_had(daemon: Daemon, fake: FakeSlurmClient) -> None:
+    """The planner's job expects the node's 8 GRES GPUs; the daemon adds the UUIDs its inventory holds for
+    the node (from an earlier run's environment), so a probe that finds fewer names the missing ones."""
+    from probes.result import DeviceInfo, Environment, ProbeResult, RankInfo
+
+    devices = [DeviceInfo(index=g, name="NVIDIA H100 80GB HBM3", uuid=f"GPU-0000000{g}-aaaa") for g in range(8)]
+    rank = RankInfo(rank=0, local_rank=0, world_size=1, local_world_size=1, hostname="n1", node="n1", device="cuda:0",
+                    devices=devices)
+    env = Environment(launcher="srun", backend="nccl", device_type="cuda", python="3.11", ranks=[rank])
+    earlier = ProbeResult(probe="env", run_id="0000000000000001", outcome=Outcome.PASS, started_at=time.time() - 60,
+                          finished_at=time.time() - 50, nodes=["n1"], environment=env)
+    daemon.store.record_result(earlier, nodes=["n1"], backend="ingest", source="ingest", result_path=None)
+    daemon.discover()
+    daemon.plan_and_launch()
+    scripts = {job.nodes[0]: Path(job.script).read_text() for job in fake.jobs_by_id.values()}
+    srun = scripts["n1"].splitlines()[-1]
+    assert "--expect-gpus 8 --expect-gpu-uuids " + ",".join(d.uuid or "" for d in devices) in srun, srun
+    assert "--expect-gpus 8" in scripts["n2"] and "--expect-gpu-uuids" not in scripts["n2"]
