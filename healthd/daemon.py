@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from healthd.cluster import ClusterBackend, make_backend
 from healthd.cluster.base import BackendTraits, ObservedBackend
-from healthd.collector import Collected, Collector, results_dir_problem
+from healthd.collector import Collected, Collector, collect_boundary, results_dir_problem
 from healthd.config import Settings, load_settings
 from healthd.coverage import CoverageCollector, CoverageInputs
 from healthd.errors import BackendError, ConfigError, HealthdError, SlurmError, StoreError
@@ -309,7 +309,8 @@ class Daemon:
         return kept
 
     def collect(self) -> None:
-        self._judge(self.collector.collect())
+        self._judge(self.collector.collect() + collect_boundary(
+            self.collector, known=lambda names: {n.name for n in self.store.nodes(names=names)}))
         ingested = self._saving_judgement(lambda: judge_ingested(self.judge, self.store, now=time.time()))
         if ingested is not None:
             self.remediator.apply(ingested)

@@ -24,9 +24,10 @@ Checks, cheapest first
 ``errors``    hard XIDs in the kernel log (``/dev/kmsg``) since the last check, and row-remapping
               failures / pending remaps, volatile uncorrected ECC (``nvidia-smi --query-gpu``); skipped
               with the reason where the log or the tool is unavailable.
-``gemm``      epilog and health only, when time is left: a short matmul per GPU (on a CPU node one
-              small matmul) in a child process; its ``flop_per_second`` is judged by the daemon
-              against the node's own series.
+``gemm``      epilog and health only, when time is left and no other job runs on the node (no
+              ``slurmstepd`` of another job): a short matmul per GPU (on a CPU node one small
+              matmul) in a child process; its ``flop_per_second`` is judged by the daemon against
+              the node's own series.
 
 Exit status (what Slurm acts on: non-zero drains the node)
 ----------------------------------------------------------
@@ -305,6 +306,24 @@ def leftovers(procs: Sequence[Proc], *, job_id: int | None, job_uid: int | None,
     return out
 
 
+_STEPD = re.compile(r"^slurmstepd: \[(\d+)\.")
+
+
+def running_jobs(root: Path) -> set[int]:
+    """The jobs a ``slurmstepd`` of this node serves (its command line: ``slurmstepd: [123.extern]``)."""
+    jobs: set[int] = set()
+    for p in processes(root):
+        if not p.comm.startswith("slurmstepd"):
+            continue
+        try:
+            cmdline = (root / str(p.pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if m := _STEPD.match(cmdline):
+            jobs.add(int(m.group(1)))
+    return jobs
+
+
 def ancestors(root: Path, pid: int) -> set[int]:
     """``pid`` and its ancestors (the check, its wrapper, slurmd's child)."""
     seen: set[int] = set()
@@ -497,6 +516,11 @@ print(json.dumps(out))
 def check_gemm(s: Setup, budget: Budget, f: Findings, gpus: list[NodeGpu] | None) -> None:
     """A short matmul in a child process (killed at the budget): ``flop_per_second`` per GPU, or one
     CPU figure without ``gpu`` label on a node without GPUs."""
+    others = running_jobs(s.proc_root) - {s.job_id or 0}
+    if others:
+        jobs = ", ".join(map(str, sorted(others)[:5]))
+        f.skipped["gemm"] = f"job(s) {jobs} run on this node: their GPUs are not ours"
+        return
     left = budget.left()
     try:
         done = subprocess.run([sys.executable, "-c", GEMM_CODE % {"seconds": GEMM_SECONDS}, f"{left - 0.5:.2f}"],
@@ -631,8 +655,8 @@ def read_config(path: Path | None, explicit: bool) -> dict[str, Any]:
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise UsageError(f"cannot read {path}: {exc}") from None
     section = dict(data.get("node_check", {}))
-    results = data.get("slurm", {}).get("results_dir") or data.get("node_check", {}).get("results_dir")
-    if results and "results_dir" not in section:
+    results = data.get("slurm", {}).get("results_dir")
+    if results:
         section["results_dir"] = results
     return section
 

@@ -336,6 +336,18 @@ def test_start_up_imports_neither_the_daemon_nor_torch(tmp_path: Path) -> None:
     assert done.stdout.strip() == "[]"
 
 
+def test_no_gemm_while_another_job_runs_on_the_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    s = setup(tmp_path, context="epilog", expect_gpus=None, job_uid=None, gemm=True)
+    fake_proc(s.proc_root, 500, uid=0, comm="slurmstepd")
+    (s.proc_root / "500" / "cmdline").write_bytes(b"slurmstepd: [91.extern]\0")
+    fake_proc(s.proc_root, 501, uid=0, comm="slurmstepd")
+    (s.proc_root / "501" / "cmdline").write_bytes(b"slurmstepd: [77.batch]\0")
+    assert b.running_jobs(s.proc_root) == {77, 91}
+    f = b.run_checks(s, b.Budget(30.0))
+    assert f.skipped["gemm"] == "job(s) 91 run on this node: their GPUs are not ours"
+
+
 @pytest.mark.slow
 def test_short_gemm_on_cpu_gives_a_figure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", f"{tmp_path / 'empty'}:{os.environ['PATH']}")
