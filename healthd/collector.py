@@ -613,3 +613,22 @@ def _move(path: Path, folder: Path) -> None:
         os.replace(path, folder / path.name)
     except OSError as exc:
         log.error("boundary_move_failed", file=path.name, to=str(folder), error=str(exc))
+
+
+def prune_boundary_files(results_dir: Path, cutoff: float) -> int:
+    """Delete the boundary documents kept in ``done/`` and ``refused/`` that were last changed before
+    ``cutoff`` (the store's retention: their runs are pruned then too); the count deleted."""
+    deleted = 0
+    for folder in (results_dir / BOUNDARY_DONE, results_dir / BOUNDARY_REFUSED):
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.name.startswith("boundary-") and entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                    os.unlink(entry.path)
+                    deleted += 1
+            except OSError as exc:
+                log.warning("boundary_prune_failed", file=entry.name, error=str(exc))
+    return deleted

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from healthd.cluster import ClusterBackend, make_backend
 from healthd.cluster.base import BackendTraits, ObservedBackend
-from healthd.collector import Collected, Collector, collect_boundary, results_dir_problem
+from healthd.collector import Collected, Collector, collect_boundary, prune_boundary_files, results_dir_problem
 from healthd.config import Settings, load_settings
 from healthd.coverage import CoverageCollector, CoverageInputs
 from healthd.errors import BackendError, ConfigError, HealthdError, SlurmError, StoreError
@@ -349,6 +349,9 @@ class Daemon:
         now = time.time()
         cutoff = now - self.settings.store.retention_days * 86400
         deleted = self.store.prune(cutoff)
+        kept_files = prune_boundary_files(self.settings.results_dir, cutoff)
+        if kept_files:
+            log.info("boundary_files_pruned", files=kept_files)
         self.store.prune_judgement(cutoff)
         self.store.prune_probe_requests(cutoff)
         if deleted:

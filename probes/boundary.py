@@ -605,7 +605,7 @@ def result_of(s: Setup, f: Findings, budget: Budget, *, run_id: str, started_at:
     return ProbeResult(
         probe=PROBE, run_id=run_id, outcome=outcome, reason=reason[:1000], started_at=started_at,
         finished_at=time.time(), nodes=[s.node],
-        params={"context": s.context, "job_id": s.job_id, "budget_s": budget.seconds,
+        params={"context": s.context, "job_id": s.job_id, "job_uid": s.job_uid, "budget_s": budget.seconds,
                 "elapsed_s": round(budget.elapsed(), 3), "skipped": f.skipped, "errors": f.errors,
                 "expect_gpus": s.expect_gpus, **f.info},
         measurements=f.measurements, checks=f.checks,

@@ -15,7 +15,14 @@ import pytest
 
 import probes.boundary as b
 from healthd.cluster.local import LocalBackend
-from healthd.collector import BOUNDARY_DONE, BOUNDARY_REFUSED, Collector, boundary_name, collect_boundary
+from healthd.collector import (
+    BOUNDARY_DONE,
+    BOUNDARY_REFUSED,
+    Collector,
+    boundary_name,
+    collect_boundary,
+    prune_boundary_files,
+)
 from healthd.config import JudgeSettings
 from healthd.judge.persist import judge_runs, load_judge, run_from_collected
 from healthd.model import Node, Outcome, RunKind
@@ -235,3 +242,19 @@ def test_the_daemons_collect_tick_takes_boundary_documents(tmp_path: Path) -> No
     finally:
         d.http._server.server_close()
         d.store.close()
+
+
+def test_kept_files_are_pruned_after_the_retention(tmp_path: Path) -> None:
+    collector, _, _ = make(tmp_path)
+    old, new = (write_check(collector.results_dir, job=j) for j in (1, 2))
+    hostile(collector.results_dir, "not json")
+    collect_boundary(collector)
+    kept = collector.results_dir / BOUNDARY_DONE
+    os.utime(kept / old.name, (1.0, 1.0))
+    for f in (collector.results_dir / BOUNDARY_REFUSED).iterdir():
+        os.utime(f, (1.0, 1.0))
+    (kept / "not-ours.txt").write_text("x")
+    os.utime(kept / "not-ours.txt", (1.0, 1.0))
+    assert prune_boundary_files(collector.results_dir, cutoff=time.time() - 3600) == 2
+    assert sorted(p.name for p in kept.iterdir()) == sorted([new.name, "not-ours.txt"])
+    assert list((collector.results_dir / BOUNDARY_REFUSED).iterdir()) == []
