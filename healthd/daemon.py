@@ -21,6 +21,7 @@ from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry
 
+from healthd.boundary import write_expectations
 from healthd.cluster import ClusterBackend, make_backend
 from healthd.cluster.base import BackendTraits, ObservedBackend
 from healthd.collector import Collected, Collector, collect_boundary, prune_boundary_files, results_dir_problem
@@ -96,6 +97,8 @@ class Daemon:
         self.registry.register(self.coverage)
         self.judge = load_judge(self.store, settings.judge, now=time.time())
         self._judge_stale = False
+        self._expectations: dict[str, str] = {}
+        """The expectation files (``healthd.boundary``) this daemon wrote, by node."""
         self.remediator = Remediator(self.store, self.backend, settings.remediation)
         self.collector = Collector(
             self.store, self.observed, settings.results_dir,
@@ -204,7 +207,12 @@ class Daemon:
             self.metrics.slurm_up.set(1 if ok else 0)
 
     def discover(self) -> None:
-        self.store.upsert_nodes(self.observed.list_nodes(), time.time())
+        nodes = self.observed.list_nodes()
+        self.store.upsert_nodes(nodes, time.time())
+        try:
+            write_expectations(self.settings.results_dir, nodes, self._expectations)
+        except OSError as exc:
+            log.warning("node_expectation_not_written", error=str(exc))
 
     def plan_and_launch(self) -> None:
         """Plan from the node states read now and submit; nothing while the backend is down.

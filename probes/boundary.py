@@ -49,7 +49,8 @@ Expectation
 Slurm commands are forbidden here, so what the node must have comes from ``--expect-gpus`` /
 ``--expect-gpu-uuids``, else from the expectation file (``--expect-file``, default
 ``<results_dir>/expect/<node>.json``): ``{"gpus": 8, "gpu_uuids": ["GPU-…", …]}``, written by the
-admin or a provisioning tool. Without any, the GPU count is not judged (only recorded).
+daemon at each discovery (``healthd.boundary``) or by the admin. Without any, the GPU count is not
+judged (only recorded).
 """
 
 from __future__ import annotations

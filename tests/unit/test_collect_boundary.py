@@ -230,7 +230,7 @@ def test_the_daemons_collect_tick_takes_boundary_documents(tmp_path: Path) -> No
     d = Daemon(settings, None, backend=fake_backend(fake, settings.results_dir))
     try:
         d.discover()
-        settings.results_dir.mkdir(parents=True, exist_ok=True)
+        assert b.read_expectation(settings.results_dir / "expect" / "gpu02.json") == (4, ())
         doc = write_check(settings.results_dir, node="gpu02", gpus=3)
         stranger = write_check(settings.results_dir, node="gpu77")
         d.collect()
@@ -258,3 +258,22 @@ def test_kept_files_are_pruned_after_the_retention(tmp_path: Path) -> None:
     assert prune_boundary_files(collector.results_dir, cutoff=time.time() - 3600) == 2
     assert sorted(p.name for p in kept.iterdir()) == sorted([new.name, "not-ours.txt"])
     assert list((collector.results_dir / BOUNDARY_REFUSED).iterdir()) == []
+
+
+def test_the_daemon_leaves_each_nodes_expectation_for_the_check(tmp_path: Path) -> None:
+    from healthd.boundary import expectation_text, write_expectations
+
+    nodes = [Node(name="gpu01", state="idle", gpus=8, gpu_uuids=tuple(UUIDS)),
+             Node(name="cpu01", state="idle", gpus=0), Node(name="odd01", state="idle", gpus=2, expect_gpus=0)]
+    written: dict[str, str] = {}
+    assert write_expectations(tmp_path, nodes, written) == 3
+    assert b.read_expectation(tmp_path / "expect" / "gpu01.json") == (8, tuple(UUIDS))
+    assert b.read_expectation(tmp_path / "expect" / "cpu01.json") == (0, ())
+    assert b.read_expectation(tmp_path / "expect" / "odd01.json") == (0, ())
+    assert oct((tmp_path / "expect" / "gpu01.json").stat().st_mode & 0o777) == "0o644"
+    assert write_expectations(tmp_path, nodes, written) == 0  # unchanged: not rewritten
+    fewer = [Node(name="gpu01", state="idle", gpus=4)]
+    assert write_expectations(tmp_path, fewer, written) == 1
+    assert (tmp_path / "expect" / "gpu01.json").read_text() == expectation_text(fewer[0])
+    opts = b.options(["--context", "prolog", "--results-dir", str(tmp_path)], {"SLURMD_NODENAME": "gpu01"})
+    assert (opts.setup.expect_gpus, opts.setup.expect_uuids) == (4, ())
