@@ -15,7 +15,7 @@ import sqlite3
 import stat
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -484,3 +484,151 @@ class Collector:
             return self._close(run, Outcome.ERROR, "daemon restart: the probe was interrupted", None)
         outcome, reason = outcome_of(None, result, None, run.nodes)
         return self._close(run, outcome, reason, result)
+
+
+# -- boundary checks (``probes.boundary``): documents Slurm's Prolog/Epilog/HealthCheckProgram left -------
+
+BOUNDARY_PER_TICK = 200
+"""Boundary documents taken in one collect tick (the oldest first); the rest wait for the next."""
+BOUNDARY_MAX_SPAN_S = 600.0
+"""The longest a boundary check may take (``probes.boundary.MAX_BUDGET_S``): a longer span is clamped."""
+BOUNDARY_DONE, BOUNDARY_REFUSED = "done", "refused"
+_BOUNDARY_NAME = re.compile(r"^(?P<stem>boundary-(?P<node>[A-Za-z0-9][A-Za-z0-9._-]{0,62})-"
+                            r"(?P<context>prolog|epilog|health)-(?P<job>\d{1,12})-(?P<ms>\d{1,16}))\.json$")
+
+
+@dataclass(frozen=True)
+class BoundaryName:
+    stem: str
+    node: str
+    context: str
+    job_id: str | None
+    ms: int
+
+
+def boundary_name(name: str) -> BoundaryName | None:
+    """``boundary-<node>-<context>-<job id or 0>-<unix ms>.json`` (``probes.boundary.document_name``)."""
+    m = _BOUNDARY_NAME.match(name)
+    if m is None:
+        return None
+    return BoundaryName(m["stem"], m["node"], m["context"], None if int(m["job"]) == 0 else m["job"], int(m["ms"]))
+
+
+def trusted_boundary(result: ProbeResult, name: BoundaryName, now: float,
+                     known: frozenset[str] | None = None) -> ProbeResult:
+    """``result`` as far as it may speak for the node its file names (pure): probe ``boundary``, the
+    file's stem as ``run_id``, that node only (a node the cluster knows, when ``known`` is given), the
+    file's context; its times clamped to ``now`` and to a check's longest span.
+
+    :raises ParseError: naming what does not hold.
+    """
+    if result.probe != "boundary":
+        raise ParseError(f"a {result.probe!r} result under a boundary document's name: refused")
+    if result.run_id != name.stem:
+        raise ParseError(f"the document names run {result.run_id!r}, its file {name.stem!r}: refused")
+    if known is not None and name.node not in known:
+        raise ParseError(f"{name.node} is not a node of the cluster: refused")
+    named = {*result.nodes, *(m.node for m in result.measurements if m.node),
+             *(c.node for c in result.checks if c.node)}
+    if named - {name.node} or result.nodes != [name.node]:
+        raise ParseError(f"the document names nodes other than {name.node} ({', '.join(sorted(named)[:5])}): refused")
+    if result.params.get("context") != name.context:
+        raise ParseError(f"the document's context {result.params.get('context')!r} is not its file's: refused")
+    finished = min(result.finished_at, now)
+    started = min(max(result.started_at, finished - BOUNDARY_MAX_SPAN_S), finished)
+    if (started, finished) == (result.started_at, result.finished_at):
+        return result
+    by = max(abs(started - result.started_at), abs(finished - result.finished_at))
+    (log.warning if by > CLAMP_WARN_S else log.debug)(
+        "result_times_clamped", started_at=result.started_at, finished_at=result.finished_at, to=(started, finished),
+        by_s=round(by, 3))
+    return result.model_copy(update={"started_at": started, "finished_at": finished})
+
+
+def collect_boundary(collector: Collector, *, known: Callable[[Sequence[str]], Collection[str]] | None = None,
+                     limit: int = BOUNDARY_PER_TICK) -> list[Collected]:
+    """Store the boundary documents waiting in the results directory as finished runs of kind
+    ``boundary`` (at most ``limit``, the oldest first) and move each file out of the way, so each is
+    taken once: into ``done/`` once stored, into ``refused/`` when it fails the trust checks of a probe
+    result (a regular file of healthd's user, not writable by group or others, at most
+    ``MAX_RESULT_BYTES``, a valid document naming its file's run, node and context). A refused file is
+    never a run: it is logged (``boundary_refused``) and counted as a ``parse`` error. A document whose
+    run is already stored (the daemon stopped before moving it) is only moved. ``known``: of the node
+    names given, those the cluster knows (a document of another node is refused)."""
+    directory = collector.results_dir
+    try:
+        names = sorted((n for e in os.scandir(directory) if (n := boundary_name(e.name)) is not None),
+                       key=lambda n: (n.ms, n.stem))[:limit]
+    except OSError as exc:
+        if exc.errno != errno.ENOENT:
+            collector.on_error("collect")
+            log.error("boundary_scan_failed", error=str(exc))
+        return []
+    now = collector.clock()
+    nodes = frozenset(known(sorted({n.node for n in names}))) if known is not None and names else None
+    done: list[Collected] = []
+    for name in names:
+        path = directory / f"{name.stem}.json"
+        with structlog.contextvars.bound_contextvars(run_id=name.stem, probe="boundary", node=name.node):
+            try:
+                mode = os.lstat(path).st_mode
+                if mode & 0o022:
+                    raise ParseError(f"{path} is writable by group or others (mode {stat.S_IMODE(mode):04o}): refused")
+                result = trusted_boundary(read_result(path, owner=collector.owner), name, now, nodes)
+            except FileNotFoundError:
+                continue
+            except (ParseError, OSError) as exc:
+                collector.on_error("parse")
+                log.warning("boundary_refused", file=path.name, error=str(exc))
+                _move(path, directory / BOUNDARY_REFUSED)
+                continue
+            collected = _store_boundary(collector, result, name, directory / BOUNDARY_DONE / path.name)
+            _move(path, directory / BOUNDARY_DONE)
+            if collected is not None:
+                done.append(collected)
+    return done
+
+
+def _store_boundary(collector: Collector, result: ProbeResult, name: BoundaryName, kept: Path) -> Collected | None:
+    outcome, reason = outcome_of(None, result, None, (name.node,))
+    try:
+        collector.store.add_run(run_id=name.stem, probe="boundary", nodes=(name.node,), backend="boundary",
+                                job_id=name.job_id, submitted_at=result.started_at, result_path=str(kept),
+                                source="boundary", kind=RunKind.BOUNDARY)
+    except sqlite3.IntegrityError:
+        log.info("boundary_already_stored", file=kept.name)
+        return None
+    record = FinishedRun(name.stem, outcome, reason[:MAX_REASON_CHARS], result.finished_at, result, result.started_at,
+                         judge=True)
+    stored = collector.store.finish_runs([record])
+    if stored and stored[0] is not None:
+        log.info("probe_finished", run_id=name.stem, probe="boundary", node=name.node, outcome=outcome.value,
+                 reason=reason, context=name.context, measurements=len(result.measurements))
+    return Collected(name.stem, "boundary", (name.node,), outcome, reason, result, RunKind.BOUNDARY)
+
+
+def _move(path: Path, folder: Path) -> None:
+    try:
+        folder.mkdir(mode=0o750, exist_ok=True)
+        os.replace(path, folder / path.name)
+    except OSError as exc:
+        log.error("boundary_move_failed", file=path.name, to=str(folder), error=str(exc))
+
+
+def prune_boundary_files(results_dir: Path, cutoff: float) -> int:
+    """Delete the boundary documents kept in ``done/`` and ``refused/`` that were last changed before
+    ``cutoff`` (the store's retention: their runs are pruned then too); the count deleted."""
+    deleted = 0
+    for folder in (results_dir / BOUNDARY_DONE, results_dir / BOUNDARY_REFUSED):
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.name.startswith("boundary-") and entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                    os.unlink(entry.path)
+                    deleted += 1
+            except OSError as exc:
+                log.warning("boundary_prune_failed", file=entry.name, error=str(exc))
+    return deleted

@@ -426,6 +426,21 @@ class BudgetSettings(_Section):
     """Share of the cluster's GPU-hours (every known node's GPUs times 24 h); with both set the lower wins."""
 
 
+class NodeCheckSettings(_Section):
+    """The node check at job boundaries (``probes.boundary``, run by Slurm on compute nodes: it reads this
+    section of the same healthd.toml where the file is there, else its options)."""
+
+    prolog_budget_s: float = Field(default=5.0, gt=0, le=600)
+    """The prolog's whole budget from the process's start (Slurm warns of a hung prolog past MessageTimeout)."""
+    epilog_budget_s: float = Field(default=30.0, gt=0, le=600)
+    health_budget_s: float = Field(default=45.0, gt=0, le=55)
+    """``HealthCheckProgram`` is killed by slurmd at 60 s."""
+    gemm: bool = True
+    """Run the short GEMM (epilog and health) when time is left."""
+    health_interval_s: int = Field(default=300, ge=0)
+    """``HealthCheckInterval=`` that ``healthd install-files`` prints (0: no HealthCheckProgram lines)."""
+
+
 class LoggingSettings(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["auto", "json", "console"] = "auto"
@@ -455,6 +470,7 @@ class Settings(BaseSettings):
     remediation: RemediationSettings = RemediationSettings()
     budget: BudgetSettings = BudgetSettings()
     judge: JudgeSettings = JudgeSettings()
+    node_check: NodeCheckSettings = NodeCheckSettings()
     logging: LoggingSettings = LoggingSettings()
 
     @field_validator("probes", mode="before")

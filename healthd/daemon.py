@@ -22,9 +22,10 @@ from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry
 
+from healthd.boundary import write_expectations
 from healthd.cluster import ClusterBackend, make_backend
 from healthd.cluster.base import BackendTraits, ObservedBackend
-from healthd.collector import Collected, Collector, results_dir_problem
+from healthd.collector import Collected, Collector, collect_boundary, prune_boundary_files, results_dir_problem
 from healthd.config import Settings, load_settings
 from healthd.coverage import CoverageCollector, CoverageInputs
 from healthd.errors import BackendError, ConfigError, HealthdError, SlurmError, StoreError
@@ -97,6 +98,8 @@ class Daemon:
         self.registry.register(self.coverage)
         self.judge = load_judge(self.store, settings.judge, now=time.time())
         self._judge_stale = False
+        self._expectations: dict[str, str] = {}
+        """The expectation files (``healthd.boundary``) this daemon wrote, by node."""
         self.remediator = Remediator(self.store, self.backend, settings.remediation)
         self.collector = Collector(
             self.store, self.observed, settings.results_dir,
@@ -205,7 +208,12 @@ class Daemon:
             self.metrics.slurm_up.set(1 if ok else 0)
 
     def discover(self) -> None:
-        self.store.upsert_nodes(self.observed.list_nodes(), time.time())
+        nodes = self.observed.list_nodes()
+        self.store.upsert_nodes(nodes, time.time())
+        try:
+            write_expectations(self.settings.results_dir, nodes, self._expectations)
+        except OSError as exc:
+            log.warning("node_expectation_not_written", error=str(exc))
 
     def plan_and_launch(self) -> None:
         """Plan from the node states read now and submit; nothing while the backend is down.
@@ -325,7 +333,8 @@ class Daemon:
         return kept
 
     def collect(self) -> None:
-        self._judge(self.collector.collect())
+        self._judge(self.collector.collect() + collect_boundary(
+            self.collector, known=lambda names: {n.name for n in self.store.nodes(names=names)}))
         ingested = self._saving_judgement(lambda: judge_ingested(self.judge, self.store, now=time.time()))
         if ingested is not None:
             self.remediator.apply(ingested)
@@ -364,6 +373,9 @@ class Daemon:
         now = time.time()
         cutoff = now - self.settings.store.retention_days * 86400
         deleted = self.store.prune(cutoff)
+        kept_files = prune_boundary_files(self.settings.results_dir, cutoff)
+        if kept_files:
+            log.info("boundary_files_pruned", files=kept_files)
         self.store.prune_judgement(cutoff)
         self.store.prune_probe_requests(cutoff)
         if deleted:

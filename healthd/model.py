@@ -110,6 +110,9 @@ class RunKind(StrEnum):
     """A scaling-sweep run over 2, 4, 8... nodes of a class: it feeds the scaling table only."""
     INGEST = "ingest"
     """A result of another tool's run, stored by ``healthd ingest``."""
+    BOUNDARY = "boundary"
+    """A node check Slurm ran at a job boundary (``probes.boundary``: prolog, epilog, health check),
+    collected from the results directory by ``Collector.collect_boundary``."""
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,18 @@
 """``healthd install-files``: copy the shipped systemd units, Grafana dashboards, alert rules and
-example config to where an admin wants them (nothing is overwritten unless ``--force``)."""
+example config to where an admin wants them (nothing is overwritten unless ``--force``), write the
+node check's wrappers for Slurm (``usr/libexec/healthd/node-check-{prolog,epilog,health}``) and print
+the slurm.conf lines that turn them on (docs/slurm.md)."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 import shutil
 from pathlib import Path
 
-from healthd.commands.common import EXIT_OK, EXIT_TROUBLE
+from healthd.commands.common import EXIT_OK, EXIT_TROUBLE, add_config_option, settings_from
+from healthd.config import Settings
 from healthd.resources import DATA_DIRS, EXAMPLE_CONFIG, data_root
 
 LAYOUT = {
@@ -24,6 +29,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--prefix", type=Path, default=Path("/"), help="root to install under (default /)")
     p.add_argument("--force", action="store_true", help="overwrite existing files")
     p.add_argument("--dry-run", action="store_true", help="print what would be copied")
+    p.add_argument("--node-check-python", default=None, metavar="PATH",
+                   help="the Python on compute nodes that runs the node check (default: [slurm] python)")
+    add_config_option(p)
     p.set_defaults(func=cmd_install_files)
 
 
@@ -39,7 +47,61 @@ def plan_copies(root: Path, prefix: Path) -> list[tuple[Path, Path]]:
     return copies
 
 
+WRAPPER_DIR = "usr/libexec/healthd"
+CONTEXTS = ("prolog", "epilog", "health")
+
+
+def node_check_wrapper(context: str, python: str, results_dir: Path) -> str:
+    """The shell wrapper Slurm runs for ``context``. Only the check's exit 1 (the node is certainly
+    broken) leaves it as non-zero: a missing Python, a crash, a signal exit 0 with the reason on stderr,
+    so a broken check never drains a healthy node."""
+    py, results = shlex.quote(python), shlex.quote(str(results_dir))
+    return f"""#!/bin/sh
+# healthd node check, {context} context: written by `healthd install-files` (docs/slurm.md).
+# Exit 1 only when the node is certainly broken (Slurm then drains it); anything else is exit 0.
+PY={py}
+if [ ! -x "$PY" ]; then
+    echo "healthd node-check: $PY is not there; not run (exit 0)" >&2
+    exit 0
+fi
+"$PY" -m probes.boundary --context {context} --results-dir {results} "$@"
+rc=$?
+[ "$rc" -eq 1 ] && exit 1
+[ "$rc" -ne 0 ] && echo "healthd node-check: ended with status $rc: not the node's fault (exit 0)" >&2
+exit 0
+"""
+
+
+def slurm_conf_lines(wrapper_dir: Path, settings: Settings) -> list[str]:
+    """What slurm.conf needs for the wrappers in ``wrapper_dir`` (``HealthCheck*`` only with an interval)."""
+    lines = [f"Prolog={wrapper_dir / 'node-check-prolog'}", f"Epilog={wrapper_dir / 'node-check-epilog'}"]
+    interval = settings.node_check.health_interval_s
+    if interval > 0:
+        lines += [f"HealthCheckProgram={wrapper_dir / 'node-check-health'}", f"HealthCheckInterval={interval}",
+                  "HealthCheckNodeState=ANY,CYCLE"]
+    return lines
+
+
+def install_wrappers(args: argparse.Namespace, settings: Settings) -> int:
+    """Write the three wrappers (kept when they exist, unless ``--force``); the count written."""
+    python = args.node_check_python or settings.slurm.python
+    written = 0
+    for context in CONTEXTS:
+        target = args.prefix / WRAPPER_DIR / f"node-check-{context}"
+        if target.exists() and not args.force:
+            print(f"exists, kept: {target}")
+            continue
+        print(f"{'would write' if args.dry_run else 'write'} {target}")
+        if not args.dry_run:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(node_check_wrapper(context, python, settings.results_dir))
+            os.chmod(target, 0o755)
+        written += 1
+    return written
+
+
 def cmd_install_files(args: argparse.Namespace) -> int:
+    settings, _ = settings_from(args)
     root = data_root()
     copies = plan_copies(root, args.prefix)
     missing = [d for d in DATA_DIRS if not (root / d).is_dir()]
@@ -57,4 +119,9 @@ def cmd_install_files(args: argparse.Namespace) -> int:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source, target)
     print(f"{len(copies) - skipped} file(s) {'to install' if args.dry_run else 'installed'}, {skipped} kept")
+    install_wrappers(args, settings)
+    print("\n# slurm.conf: healthd's node check at job boundaries (docs/slurm.md); the wrappers must be on"
+          " every compute node at this path")
+    for line in slurm_conf_lines(Path("/") / WRAPPER_DIR, settings):
+        print(line)
     return EXIT_OK

@@ -409,6 +409,19 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (node, gpu)
     ) WITHOUT ROWID
     """,
+    # 11: the run kind `boundary` (node checks Slurm ran at job boundaries). SQLite cannot alter a CHECK
+    # and rebuilding `runs` would cascade into every table that references it, so the CHECK is widened in
+    # place (SQLite's documented writable_schema procedure for a change that leaves the stored rows valid);
+    # the index is rebuilt so that every connection re-reads the schema.
+    """
+    PRAGMA writable_schema = ON;
+    UPDATE sqlite_schema SET sql = replace(sql, 'kind IN (''probe'', ''reprobe'', ''sweep'', ''ingest'')',
+        'kind IN (''probe'', ''reprobe'', ''sweep'', ''ingest'', ''boundary'')')
+        WHERE type = 'table' AND name = 'runs';
+    PRAGMA writable_schema = RESET;
+    DROP INDEX runs_kind;
+    CREATE INDEX runs_kind ON runs (kind, state)
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
