@@ -33,6 +33,7 @@ from healthd.parsers.healthd_json import MAX_BYTES as MAX_RESULT_BYTES
 from healthd.parsers.healthd_json import parse_result
 from healthd.store.rows import RunRow
 from healthd.store.runs import FinishedRun
+from probes.result import NOT_RUN
 
 log = get_logger(__name__)
 
@@ -211,7 +212,8 @@ def outcome_of(job: JobStatus | None, result: ProbeResult | None, parse_error: s
     one that Slurm pre-empted for a user's job is ``skipped`` (the node was taken, nothing is known
     of it). ``shared``: the job ran several runs (a combined job, ``python -m probes check``): its
     exit code and time-out speak for all of them (another probe's error, a later probe's hang), so a
-    run's own complete ``pass`` document stands."""
+    run's own complete ``pass`` document stands, and a run the check never started (``not run: ...``) is
+    ``error`` whatever evidence its reason quotes (that is the run it happened in)."""
     if job is not None and job.state is JobState.PREEMPTED:
         return Outcome.SKIPPED, f"pre-empted: {job.reason or 'Slurm gave the node to a job that outranks the probe'}"
     if result is not None:
@@ -222,6 +224,8 @@ def outcome_of(job: JobStatus | None, result: ProbeResult | None, parse_error: s
         if (not shared and job is not None and result.outcome is Outcome.PASS
                 and (job.state is JobState.FAILED or job.exit_code)):
             return Outcome.ERROR, f"the job failed ({job.reason or f'exit code {job.exit_code}'}) after writing a pass"
+        if result.outcome is Outcome.ERROR and result.reason.startswith(NOT_RUN):
+            return Outcome.ERROR, result.reason  # another probe of the check holds the evidence, counted there
         if result.outcome is Outcome.ERROR:
             fault = classify(result.reason, tuple(nodes) or tuple(result.nodes))
             if fault is not None:

@@ -35,6 +35,12 @@ LABEL_KEYS = frozenset(
 """Label keys a measurement may carry; all have small, bounded value sets."""
 
 
+NOT_RUN = "not run: "
+"""How the reason of a check's probe that never ran starts (``python -m probes check``): the evidence
+it quotes (another probe's hang, the node's missing GPUs) belongs to the run it happened in and is
+counted there once, never again on this one."""
+
+
 class Outcome(StrEnum):
     PASS = "pass"
     DEGRADED = "degraded"

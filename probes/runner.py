@@ -40,7 +40,7 @@ from probes.faults import CRASH_EXIT_CODE, FaultKind, active_faults, faults_appl
 from probes.gpus import gpu_slot, name_check_gpus, node_gpus
 from probes.liveness import Liveness, diagnose, prefixed_client, tcp_store
 from probes.report import emit, render, reserve_stdout
-from probes.result import Check, Environment, Outcome, ProbeResult, RankInfo
+from probes.result import NOT_RUN, Check, Environment, Outcome, ProbeResult, RankInfo
 from probes.timing import Deadline, probe_t0, rank_margin_seconds
 
 RESULT_FILE_ENV = "HEALTHD_PROBE_RESULT_FILE"
@@ -260,7 +260,7 @@ class RankSession:
                     probe=part.probe.NAME,
                     run_id=part.args.run_id,
                     outcome=Outcome.ERROR,
-                    reason=f"not run: the check stopped in probe {self.probe.NAME.value}: {text}",
+                    reason=f"{NOT_RUN}the check stopped in probe {self.probe.NAME.value}: {text}",
                     started_at=now,
                     finished_at=now,
                     nodes=nodes,

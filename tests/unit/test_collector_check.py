@@ -91,6 +91,21 @@ def test_a_combined_jobs_exit_code_does_not_undo_a_runs_own_pass() -> None:
     assert outcome_of(timed_out, result, None, shared=True) == (Outcome.PASS, "")
 
 
+def test_the_evidence_of_a_check_counts_once_on_the_probe_it_happened_in() -> None:
+    """A hang in the check's nccl part is a fault on nccl's run; the gemm part the check never started
+    quotes it, but stays ``error`` (could not check): one hang is not two findings."""
+    from healthd.collector import outcome_of
+    from healthd.model import ProbeResult
+
+    stuck = "rank 1 (node n1) was stuck in phase 'nccl.all_reduce' while rank 0 reached 'probe.end'"
+    doc = {"outcome": "error", "started_at": 1.0, "finished_at": 2.0, "nodes": ["n1"]}
+    nccl = ProbeResult.model_validate({**doc, "probe": "nccl", "run_id": "c2", "reason": stuck})
+    gemm = ProbeResult.model_validate({**doc, "probe": "gemm", "run_id": "c3",
+                                       "reason": f"not run: the check stopped in probe nccl: {stuck}"})
+    assert outcome_of(None, nccl, None, ("n1",), shared=True)[0] is Outcome.FAIL
+    assert outcome_of(None, gemm, None, ("n1",), shared=True) == (Outcome.ERROR, gemm.reason)
+
+
 def test_a_leftover_check_process_is_known_by_any_of_its_run_ids() -> None:
     import subprocess
     import sys
