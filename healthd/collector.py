@@ -194,6 +194,12 @@ def trusted(result: ProbeResult, run: RunRow, job: JobStatus | None, now: float)
     high = max(low, job.finished_at if job is not None and job.finished_at else now)
     started = min(max(result.started_at, low), high)
     finished = min(max(result.finished_at, started), high)
+    return clamped(result, started, finished)
+
+
+def clamped(result: ProbeResult, started: float, finished: float) -> ProbeResult:
+    """``result`` with its times moved to ``started``/``finished``; a move of more than ``CLAMP_WARN_S``
+    is a warning (``result_times_clamped``), a smaller one (the times' resolution) is logged at debug."""
     if (started, finished) == (result.started_at, result.finished_at):
         return result
     by = max(abs(started - result.started_at), abs(finished - result.finished_at))
@@ -540,13 +546,7 @@ def trusted_boundary(result: ProbeResult, name: BoundaryName, now: float,
         raise ParseError(f"the document's context {result.params.get('context')!r} is not its file's: refused")
     finished = min(result.finished_at, now)
     started = min(max(result.started_at, finished - BOUNDARY_MAX_SPAN_S), finished)
-    if (started, finished) == (result.started_at, result.finished_at):
-        return result
-    by = max(abs(started - result.started_at), abs(finished - result.finished_at))
-    (log.warning if by > CLAMP_WARN_S else log.debug)(
-        "result_times_clamped", started_at=result.started_at, finished_at=result.finished_at, to=(started, finished),
-        by_s=round(by, 3))
-    return result.model_copy(update={"started_at": started, "finished_at": finished})
+    return clamped(result, started, finished)
 
 
 def collect_boundary(collector: Collector, *, known: Callable[[Sequence[str]], Collection[str]] | None = None,
