@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import sys
 import time
 from types import ModuleType, SimpleNamespace
@@ -133,20 +134,27 @@ def test_gemm_window_carries_the_gpus_telemetry(nvml: ModuleType) -> None:
     assert gemm.telemetry_measurements("n1", 3, "fp32", None) == []
 
 
-def test_settle_waits_for_a_steady_time_and_stops_at_the_cap() -> None:
-    """A step that is fast at first (a burst) and slower later: warm-up lasts until it is steady."""
-    calls: list[float] = []
+def test_settle_waits_for_a_steady_time_and_stops_at_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step that is fast at first (a burst) and slower later: warm-up lasts until it is steady. The
+    clock is the test's (each step advances it), so the machine's load cannot make it flaky."""
+    clock = [0.0]
+    monkeypatch.setattr(gemm.time, "perf_counter", lambda: clock[0])
+    calls: list[int] = []
 
     def step(i: int) -> None:
-        calls.append(time.perf_counter())
-        time.sleep(0.0005 if len(calls) < 40 else 0.002)
+        calls.append(i)
+        clock[0] += 0.0005 if len(calls) < 40 else 0.002
 
     settled = gemm.settle(_cpu_ctx(), step, 0.05)
     assert settled.stable and settled.seconds >= 0.05 and len(calls) > 40
-    assert settled.per_call == pytest.approx(0.002, rel=0.5)
-    jitter = iter([0.001, 0.003] * 1000)
-    never = gemm.settle(_cpu_ctx(), lambda _: time.sleep(next(jitter)), 0.02)
-    assert not never.stable and never.seconds == pytest.approx(gemm.WARMUP_CAP_FACTOR * 0.02, abs=0.03)
+    assert settled.per_call == pytest.approx(0.002, rel=0.01)
+    rng = random.Random(1)
+
+    def noisy(_: int) -> None:
+        clock[0] += rng.uniform(0.001, 0.003)
+
+    never = gemm.settle(_cpu_ctx(), noisy, 0.02)
+    assert not never.stable and never.seconds == pytest.approx(gemm.WARMUP_CAP_FACTOR * 0.02, abs=0.005)
     assert gemm.settle(_cpu_ctx(), step, 0.0) == gemm.Settled(0.0, None, False, 0)
 
 
