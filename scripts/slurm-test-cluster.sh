@@ -274,9 +274,11 @@ EOF
     chmod 0644 "$CONF" "$DIR/etc/gres.conf"
 }
 
-add_hosts() {
-    local line
-    line="127.0.0.1 $(node_names | tr '\n' ' ')$HOSTS_MARK"
+add_hosts() {  # the marked line names every node of every cluster started here: never fewer (clusters of
+    local line names  # different sizes run side by side; a smaller one must not unname the others' nodes)
+    names=$( { node_names; grep -F "$HOSTS_MARK" /etc/hosts 2>/dev/null | sed 's/#.*//' | tr ' \t' '\n\n' \
+               | grep -E '^node[0-9]+$'; } | sort -u -V | tr '\n' ' ')
+    line="127.0.0.1 ${names}$HOSTS_MARK"
     if grep -qF "$HOSTS_MARK" /etc/hosts; then
         grep -qxF "$line" /etc/hosts && return 0
         [[ -w /etc/hosts ]] || die "/etc/hosts has an outdated '$HOSTS_MARK' line and is not writable"

@@ -27,7 +27,7 @@ import pytest
 from healthd.commands.install_files import node_check_wrapper
 from tests.integration.conftest import CLUSTER_SCRIPT, REPO, SlurmTestCluster, wait_for
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.host_release_only]  # its own cluster: the host's release
 
 
 @pytest.fixture
