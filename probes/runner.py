@@ -166,18 +166,22 @@ class RankSession:
             if self._finished or self.launch.rank != 0:
                 return
             self._parts_code = 1
-            self._write(ProbeResult(
-                probe=self.probe.NAME,
-                run_id=self.args.run_id,
-                outcome=Outcome.ERROR,
-                reason=reason,
-                started_at=self.part_t0,
-                finished_at=time.time(),
-                startup_seconds=self._startup_seconds(),
-                nodes=env_probe.nodes_in_order(self.ranks) if self.ranks else [self.launch.node],
-                environment=self.environment,
-                params=self.params,
-            ))
+            self._write(self._error_result(reason, self.environment))
+
+    def _error_result(self, reason: str, environment: Environment | None) -> ProbeResult:
+        """The current part's ``error`` document."""
+        return ProbeResult(
+            probe=self.probe.NAME,
+            run_id=self.args.run_id,
+            outcome=Outcome.ERROR,
+            reason=reason,
+            started_at=self.part_t0,
+            finished_at=time.time(),
+            startup_seconds=self._startup_seconds(),
+            nodes=env_probe.nodes_in_order(self.ranks) if self.ranks else [self.launch.node],
+            environment=environment,
+            params=self.params,
+        )
 
     def finish(self, output: ProbeOutput, measure_end: float, *, final: bool = True) -> int:
         """Write the normal document (rank 0) and return the exit code; ``final=False``: a part of
@@ -240,19 +244,8 @@ class RankSession:
                 text = f"{reason} (rank states unreadable: {type(exc).__name__}: {exc})"
         environment = self.environment or self._partial_environment()
         try:
-            nodes = env_probe.nodes_in_order(self.ranks) if self.ranks else [self.launch.node]
-            result = ProbeResult(
-                probe=self.probe.NAME,
-                run_id=self.args.run_id,
-                outcome=Outcome.ERROR,
-                reason=text,
-                started_at=self.part_t0,
-                finished_at=time.time(),
-                startup_seconds=self._startup_seconds(),
-                nodes=nodes,
-                environment=environment,
-                params=self.params,
-            )
+            result = self._error_result(text, environment)
+            nodes = result.nodes
             self._write(result)
             now = time.time()
             for part in self.later:
