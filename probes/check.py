@@ -33,13 +33,10 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Sequence
-from types import FrameType
 from typing import Any
 
 from probes.catalogue import CHECK_COMMAND, CHECK_PROBES, ProbeName
@@ -214,16 +211,7 @@ def run_standalone(parts: Sequence[CheckPart], args: argparse.Namespace, argv: S
     tmpdir = tempfile.mkdtemp(prefix="healthd-check-")
     port = launcher.free_port()
     children: list[launcher.Child] = []
-    stopping = threading.Event()
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        stopping.set()
-        launcher._stop(children)
-        shutil.rmtree(tmpdir, ignore_errors=True)
-        os._exit(128 + signum)
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stopping = launcher.stop_on_signals(children, tmpdir)
     child_argv = [sys.executable, "-m", "probes", *argv, "--nproc", str(nproc)]
     try:
         launcher.run_ranks(children, child_argv, nproc, port, t0, deadline, {RESULT_DIR_ENV: tmpdir})

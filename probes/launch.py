@@ -161,6 +161,21 @@ def launcher_reason(children: Sequence[Child], timeout_s: float, rank0_silent: b
     return "; ".join(lines)
 
 
+def stop_on_signals(children: list[Child], tmpdir: str) -> threading.Event:
+    """SIGTERM/SIGINT stop the ranks, remove ``tmpdir`` and exit 128+signal; the event is set first."""
+    stopping = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        stopping.set()
+        _stop(children)
+        shutil.rmtree(tmpdir, ignore_errors=True)
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return stopping
+
+
 def run_standalone(probe: ProbeModule, args: argparse.Namespace, argv: Sequence[str]) -> int:
     reserve_stdout()
     t0 = process_start_time()
@@ -180,16 +195,7 @@ def run_standalone(probe: ProbeModule, args: argparse.Namespace, argv: Sequence[
     result_file = os.path.join(tmpdir, "result.json")
     port = free_port()
     children: list[Child] = []
-    stopping = threading.Event()
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        stopping.set()
-        _stop(children)
-        shutil.rmtree(tmpdir, ignore_errors=True)
-        os._exit(128 + signum)
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stopping = stop_on_signals(children, tmpdir)
     child_argv = [sys.executable, "-m", "probes", *argv, "--nproc", str(nproc)]
     try:
         run_ranks(children, child_argv, nproc, port, t0, deadline, {RESULT_FILE_ENV: result_file})
