@@ -274,6 +274,28 @@ def run_probe(name: str, device: str, args: Sequence[str], run_id: str, env: dic
     return ProbeRun(name, wall, str(doc.get("outcome")), doc)
 
 
+def run_check(device: str, probe_args: dict[str, list[str]], env: dict[str, str]) -> tuple[float, str]:
+    """``python -m probes check`` of :data:`FULL_CHECK` (one process); its wall time and each outcome."""
+    tokens = [f"--arg={name}={token}" for name in FULL_CHECK for token in probe_args.get(name, [])]
+    argv = [sys.executable, "-m", "probes", "check", "--device", device, "--probes", ",".join(FULL_CHECK),
+            "--timeout", str(PROBE_TIMEOUT_S - 10), "--format", "json", *tokens]
+    t = time.perf_counter()
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
+                          check=False)
+    wall = time.perf_counter() - t
+    outcomes: list[str] = []
+    for line in done.stdout.splitlines():
+        try:
+            doc = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(doc, dict) and "probe" in doc:
+            outcomes.append(f"{doc['probe']} {doc.get('outcome')}")
+    if not outcomes:
+        return wall, f"no result (exit {done.returncode}): {done.stderr.strip()[-300:]}"
+    return wall, ", ".join(outcomes)
+
+
 def measurement(doc: dict[str, Any], name: str, **labels: str) -> float | None:
     for m in doc.get("measurements", []):
         if m["name"] == name and all(m["labels"].get(k) == v for k, v in labels.items()):
@@ -417,9 +439,9 @@ def check(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any
         help_run = subprocess.run([sys.executable, "-m", "probes", "check", "--help"], cwd=REPO, env=env,
                                   capture_output=True, text=True, timeout=60, check=False)
         if help_run.returncode == 0:
-            one = run_probe("check", device.type, [], "gpucheck-check", full_env, nproc=None)
-            full["one_process_s"] = one.wall_s
-            full["one_process_outcome"] = one.outcome
+            wall, outcome = run_check(device.type, sizes.probe_args, full_env)
+            full["one_process_s"] = wall
+            full["one_process_outcome"] = outcome
     return {
         "device": device.type,
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

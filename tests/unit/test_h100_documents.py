@@ -177,3 +177,16 @@ def test_a_slow_gemm_on_a_throttled_gpu_says_so() -> None:
     (verdict,) = out.verdicts
     assert verdict.outcome is Outcome.DEGRADED
     assert "throttled (hardware slowdown, thermal or power brake) 80% of the window at 1,330 MHz" in verdict.reason
+
+
+def test_the_h200_lost_gpu_document_is_gpus_missing_with_the_missing_uuid() -> None:
+    """``CUDA_VISIBLE_DEVICES= python -m probes gemm --expect-gpus 1 --expect-gpu-uuids <its GPU>`` on a real
+    H200 (bench/gpu_session.sh, 2026-11-26): no rank started, no figure, the node fails naming the GPU."""
+    d = document(FIXTURES.parent / "h200" / "lost-gpu.json")
+    assert d.measurements == [] and d.params["gpus_seen_by"] == "nvidia-smi/NVML"
+    c = collected(d, "h200lost")
+    assert c.outcome is Outcome.FAIL, c
+    h200 = Node("vm", "idle", gpus=1, gpu_type="nvidia_h200", node_class="nvidia_h200x1")
+    (verdict,) = Judge(JudgeSettings()).evaluate([run_from_collected(c, d.finished_at)], [h200],
+                                                 now=d.finished_at + 1).verdicts
+    assert verdict.reason_code == "gpus_missing" and "GPU-9b6c4a12-9477-8441-e6d1-42584aabc3fa" in verdict.reason
