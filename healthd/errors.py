@@ -54,3 +54,8 @@ class InvalidNodeName(HealthdError):
 
 class PolicyRefused(HealthdError):
     """Remediation refused an action (ownership, circuit breaker, cap); the reason is the message."""
+
+
+class TopologyError(ParseError):
+    """A topology (Slurm's answer or a topology file) that cannot be used: unreadable, a node under two
+    leaves, a loop. The daemon goes on without topology and says so; never a node's fault."""

@@ -123,10 +123,11 @@ def test_sigkill_mid_probe_then_restart_loses_and_duplicates_nothing(tmp_path: P
     daemon.wait_http()
     deadline = time.time() + 30
     runs: list[dict[str, object]] = []
-    while time.time() < deadline and not runs:
+    while time.time() < deadline and not (runs and all(r["job_id"] for r in runs)):
+        # a run is stored before its launch and gets its job id after: wait for the id
         runs = json.loads(get(port, "/api/v1/runs")[1])["runs"]
         time.sleep(0.2)
-    assert runs, "no run was submitted"
+    assert runs and all(r["job_id"] for r in runs), f"no run was launched: {runs}"
     # gemm and nccl are due together: one combined job (`probes check`), one run each, one job id
     assert {r["probe"] for r in runs} == {"gemm", "nccl"} and len({r["job_id"] for r in runs}) == 1, runs
     assert all(r["state"] in ("submitted", "running") for r in runs)
