@@ -31,6 +31,7 @@ from healthd.model import JobState, JobStatus, Outcome, ProbeJob, ProbeResult, R
 from healthd.parsers.expand import MAX_REASON_CHARS, expand_result
 from healthd.parsers.healthd_json import MAX_BYTES as MAX_RESULT_BYTES
 from healthd.parsers.healthd_json import parse_result
+from healthd.remediation.adopt import BoundaryFailure
 from healthd.store.rows import RunRow
 from healthd.store.runs import FinishedRun
 from probes.result import NOT_RUN
@@ -547,6 +548,19 @@ def trusted_boundary(result: ProbeResult, name: BoundaryName, now: float,
     finished = min(result.finished_at, now)
     started = min(max(result.started_at, finished - BOUNDARY_MAX_SPAN_S), finished)
     return clamped(result, started, finished)
+
+
+def boundary_failures(collected: Sequence[Collected]) -> list[BoundaryFailure]:
+    """The failed prolog/epilog checks among ``collected`` (those that exited non-zero: Slurm drained
+    their node)."""
+    out: list[BoundaryFailure] = []
+    for c in collected:
+        if c.kind is not RunKind.BOUNDARY or c.outcome is not Outcome.FAIL or c.result is None or not c.nodes:
+            continue
+        context = c.result.params.get("context")
+        if isinstance(context, str):
+            out.append(BoundaryFailure(c.nodes[0], c.run_id, context, c.reason, c.result.finished_at))
+    return out
 
 
 def collect_boundary(collector: Collector, *, known: Callable[[Sequence[str]], Collection[str]] | None = None,

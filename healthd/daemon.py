@@ -25,7 +25,14 @@ from prometheus_client import CollectorRegistry
 from healthd.boundary import write_expectations
 from healthd.cluster import ClusterBackend, make_backend
 from healthd.cluster.base import BackendTraits, ObservedBackend
-from healthd.collector import Collected, Collector, collect_boundary, prune_boundary_files, results_dir_problem
+from healthd.collector import (
+    Collected,
+    Collector,
+    boundary_failures,
+    collect_boundary,
+    prune_boundary_files,
+    results_dir_problem,
+)
 from healthd.config import Settings, load_settings
 from healthd.coverage import CoverageCollector, CoverageInputs
 from healthd.errors import BackendError, ConfigError, HealthdError, SlurmError, StoreError
@@ -333,8 +340,9 @@ class Daemon:
         return kept
 
     def collect(self) -> None:
-        self._judge(self.collector.collect() + collect_boundary(
-            self.collector, known=lambda names: {n.name for n in self.store.nodes(names=names)}))
+        boundary = collect_boundary(self.collector, known=lambda names: {n.name for n in self.store.nodes(names=names)})
+        self._judge(self.collector.collect() + boundary)
+        self.remediator.adopt_boundary_drains(boundary_failures(boundary))
         ingested = self._saving_judgement(lambda: judge_ingested(self.judge, self.store, now=time.time()))
         if ingested is not None:
             self.remediator.apply(ingested)

@@ -331,6 +331,16 @@ class SlurmBackend:
             raise PolicyRefused(f"{node} is already drained by someone else (reason: {current.reason!r})")
         self.client.drain(node, reason)
 
+    def take_over_drain(self, node: str, slurm_reason: str, reason: str) -> None:
+        """Give healthd's ``reason`` to a drain slurmctld made with ``slurm_reason`` (a failed epilog or
+        prolog of healthd's check); refused when the node's reason is anything else by now."""
+        if not reason.startswith(self.reason_prefix):
+            raise PolicyRefused(f"drain reason must start with {self.reason_prefix!r}")
+        current = self._node(node)
+        if not current.drained or (current.reason or "").strip() != slurm_reason:
+            raise PolicyRefused(f"{node} is no longer drained with {slurm_reason!r} (reason: {current.reason!r})")
+        self.client.drain(node, reason)
+
     def undrain(self, node: str) -> None:
         current = self._node(node)
         if not current.drained:

@@ -35,9 +35,11 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from healthd.config import RemediationSettings
-from healthd.errors import BackendError, InvalidNodeName
+from healthd.errors import BackendError, InvalidNodeName, PolicyRefused
 from healthd.judge.model import JudgeOutput
 from healthd.model import Node, validate_node_name
+from healthd.node_class import class_of
+from healthd.remediation.adopt import ADOPT_SLACK_S, BoundaryFailure, DrainTakeover, adoptions
 from healthd.remediation.apply import DrainCapability, RemediationRecords, carry_out, log
 from healthd.remediation.decide import (
     ACTOR,
@@ -57,7 +59,7 @@ from healthd.remediation.decide import (
 )
 from healthd.store import Store
 from healthd.store.remediation import BREAKER_KEY
-from healthd.store.rows import BreakerState
+from healthd.store.rows import AuditEntry, BreakerState, OpenDrain, RemediationChanges, RemediationWrite
 
 __all__ = [
     "ACTOR",
@@ -73,6 +75,8 @@ __all__ = [
     "recommendations_document",
 ]
 
+ADOPT_RETRY_S = 5.0
+"""How often a failed boundary check whose drain is not there yet is looked for again."""
 NODE_CACHE_S = 30.0
 """The cluster's node list is read at most this often by ``apply`` (the backend re-checks a node's
 drain state itself when asked to drain it)."""
@@ -91,6 +95,9 @@ class Remediator:
         self.settings = settings
         self.clock = clock
         self._nodes: tuple[float, dict[str, Node]] | None = None
+        self._boundary: list[BoundaryFailure] = []
+        self._boundary_done: set[str] = set()
+        self._boundary_tried = 0.0
 
     def _cluster_nodes(self, now: float) -> dict[str, Node]:
         if self._nodes is None or now - self._nodes[0] >= NODE_CACHE_S or now < self._nodes[0]:
@@ -127,6 +134,52 @@ class Remediator:
         if any(r.result == "done" for r in results.values()):
             self._nodes = None
         return plan
+
+    # -- drains Slurm made for healthd's boundary check ----------------------------------------------
+    def adopt_boundary_drains(self, failures: Sequence[BoundaryFailure]) -> list[Action]:
+        """Take over the drains slurmctld made for ``failures`` (``healthd.remediation.adopt``): the node's
+        reason becomes healthd's and the drain is recorded as healthd's own (lifted by ``healthd undrain``
+        or by hand in Slurm). Every mode: the drain exists already; healthd only explains and owns it."""
+        if not isinstance(self.cluster, DrainTakeover):
+            return []
+        now = self.clock()
+        # slurmctld may drain the node after the document is collected: each failure is tried again
+        # (every ADOPT_RETRY_S) until its drain is taken over, refused, or ADOPT_SLACK_S old
+        self._boundary = [f for f in (*self._boundary, *failures)
+                          if now - f.finished_at <= ADOPT_SLACK_S and f.run_id not in self._boundary_done]
+        if not self._boundary or (not failures and now - self._boundary_tried < ADOPT_RETRY_S):
+            return []
+        self._boundary_tried = now
+        try:
+            nodes = {n.name: n for n in self.cluster.list_nodes()}
+        except BackendError as exc:
+            log.warning("remediation_cannot_list_nodes", error=str(exc))
+            return []
+        own = {d.node for d in self.store.drains(open_only=True)}
+        writes: list[RemediationWrite] = []
+        for a in adoptions(self._boundary, nodes, own, self.settings.reason_prefix, max_reason=MAX_REASON):
+            self._boundary_done.add(a.run_id)
+            detail = {"slurm_reason": a.slurm_reason, "run_id": a.run_id, "context": a.context}
+            try:
+                self.cluster.take_over_drain(a.node, a.slurm_reason, a.reason)
+            except PolicyRefused as exc:
+                writes.append(AuditEntry("drain", a.node, "refused", f"not taken over: {exc}", ACTOR, detail))
+                continue
+            except (BackendError, ValueError) as exc:
+                writes.append(AuditEntry("drain", a.node, "failed", f"not taken over: {exc}", ACTOR, detail))
+                continue
+            cls = class_of(nodes[a.node]) if a.node in nodes else ""
+            writes.append(OpenDrain(a.node, cls, a.reason, ACTOR, automatic=True, probes=()))
+            writes.append(AuditEntry("drain", a.node, "done", a.reason, ACTOR,
+                                     {**detail, "taken_over": True}))
+        if writes:
+            self.store.apply_remediation(RemediationChanges(now, tuple(writes)))
+            self._nodes = None
+            for w in writes:
+                if isinstance(w, AuditEntry):
+                    (log.info if w.result == "done" else log.warning)(
+                        "remediation_boundary_drain", node=w.node, result=w.result, reason=w.reason, **w.detail)
+        return [Action(w.action, w.node, w.result, w.reason) for w in writes if isinstance(w, AuditEntry)]
 
     # -- the breaker ----------------------------------------------------------------------------
     def breaker(self) -> BreakerState:

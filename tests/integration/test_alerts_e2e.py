@@ -34,7 +34,9 @@ NODE = "e2enode"
 DAEMON_PORT, PROM_PORT, AM_PORT, HOOK_PORT = 9469, 9090, 9093, 9099
 TEST_FOR = "10s"
 """The per-node alerts' ``for: 2m``, shortened so the test takes minutes (the only change to the rule file)."""
-SLOW_NET = ["tbf", "rate", "2gbit", "burst", "256kb", "limit", "4mb"]
+SLOW_NET = ["tbf", "rate", "200mbit", "burst", "256kb", "limit", "4mb"]
+"""About 25 MB/s on the namespace's loopback: 20-40x below gloo's healthy all_reduce busbw here, and still
+several times below a healthy run on a loaded CI machine (seen as low as 110 MB/s; a 2gbit limit was not)."""
 CPU_QUOTA_US, CPU_PERIOD_US = 1000, 10000
 """The gemm probe gets 10% of one CPU in 10 ms slices (smooth enough for its short timed section): about -80%."""
 
@@ -326,8 +328,8 @@ def _phase(stack: Stack, alert: str, slow: Callable[[], None], heal: Callable[[]
     t_heal = time.time()
     heal()
     resolved = stack.wait(f"{alert} resolved", lambda: bool(_alerts(stack, "resolved", alert)), timeout=240)
-    time.sleep(15)  # a few more healthy runs: nothing is recommended once the finding cleared
-    assert stack.recommendations() == []
+    # a few more healthy runs (the recommendation clears after its pass streak): nothing stays recommended
+    stack.wait("no recommendation after recovery", lambda: stack.recommendations() == [], timeout=90)
     return {"slow_to_first_degraded_s": first_bad - t_slow, "first_degraded_to_webhook_s": fired - first_bad,
             "heal_to_resolved_s": resolved - t_heal}
 

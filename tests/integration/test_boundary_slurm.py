@@ -24,7 +24,16 @@ from pathlib import Path
 
 import pytest
 
+from healthd.cluster.slurm import SlurmBackend
+from healthd.cluster.slurm_cli import SlurmCli
+from healthd.collector import Collected, boundary_failures
 from healthd.commands.install_files import node_check_wrapper
+from healthd.config import RemediationSettings
+from healthd.jobs import LaunchSettings
+from healthd.model import Outcome, RunKind
+from healthd.parsers.healthd_json import parse_result
+from healthd.remediation import Remediator
+from healthd.store import Store
 from tests.integration.conftest import CLUSTER_SCRIPT, REPO, SlurmTestCluster, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.host_release_only]  # its own cluster: the host's release
@@ -100,8 +109,38 @@ def test_epilog_reports_and_a_leftover_process_drains_the_node(epilog_cluster: t
         wait_for(lambda: "drain" in node_state(env, "node2"), 20, "Slurm draining node2 after the epilog's exit 1")
         assert "Epilog error" in node_state(env, "node2")
         assert node_state(env, "node1").startswith("idle")
+        take_over_and_lift(env, results, bad)
     finally:
         for pid in (int(w.split(" (")[0]) for w in str(bad["reason"]).split(": ")[-1].split(", ") if w[:1].isdigit()):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     assert time.monotonic() - t0 < 60
+
+
+def take_over_and_lift(env: dict[str, str], results: Path, bad: dict[str, object]) -> None:
+    """The daemon's step after collecting the failed epilog's document: Slurm's ``Epilog error`` becomes
+    healthd's reason and drain (an operator's reason elsewhere is untouched), which ``healthd undrain``
+    may then lift like any of its own."""
+    result = parse_result(json.dumps(bad))
+    collected = Collected(str(bad["run_id"]), "boundary", ("node2",), Outcome.FAIL, str(bad["reason"]), result,
+                          RunKind.BOUNDARY)
+    backend = SlurmBackend(SlurmCli(env=env), LaunchSettings(python=sys.executable, results_dir=results))
+    subprocess.run(["scontrol", "update", "nodename=node1", "state=drain", "reason=Epilog error"], env=env,
+                   capture_output=True, timeout=15, check=True)  # someone else's, without a failed check
+    store = Store(results.parent / "s.sqlite")
+    try:
+        remediator = Remediator(store, backend, RemediationSettings(mode="recommend"))
+        actions = remediator.adopt_boundary_drains(boundary_failures([collected]))
+        assert [(a.action, a.node, a.result) for a in actions] == [("drain", "node2", "done")], actions
+        state = node_state(env, "node2")
+        assert "drain" in state and "healthd: boundary epilog boundary.leftover_process" in state, state
+        assert f"run {bad['run_id']}" in state
+        (drain,) = store.drains(open_only=True)
+        assert (drain.node, drain.actor, drain.automatic) == ("node2", "healthd", True)
+        assert node_state(env, "node1").endswith("|Epilog error")  # not healthd's: left alone
+        assert remediator.adopt_boundary_drains([]) == []  # taken once
+        lifted = remediator.undrain("node2", actor="test")
+        assert lifted.result == "done", lifted
+        assert not node_state(env, "node2").startswith("drain")
+    finally:
+        store.close()
