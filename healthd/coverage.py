@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -33,6 +34,23 @@ def full_check_times(nodes: Iterable[str], probes: Iterable[str],
         times = [last_judged.get((node, p)) for p in wanted if not (node in single and p in skip)]
         if times and all(t is not None for t in times):
             out[node] = min(t for t in times if t is not None)
+    return out
+
+
+BOUNDARY_PROBE = "boundary"
+"""The probe name of job-boundary checks (``python -m probes.boundary``) in the run history."""
+
+CoveredBy = Literal["probes", "boundary"]
+
+
+def checked_times(full_checks: Mapping[str, float],
+                  boundary_checks: Mapping[str, float]) -> dict[str, tuple[float, CoveredBy]]:
+    """Per node last checked by anything: the newer of its last full check by the idle-node probes and
+    its last judged job-boundary check (prolog, epilog or HealthCheckProgram), and which it was."""
+    out: dict[str, tuple[float, CoveredBy]] = {n: (at, "probes") for n, at in full_checks.items()}
+    for node, at in boundary_checks.items():
+        if node not in out or at > out[node][0]:
+            out[node] = (at, "boundary")
     return out
 
 
@@ -128,6 +146,20 @@ class CoverageCollector(Collector):
         for cls, c in sorted((k, v) for k, v in cov.items() if k is not None):
             per_class.add_metric([cls], c.ratio)
         yield per_class
+        boundary = {node: at for (node, probe), at in x.last_judged.items() if probe == BOUNDARY_PROBE}
+        last_boundary = GaugeMetricFamily("healthd_node_last_boundary_check_timestamp_seconds",
+                                          "When a job-boundary check (prolog, epilog, HealthCheckProgram) of the"
+                                          " node last reached a verdict", labels=["node"])
+        for node, at in sorted(boundary.items()):
+            last_boundary.add_metric([node], at)
+        yield last_boundary
+        either = {n: at for n, (at, _) in checked_times(checks, boundary).items()}
+        by = GaugeMetricFamily("healthd_coverage_ratio",
+                               "Share of known nodes checked in the last 24 h, by the idle-node probes (a full"
+                               " check), by job-boundary checks, or by either", labels=["by"])
+        for label, times in (("probes", checks), ("boundary", boundary), ("either", either)):
+            by.add_metric([label], coverage(x.nodes, times, x.now)[None].ratio)
+        yield by
         cluster_gpus = sum(n.gpus for n in x.nodes)
         spent = GaugeMetricFamily("healthd_probe_budget_spent_gpu_seconds",
                                   "GPU-seconds held by probe runs that finished in the last 24 h")

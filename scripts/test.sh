@@ -54,7 +54,7 @@ if [ "$matrix" = 1 ]; then
   echo "== Slurm chroots ready ($(( $(date +%s) - t0 )) s waited)"
 fi
 echo "== pytest"
-python -m pytest "$@"
+python -m pytest --durations=25 "$@"
 
 if [ "$matrix" = 1 ]; then
   echo "== Slurm integration tests on 24.11 (trixie) and 26.05 (sid)"

@@ -109,11 +109,11 @@ class FinishedLatest:
     finished_at: float
     duration_s: float
     checked: bool = False
-    """A probe or re-probe that reached a verdict on its nodes (``CHECK_KINDS``, ``CHECK_OUTCOMES``): it moves the
+    """A probe, re-probe or boundary check that reached a verdict on its nodes (``CHECK_KINDS``, ``CHECK_OUTCOMES``): it moves the
     (node, probe)'s ``last_judged_at`` on, what the coverage metrics count."""
 
 
-CHECK_KINDS = frozenset({RunKind.PROBE.value, RunKind.REPROBE.value})
+CHECK_KINDS = frozenset({RunKind.PROBE.value, RunKind.REPROBE.value, RunKind.BOUNDARY.value})
 CHECK_OUTCOMES = frozenset({Outcome.PASS, Outcome.DEGRADED, Outcome.FAIL})
 
 

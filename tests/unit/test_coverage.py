@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from healthd.coverage import Coverage, CoverageCollector, CoverageInputs, coverage, full_check_times
+from healthd.coverage import Coverage, CoverageCollector, CoverageInputs, checked_times, coverage, full_check_times
 from healthd.model import Node, Outcome, RunKind
 from healthd.store import Store
 from tests.old_stores import store_at
@@ -60,6 +60,8 @@ def store(tmp_path: Path) -> Store:
         ("g2", "gemm", ("n2",), Outcome.DEGRADED, now - 400, RunKind.REPROBE),
         ("e3", "gemm", ("n3",), Outcome.ERROR, now - 300, RunKind.PROBE),
         ("sw", "nccl", ("n3", "n2"), Outcome.PASS, now - 200, RunKind.SWEEP),
+        ("b3", "boundary", ("n3",), Outcome.PASS, now - 100, RunKind.BOUNDARY),
+        ("b2", "boundary", ("n2",), Outcome.ERROR, now - 50, RunKind.BOUNDARY),
     ]:
         s.add_run(run_id=run_id, probe=probe, nodes=nodes, backend="sim", job_id="1", submitted_at=finished - 100,
                   result_path=None, kind=kind)
@@ -74,7 +76,8 @@ def test_store_spent_durations_and_last_judged(store: Store) -> None:
     assert store.gpu_seconds_since(0.0) == 5600 + 800
     assert store.mean_durations(now - DAY) == {"gemm": 100.0, "nccl": 100.0}
     assert store.last_judged() == {("n1", "gemm"): now - 600, ("n1", "nccl"): now - 500,
-                                   ("n2", "nccl"): now - 500, ("n2", "gemm"): now - 400}
+                                   ("n2", "nccl"): now - 500, ("n2", "gemm"): now - 400,
+                                   ("n3", "boundary"): now - 100}
 
 
 def scrape(store: Store, *, max_share: float | None = None) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -103,9 +106,22 @@ def test_coverage_metrics(store: Store) -> None:
     assert "healthd_probe_budget_limit_gpu_seconds" not in scrape(store)
 
 
+def test_boundary_checks_cover_the_node_the_idle_probes_never_reach(store: Store) -> None:
+    """n3 runs jobs (never idle: its only probe run was an error) but its epilog passed: covered by a
+    boundary check; n2's boundary check could not run (error): it stays covered by its probes only."""
+    now = 10 * DAY
+    m = scrape(store)
+    assert m["healthd_node_last_boundary_check_timestamp_seconds"] == [({"node": "n3"}, now - 100)]
+    assert sorted((labels["by"], value) for labels, value in m["healthd_coverage_ratio"]) == [
+        ("boundary", pytest.approx(1 / 3)), ("either", pytest.approx(1.0)), ("probes", pytest.approx(2 / 3))]
+    assert m["healthd_probe_coverage_ratio"] == [({}, pytest.approx(2 / 3))]
+    assert checked_times({"a": 5.0, "b": 9.0}, {"b": 7.0, "c": 1.0}) == {
+        "a": (5.0, "probes"), "b": (9.0, "probes"), "c": (1.0, "boundary")}
+
+
 GROUPED = ("SELECT n.node, r.probe, MAX(r.finished_at) FROM runs r JOIN run_nodes n ON n.run_id = r.run_id"
            " WHERE r.state = 'finished' AND r.outcome IN ('pass', 'degraded', 'fail')"
-           " AND r.kind IN ('probe', 'reprobe') GROUP BY n.node, r.probe")
+           " AND r.kind IN ('probe', 'reprobe', 'boundary') GROUP BY n.node, r.probe")
 """What ``last_judged`` means, read from the whole history (as it was before ``latest_runs`` kept it)."""
 
 
