@@ -190,3 +190,28 @@ def test_the_h200_lost_gpu_document_is_gpus_missing_with_the_missing_uuid() -> N
     (verdict,) = Judge(JudgeSettings()).evaluate([run_from_collected(c, d.finished_at)], [h200],
                                                  now=d.finished_at + 1).verdicts
     assert verdict.reason_code == "gpus_missing" and "GPU-9b6c4a12-9477-8441-e6d1-42584aabc3fa" in verdict.reason
+
+
+@pytest.mark.parametrize("name", ["boundary-epilog-pass", "boundary-epilog-gpu-missing"])
+def test_the_h200_epilog_documents_are_judged_and_a_lost_gpu_is_taken_over(name: str) -> None:
+    """``python -m probes.boundary --context epilog`` on a real H200 (bench/gpu_boundary_session.sh): the
+    short GEMM per GPU (bf16 ~670 TFLOP/s) within the budget; told one GPU more than the node has, it fails
+    the node (exit 1: Slurm drains it) and the daemon takes that drain over as its own."""
+    from healthd.collector import boundary_failures
+
+    d = document(FIXTURES.parent / "h200" / f"{name}.json")
+    assert d.params["context"] == "epilog" and d.params["elapsed_s"] < d.params["budget_s"]
+    (flops,) = [m for m in d.measurements if m.name == "flop_per_second"]
+    assert flops.labels == {"dtype": "bf16", "gpu": "0"} and 600e12 < flops.value < 800e12
+    outcome, reason = outcome_of(None, d, None, ("vm",))
+    c = Collected(str(d.run_id), "boundary", ("vm",), outcome, reason, d, RunKind.BOUNDARY)
+    h200 = Node("vm", "idle", gpus=1, gpu_type="nvidia_h200", node_class="nvidia_h200x1")
+    (verdict,) = Judge(JudgeSettings()).evaluate([run_from_collected(c, d.finished_at)], [h200],
+                                                 now=d.finished_at + 1).verdicts
+    failures = boundary_failures([c])
+    if name.endswith("pass"):
+        assert (outcome, verdict.outcome, failures) == (Outcome.PASS, Outcome.PASS, [])
+    else:
+        assert outcome is Outcome.FAIL and verdict.reason_code == "gpus_missing"
+        assert [(f.node, f.context) for f in failures] == [("vm", "epilog")]
+        assert "1 GPU(s) visible, 2 expected" in failures[0].reason
