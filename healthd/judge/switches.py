@@ -1,0 +1,213 @@
+"""Switch correlation (pure): nodes under one switch flagged together beyond chance.
+
+A leaf switch (or a block, or a rack's power) that degrades makes every node under it fail at once;
+judged node by node that is N drains. Here the nodes' latest regular results of one probe (the
+same sample the fleet-event rule reads: each node's latest ``(at, flagged)`` within
+``fleet.event_window_s``) are grouped by switch, and each switch is tested against chance:
+
+- the chance rate of a node is its class's flag rate on the probe among the class's nodes *outside*
+  the switch (so the switch's own failures do not raise the bar it is tested against), never below
+  ``switch.rate_floor`` (a clean class does not turn one bad node into a switch); a class whose nodes
+  under the switch outnumber its nodes outside is left out of that switch's test (a class-wide
+  change is the fleet event's to name);
+- ``p``: the binomial tail ``P(X >= k)`` of ``k`` flagged among the ``n`` probed nodes at the mean
+  chance rate (for nodes of several classes an upper bound of the exact Poisson-binomial tail,
+  Hoeffding 1956); multiplied by the number of switches tested (Bonferroni), so that the false
+  finding rate does not grow with the fabric;
+- beyond chance: ``k >= switch.min_nodes`` and ``p x tested < switch.p_value``; an active finding
+  lasts while ``k >= 2`` and ``p x tested < switch.end_p_value`` (hysteresis).
+
+Nested levels: a parent switch is named, and its children are not, when at least two of its
+children are beyond chance, or when the parent is beyond chance on its own nodes with those of its
+beyond-chance children left out (a fault spread thinly over its leaves). Otherwise each child
+beyond chance is named on its own. Every probe is tested, single-node ones too (GEMM failing
+together under one leaf is a rack's power or cooling, still not N broken nodes).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from healthd.topology import Topology
+
+Sample = tuple[float, bool]
+"""A node's latest regular result of the probe: (when, flagged)."""
+
+
+@dataclass(frozen=True)
+class SwitchSettingsView:
+    """The thresholds the test reads (``JudgeSettings.switch``)."""
+
+    p_value: float
+    end_p_value: float
+    min_nodes: int
+    rate_floor: float
+
+
+@dataclass(frozen=True)
+class SwitchCheck:
+    """A switch whose nodes are flagged together beyond chance on one probe."""
+
+    switch: str
+    level: int
+    probe: str
+    flagged: tuple[str, ...]
+    """The flagged nodes under it, in name order."""
+    sampled: int
+    """Its nodes with a result in the sample (and a class it could be tested against)."""
+    expected: float
+    """Flagged nodes expected by chance (``sampled`` x the mean chance rate)."""
+    p_value: float
+    """Bonferroni-corrected: the binomial tail times the switches tested."""
+    started_at: float
+    """The earliest flagged result under it (the onset)."""
+    deficit: float | None
+    """The median relative shortfall of the flagged nodes' worst findings (0.38: 38% below), if known."""
+    children: tuple[str, ...] = ()
+    """For a parent named in place of its children: the leaves beyond chance under it."""
+    spread: bool = False
+    """A parent beyond chance with its beyond-chance children left out (a fault over all its nodes)."""
+
+    @property
+    def held(self) -> tuple[str, ...]:
+        """The switches whose nodes' findings on the probe it holds: the leaves beyond chance, or
+        itself when it was named for a fault spread over its nodes."""
+        return (self.switch,) if self.spread or not self.children else self.children
+
+    def text(self) -> str:
+        names = ", ".join(self.flagged[:12]) + (f" and {len(self.flagged) - 12} more" if len(self.flagged) > 12 else "")
+        how = f", median {self.deficit:.0%} below" if self.deficit is not None else ""
+        below = f"; leaves {', '.join(self.children)} all beyond chance" if self.children else ""
+        return (f"switch {self.switch} (level {self.level}): {self.probe} flagged on {len(self.flagged)} of the "
+                f"{self.sampled} nodes probed under it ({names}{how}), {self.expected:.1f} expected by chance "
+                f"(p = {self.p_value:.1g}){below}")
+
+
+def binomial_tail(k: int, n: int, p: float) -> float:
+    """``P(X >= k)`` for ``X ~ Binomial(n, p)``, summed in log space (exact to float precision)."""
+    if k <= 0:
+        return 1.0
+    if k > n:
+        return 0.0
+    if p <= 0:
+        return 0.0
+    if p >= 1:
+        return 1.0
+    lp, lq = math.log(p), math.log1p(-p)
+    log_c = math.lgamma(n + 1)
+    total = 0.0
+    for i in range(k, n + 1):
+        term = math.exp(log_c - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq)
+        total += term
+        if i > n * p and term < total * 1e-17:
+            break
+    return min(1.0, total)
+
+
+@dataclass
+class _Tally:
+    sampled: Counter[str]
+    flagged: Counter[str]
+    flagged_nodes: list[str]
+    onset: float
+
+
+def switch_checks(
+    topology: Topology, probe: str, samples: Mapping[str, Sample], classes: Mapping[str, str],
+    settings: SwitchSettingsView, *, active: frozenset[str] = frozenset(),
+    deficits: Mapping[str, float] | None = None,
+) -> list[SwitchCheck]:
+    """The switches to name for ``probe``: ``samples`` is node → its latest regular result in the
+    window, ``classes`` node → class, ``active`` the switches named now (held to the looser
+    ``end_p_value``), ``deficits`` node → relative shortfall of its flagged result (evidence only)."""
+    deficits = deficits or {}
+    class_sampled: Counter[str] = Counter()
+    class_flagged: Counter[str] = Counter()
+    for node, (_, flagged) in samples.items():
+        cls = classes.get(node, "")
+        class_sampled[cls] += 1
+        class_flagged[cls] += flagged
+
+    tallies: dict[str, _Tally] = {}
+    for name, sw in topology.switches.items():
+        t = _Tally(Counter(), Counter(), [], math.inf)
+        for node in sw.nodes:
+            s = samples.get(node)
+            if s is None:
+                continue
+            cls = classes.get(node, "")
+            t.sampled[cls] += 1
+            if s[1]:
+                t.flagged[cls] += 1
+                t.flagged_nodes.append(node)
+                t.onset = min(t.onset, s[0])
+        tallies[name] = t
+
+    def test(t: _Tally, minus: _Tally | None = None) -> tuple[int, int, float, float] | None:
+        """(k, n, expected, uncorrected p) over the classes the switch can be tested against."""
+        k = n = 0
+        expected = 0.0
+        for cls, count in t.sampled.items():
+            inside = count - (minus.sampled[cls] if minus else 0)
+            got = t.flagged[cls] - (minus.flagged[cls] if minus else 0)
+            outside = class_sampled[cls] - count
+            if inside <= 0 or outside < count:
+                continue
+            rate = max(settings.rate_floor, (class_flagged[cls] - t.flagged[cls]) / outside)
+            n += inside
+            k += got
+            expected += inside * rate
+        if n == 0:
+            return None
+        return k, n, expected, binomial_tail(k, n, expected / n)
+
+    raw = {name: test(t) for name, t in tallies.items()}
+    tested = max(1, sum(1 for r in raw.values() if r is not None and r[1] >= settings.min_nodes))
+
+    def beyond(name: str, r: tuple[int, int, float, float] | None) -> bool:
+        if r is None:
+            return False
+        k, _, _, p = r
+        if name in active:
+            return k >= 2 and p * tested < settings.end_p_value
+        return k >= settings.min_nodes and p * tested < settings.p_value
+
+    def check(name: str, r: tuple[int, int, float, float], children: tuple[str, ...] = (),
+              spread: bool = False) -> SwitchCheck:
+        sw, t = topology.switches[name], tallies[name]
+        flagged = tuple(sorted(t.flagged_nodes))
+        shortfalls = [deficits[n] for n in flagged if n in deficits]
+        return SwitchCheck(name, sw.level, probe, flagged, r[1], r[2], min(1.0, r[3] * tested), t.onset,
+                           statistics.median(shortfalls) if shortfalls else None, children, spread)
+
+    named: dict[str, SwitchCheck] = {}
+    for name in sorted(topology.switches, key=lambda s: (topology.switches[s].level, s)):
+        sw = topology.switches[name]
+        r = raw[name]
+        if not sw.children:
+            if beyond(name, r):
+                assert r is not None
+                named[name] = check(name, r)
+            continue
+        under = [c for c in sw.children if c in named]
+        spread = False
+        if r is not None and len(under) < 2:
+            rest = _Tally(Counter(), Counter(), [], math.inf)
+            for c in under:
+                rest.sampled.update(tallies[c].sampled)
+                rest.flagged.update(tallies[c].flagged)
+            spread = beyond(name, test(tallies[name], rest))
+        if len(under) >= 2 or spread:
+            if r is None:
+                parts = [raw[c] for c in under]
+                r = (sum(x[0] for x in parts if x), sum(x[1] for x in parts if x),
+                     sum(x[2] for x in parts if x), max(x[3] for x in parts if x))
+            children = tuple(sorted({leaf for c in under for leaf in (named[c].children or (c,))}))
+            for c in under:
+                del named[c]
+            named[name] = check(name, r, children, spread)
+    return sorted(named.values(), key=lambda c: (c.level, c.switch))
