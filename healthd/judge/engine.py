@@ -73,9 +73,11 @@ from healthd.judge.noise import (
     unbiased,
 )
 from healthd.judge.series import key_of, missing_required, select
+from healthd.judge.switches import SwitchFindings
 from healthd.model import Node, Outcome, Verdict
 from healthd.node_class import DEFAULT_CLASS, class_of
 from healthd.planning import PriorityRequest
+from healthd.topology import Topology
 
 _CODE_RANK = {
     ReasonCode.GPUS_MISSING: 10, ReasonCode.CUDA_ERROR: 9, ReasonCode.NCCL_ERROR: 8, ReasonCode.CRASH: 7,
@@ -191,6 +193,15 @@ class Judge:
         self.classes: dict[str, str] = {}
         self.drained: set[str] = set()
         self.resets: dict[str, float] = {}
+        self.switches = SwitchFindings()
+        """Switch findings (``healthd.judge.switches``): on while a topology is set."""
+
+    def set_topology(self, topology: Topology | None, *, now: float | None = None) -> None:
+        """The cluster's topology (``None``: none known; switch correlation off, findings judged per
+        node and per class as without it). Findings on switches it no longer has end at the next
+        evaluation."""
+        with self._lock:
+            self.switches.set_topology(topology, 0.0 if now is None else now)
 
     def reconfigure(self, settings: JudgeSettings) -> None:
         """New settings (SIGHUP) with the state kept: new thresholds apply from the next evaluation."""
@@ -268,7 +279,9 @@ class Judge:
             for n in run.nodes:
                 flagged = bool(ev.node_findings.get(n)) or bool(ev.group_findings)
                 self.samples[(self.node_class(n), run.probe)][n] = (run.at, flagged)
+                self.switches.note(n, run.probe, [*ev.node_findings.get(n, ()), *ev.group_findings])
         changed = self._update_events({(self.node_class(n), p) for n, p in touched}, now, out)
+        touched |= self._update_switches({p for _, p in touched}, now, out)
         if changed:
             cache.clear()
             for run in judged:
@@ -518,8 +531,26 @@ class Judge:
         return changed
 
     def _suppressed(self, node: str, probe: str, f: Finding, at: float) -> bool:
-        event = self.events.get((self.node_class(node), probe))
+        event = self._event_of(node, probe)
         return event is not None and not f.event_proof and at >= event.started_at
+
+    def _event_of(self, node: str, probe: str) -> FleetEvent | None:
+        """The class's fleet event on ``probe``, else the switch finding holding the node on it."""
+        return self.events.get((self.node_class(node), probe)) or self.switches.holding(node, probe)
+
+    def _update_switches(self, probes: set[str], now: float, out: JudgeOutput) -> set[tuple[str, str]]:
+        """Re-test the switches on ``probes``; the (node, probe) pairs whose hold changed, to re-judge."""
+        if self.switches.idle:
+            return set()
+        cutoff = now - self.settings.fleet.event_window_s
+        samples: dict[str, dict[str, tuple[float, bool]]] = defaultdict(dict)
+        for (_, probe), sample in self.samples.items():
+            if probe in probes:
+                samples[probe].update((n, s) for n, s in sample.items() if s[0] >= cutoff)
+        changes, moved = self.switches.update(probes, samples, self.classes, self.settings.switch, now)
+        out.switch_findings.extend(changes)
+        keys = {e.probe for e in changes}
+        return {(n, p) for n, p in self.verdicts if p in keys and n in moved}
 
     # -- recording ----------------------------------------------------------------------------
     def _record(self, run: RunInput, ev: _RunEval, out: JudgeOutput) -> None:
@@ -537,7 +568,7 @@ class Judge:
                 if more > 0:
                     text += f" (and {more} more series)"
             elif raw or group_suppressed:
-                event = self.events.get((self.node_class(n), probe))
+                event = next((e for e in (self._event_of(m, probe) for m in (n, *run.nodes)) if e), None)
                 code, sev = ReasonCode.FLEET_EVENT, Severity.NONE
                 text = (event.text if event is not None else "fleet event") + (f": {worst(raw).detail}"  # type: ignore[union-attr]
                                                                                if raw else "")
@@ -629,7 +660,7 @@ class Judge:
         for r in records:
             if any(self.resets.get(m, float("-inf")) > r.at for m in r.members):
                 continue
-            event = self.events.get((self.node_class(r.members[0]), probe))
+            event = next((e for e in (self._event_of(m, probe) for m in r.members) if e), None)
             if event is None or r.event_proof or r.at < event.started_at:
                 live.append(r)
         return attribute(live, self.last_group_pass.get(probe, {}))
@@ -638,7 +669,7 @@ class Judge:
         """The node's marks in the confirmation window, after its last reset, with findings a fleet
         event explains taken out (they may predate the event's declaration)."""
         cutoff = max(now - self.settings.confirm.window_s, self.resets.get(node, float("-inf")))
-        event = self.events.get((self.node_class(node), probe))
+        event = self._event_of(node, probe)
         marks = [mk for mk in self.marks.get((node, probe), []) if mk.at >= cutoff]
         start, end = self.event_spans.get((self.node_class(node), probe), (0.0, float("-inf")))
         marks = [replace(mk, shortfalls=()) if mk.shortfalls and start <= mk.at <= end else mk for mk in marks]
@@ -1008,7 +1039,9 @@ class Judge:
             for record in sorted(state.groups, key=lambda g: (g.at, g.run_id)):
                 self._add_group(record, suppressed=record.code is ReasonCode.FLEET_EVENT)
             for event in state.events:
-                self.events[(event.node_class, event.probe)] = event
+                if not event.switch:
+                    self.events[(event.node_class, event.probe)] = event
+            self.switches.restore(e for e in state.events if e.switch)
             for name, req in state.pending:
                 self.pending[(name, req.probe)] = req
             for verdict in state.verdicts:

@@ -260,6 +260,15 @@ class FleetEvent:
     sampled: int
     series: tuple[str, ...]
     text: str
+    switch: str = ""
+    """A switch finding (``healthd.judge.switches``): the switch named; empty for a class-wide event."""
+    level: int = 0
+    """The switch's level (0: a leaf or block)."""
+    nodes: tuple[str, ...] = ()
+    """A switch finding's flagged nodes."""
+    held: tuple[str, ...] = ()
+    """A switch finding's switches whose nodes' findings on the probe it holds (itself, or its leaves
+    beyond chance)."""
 
     @property
     def active(self) -> bool:
@@ -298,6 +307,8 @@ class JudgeOutput:
     evaluated: set[tuple[str, str]] = field(default_factory=set)
     fleet_events: list[FleetEvent] = field(default_factory=list)
     """Events that started or ended in this evaluation."""
+    switch_findings: list[FleetEvent] = field(default_factory=list)
+    """Switch findings that started, changed (their flagged nodes) or ended in this evaluation."""
     requests: list[Request] = field(default_factory=list)
     """Re-probes asked for in this evaluation (all pending ones: ``Judge.requests``)."""
     marks: list[Mark] = field(default_factory=list)
@@ -430,7 +441,7 @@ class JudgeState:
     groups: tuple[GroupRecord, ...] = ()
     """Recent group records, any order."""
     events: tuple[FleetEvent, ...] = ()
-    """Active fleet events."""
+    """Active fleet events and switch findings."""
     pending: tuple[tuple[str, Request], ...] = ()
     """(node, its pending re-probe of the request's probe)."""
     verdicts: tuple[Verdict, ...] = ()

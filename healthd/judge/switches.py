@@ -29,23 +29,15 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
+from healthd.config import SwitchSettings
+from healthd.judge.model import Finding, FleetEvent
 from healthd.topology import Topology
 
 Sample = tuple[float, bool]
 """A node's latest regular result of the probe: (when, flagged)."""
-
-
-@dataclass(frozen=True)
-class SwitchSettingsView:
-    """The thresholds the test reads (``JudgeSettings.switch``)."""
-
-    p_value: float
-    end_p_value: float
-    min_nodes: int
-    rate_floor: float
 
 
 @dataclass(frozen=True)
@@ -118,7 +110,7 @@ class _Tally:
 
 def switch_checks(
     topology: Topology, probe: str, samples: Mapping[str, Sample], classes: Mapping[str, str],
-    settings: SwitchSettingsView, *, active: frozenset[str] = frozenset(),
+    settings: SwitchSettings, *, active: frozenset[str] = frozenset(),
     deficits: Mapping[str, float] | None = None,
 ) -> list[SwitchCheck]:
     """The switches to name for ``probe``: ``samples`` is node → its latest regular result in the
@@ -211,3 +203,105 @@ def switch_checks(
                 del named[c]
             named[name] = check(name, r, children, spread)
     return sorted(named.values(), key=lambda c: (c.level, c.switch))
+
+
+def shortfall(findings: Sequence[Finding]) -> float | None:
+    """The largest relative distance of ``findings`` from their references (evidence: how far below)."""
+    out = [abs(f.value - f.reference) / abs(f.reference) for f in findings if f.reference]
+    return max(out, default=None)
+
+
+class SwitchFindings:
+    """The judge's switch findings: which are active, which nodes' findings they hold, and the
+    evidence. Not thread-safe on its own (the judge's lock covers it)."""
+
+    def __init__(self) -> None:
+        self.topology: Topology | None = None
+        self.active: dict[tuple[str, str], FleetEvent] = {}
+        """(switch, probe) → its active finding."""
+        self.held: dict[tuple[str, str], FleetEvent] = {}
+        """(node, probe) → the active finding holding the node's findings on the probe."""
+        self.deficits: dict[tuple[str, str], float] = {}
+        """(node, probe) → the relative shortfall of its latest flagged regular result (evidence only)."""
+        self._ended: list[FleetEvent] = []
+
+    def set_topology(self, topology: Topology | None, now: float) -> None:
+        """A new topology (or none): findings on switches it no longer has end at the next update."""
+        self.topology = topology
+        for key, event in list(self.active.items()):
+            if topology is None or key[0] not in topology.switches:
+                self._ended.append(self._end(key, event, now, "the topology no longer has this switch"))
+        self._index()
+
+    def restore(self, events: Iterable[FleetEvent]) -> None:
+        for e in events:
+            if e.switch and e.active:
+                self.active[(e.switch, e.probe)] = e
+        self._index()
+
+    def note(self, node: str, probe: str, findings: Sequence[Finding]) -> None:
+        gap = shortfall(findings)
+        if gap is None:
+            self.deficits.pop((node, probe), None)
+        else:
+            self.deficits[(node, probe)] = gap
+
+    @property
+    def idle(self) -> bool:
+        """No topology and nothing left to end: today's judgement exactly."""
+        return self.topology is None and not self.active and not self._ended
+
+    def holding(self, node: str, probe: str) -> FleetEvent | None:
+        return self.held.get((node, probe))
+
+    def update(self, probes: Iterable[str], samples: Mapping[str, Mapping[str, Sample]],
+               classes: Mapping[str, str], settings: SwitchSettings, now: float) -> tuple[list[FleetEvent], set[str]]:
+        """Re-test ``probes`` (``samples``: probe → node → its latest regular result in the window).
+        Returns the findings that started, changed or ended, and the nodes whose hold changed."""
+        changes, moved = self._ended, set[str]()
+        self._ended = []
+        for e in changes:
+            moved |= self._nodes(e)
+        topo = self.topology
+        if topo is None:
+            self._index()
+            return changes, moved
+        for probe in sorted(set(probes)):
+            current = {sw for sw, p in self.active if p == probe}
+            checks = switch_checks(topo, probe, samples.get(probe, {}), classes, settings, active=frozenset(current),
+                                   deficits={n: d for (n, p), d in self.deficits.items() if p == probe})
+            named = {c.switch: c for c in checks}
+            for sw in sorted(current - set(named)):
+                event = self.active[(sw, probe)]
+                moved |= self._nodes(event)
+                changes.append(self._end((sw, probe), event, now, "over"))
+            for sw, c in sorted(named.items()):
+                old = self.active.get((sw, probe))
+                cls = ",".join(sorted({classes.get(n, "") for n in c.flagged}))
+                event = FleetEvent(cls, probe, old.started_at if old else c.started_at, None, len(c.flagged),
+                                   c.sampled, (), c.text(), sw, c.level, c.flagged, c.held)
+                if old is None or (old.nodes, old.held) != (event.nodes, event.held):
+                    moved |= self._nodes(event) | (self._nodes(old) if old else set())
+                    self.active[(sw, probe)] = event
+                    changes.append(event)
+        self._index()
+        return changes, moved
+
+    def _end(self, key: tuple[str, str], event: FleetEvent, now: float, why: str) -> FleetEvent:
+        del self.active[key]
+        return replace(event, ended_at=now, text=f"{event.text}; {why}")
+
+    def _nodes(self, event: FleetEvent) -> set[str]:
+        """The nodes ``event`` holds (or its flagged ones, without a topology)."""
+        topo = self.topology
+        if topo is None:
+            return set(event.nodes)
+        return {n for sw in event.held if sw in topo.switches for n in topo.nodes_under(sw)}
+
+    def _index(self) -> None:
+        self.held = {}
+        if self.topology is None:
+            return
+        for (_, probe), event in sorted(self.active.items(), key=lambda kv: kv[1].level):
+            for node in self._nodes(event):
+                self.held[(node, probe)] = event

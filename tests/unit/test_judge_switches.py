@@ -7,10 +7,11 @@ import random
 
 import pytest
 
-from healthd.judge.switches import SwitchSettingsView, binomial_tail, switch_checks
+from healthd.config import SwitchSettings
+from healthd.judge.switches import binomial_tail, switch_checks
 from healthd.topology import SwitchRecord, Topology, build_topology
 
-S = SwitchSettingsView(p_value=1e-4, end_p_value=1e-2, min_nodes=3, rate_floor=0.02)
+S = SwitchSettings()
 
 
 def fabric(spines: int = 4, leaves: int = 4, per_leaf: int = 16) -> Topology:
