@@ -399,7 +399,8 @@ def _fragment(samples: Iterable[Sample]) -> dict[str, bytes]:
 
 
 def fleet_samples_of(snap: Snapshot, backend: str, states: Mapping[str, int], *, breaker_open: bool,
-                     fleet_events: Iterable[Mapping[str, Any]]) -> Iterator[Sample]:
+                     fleet_events: Iterable[Mapping[str, Any]],
+                     switch_findings: Iterable[Mapping[str, Any]] = ()) -> Iterator[Sample]:
     """The samples that are not per node: build, node states, counters, in-flight runs, the scaling table,
     remediation and fleet events."""
     yield ("healthd_build_info", (("version", healthd.__version__), ("python_version", platform.python_version()),
@@ -421,7 +422,8 @@ def fleet_samples_of(snap: Snapshot, backend: str, states: Mapping[str, int], *,
                    (("node_class", cls), ("nodes", str(size)), ("collective", m.labels.get("collective", "")),
                     ("size_bytes", m.labels.get("size_bytes", "")), ("placement", m.labels.get("placement", ""))),
                    m.value)
-    yield from fleet_samples(breaker_open=breaker_open, fleet_events=fleet_events, counters=snap.counters)
+    yield from fleet_samples(breaker_open=breaker_open, fleet_events=fleet_events, counters=snap.counters,
+                             switch_findings=switch_findings)
 
 
 SeriesId = tuple[str, str, Labels]
@@ -641,7 +643,8 @@ class Exposition:
             breaker = store.remediation_state("breaker")
             breaker_open = bool(isinstance(breaker, dict) and breaker.get("open"))
             fleet = _fragment(fleet_samples_of(store.snapshot(nodes=(), fleet=True), self._backend_name(), counts,
-                                               breaker_open=breaker_open, fleet_events=store.fleet_events(limit=200)))
+                                               breaker_open=breaker_open, fleet_events=store.fleet_events(limit=200),
+                                               switch_findings=store.switch_findings(limit=200)))
             self._assemble(fleet, rendered, changed - rendered.keys())
 
     def _read(self, names: Sequence[str], families: Collection[tuple[str, str]] | None) -> Changes:

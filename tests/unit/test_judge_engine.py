@@ -544,3 +544,19 @@ def test_a_repaired_leaf_ends_its_finding_and_no_topology_ends_every_finding() -
     out = fleet.feed([fleet.gemm(n) for n in fleet.names])
     assert [(e.switch, e.active) for e in out.switch_findings] == [("leaf2", False)]
     assert fleet.judge.switches.held == {}
+
+
+def test_a_switch_finding_survives_a_restart_and_holds_once_the_topology_is_set(tmp_path: Path) -> None:
+    fleet = leaf_fleet(True)
+    fleet.store = Store(tmp_path / "s.sqlite")
+    bad = {f"n{i:03d}" for i in range(32, 48)}
+    fleet.feed([fleet.gemm(n, scale=0.6 if n in bad else 1.0) for n in fleet.names])
+    topology = fleet.judge.switches.topology
+    restored = load_judge(fleet.store, fleet.judge.settings, now=fleet.t)
+    assert [(e.switch, e.nodes) for e in restored.switches.active.values()] == [("leaf2", tuple(sorted(bad)))]
+    assert restored.switches.holding("n040", "gemm") is None        # no topology yet: nothing held
+    restored.set_topology(topology, now=fleet.t)
+    held = restored.switches.holding("n040", "gemm")
+    assert held is not None and held.switch == "leaf2" and restored.switches.holding("n000", "gemm") is None
+    assert fleet.store.switch_findings(active_only=True)[0]["held"] == ["leaf2"]
+    fleet.store.close()
