@@ -160,8 +160,8 @@ def fleet_samples(*, breaker_open: bool, fleet_events: Iterable[Mapping[str, Any
         yield "healthd_fleet_event_active", (("node_class", cls), ("probe", probe)), float(active)
     switches: dict[tuple[str, str, str], bool] = {}
     for e in sorted(switch_findings, key=lambda e: e["started_at"]):
-        key = (e["switch"], str(e["level"]), e["probe"])
-        switches[key] = switches.get(key, False) or e["ended_at"] is None
+        where = (str(e["switch"]), str(e["level"]), str(e["probe"]))
+        switches[where] = switches.get(where, False) or e["ended_at"] is None
     for (switch, level, probe), active in sorted(switches.items()):
         yield "healthd_switch_finding", (("switch", switch), ("level", level), ("probe", probe)), float(active)
 
