@@ -132,6 +132,9 @@ class Finding:
     class as it is during the event)."""
     gpu_uuid: str | None = None
     """The UUID of the GPU of a per-GPU series as the run reported it (not part of the series' key)."""
+    switch_proof: bool = False
+    """True when a failing switch or rack cannot explain it (a GPU slower than the node's others, a failed
+    check, GPUs missing, a CUDA error, NCCL on the wrong network): a switch finding does not hold it."""
 
     def on_gpu(self, uuid: str) -> Finding:
         """This finding naming its GPU by ``uuid`` too: ``gpu 3 (GPU-…) flop_per_second…`` in its text and

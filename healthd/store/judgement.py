@@ -67,7 +67,7 @@ def _findings_json(findings: Iterable[Finding]) -> str:
         {"code": f.code.value, "severity": int(f.severity), "probe": f.key.probe, "name": f.key.name,
          "labels": dict(f.key.labels), "value": f.value, "reference": f.reference, "threshold": f.threshold,
          "detail": f.detail, "score": f.score, "event_proof": f.event_proof}
-        | ({"gpu_uuid": f.gpu_uuid} if f.gpu_uuid else {})
+        | ({"gpu_uuid": f.gpu_uuid} if f.gpu_uuid else {}) | ({"switch_proof": True} if f.switch_proof else {})
         for f in findings])
 
 
@@ -78,7 +78,7 @@ def _findings(text: str) -> tuple[Finding, ...]:
         Finding(ReasonCode(d["code"]), Severity(d["severity"]), SeriesKey.of(d["probe"], d["name"], d["labels"]),
                 float(d["value"]), float(d["reference"]), float(d["threshold"]), d["detail"],
                 float(d["score"]) if d.get("score") is not None else None, bool(d.get("event_proof", False)),
-                d.get("gpu_uuid"))
+                d.get("gpu_uuid"), bool(d.get("switch_proof", False)))
         for d in json.loads(text))
 
 
