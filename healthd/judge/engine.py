@@ -279,7 +279,8 @@ class Judge:
             for n in run.nodes:
                 flagged = bool(ev.node_findings.get(n)) or bool(ev.group_findings)
                 self.samples[(self.node_class(n), run.probe)][n] = (run.at, flagged)
-                self.switches.note(n, run.probe, [*ev.node_findings.get(n, ()), *ev.group_findings])
+                self.switches.note(n, run.probe, [*ev.node_findings.get(n, ()), *ev.group_findings],
+                                   own=bool(ev.node_findings.get(n)), members=run.nodes)
         touched |= self._update_switches({p for _, p in touched}, now, out)
         changed = self._update_events({(self.node_class(n), p) for n, p in touched}, now, out)
         if changed:
@@ -517,7 +518,7 @@ class Judge:
         cutoff = now - self.settings.fleet.event_window_s
         for cls, probe in sorted(keys):
             sample = [s for n, s in self.samples.get((cls, probe), {}).items()
-                      if s[0] >= cutoff and self.switches.holding(n, probe) is None]
+                      if s[0] >= cutoff and not self.switches.explains(n, probe)]
             active = self.events.get((cls, probe))
             check = check_event(sample, self.settings.fleet, active=active is not None)
             if active is None and check is not None:
@@ -553,7 +554,8 @@ class Judge:
         samples: dict[str, dict[str, tuple[float, bool]]] = defaultdict(dict)
         for (_, probe), sample in self.samples.items():
             if probe in probes:
-                samples[probe].update((n, s) for n, s in sample.items() if s[0] >= cutoff)
+                samples[probe].update((n, s) for n, s in sample.items() if s[0] >= cutoff and not (
+                    s[1] and (n, probe) not in self.switches.held and self.switches.explains(n, probe)))
         changes, moved = self.switches.update(probes, samples, self.classes, self.settings.switch, now)
         out.switch_findings.extend(changes)
         keys = {e.probe for e in changes}

@@ -223,6 +223,9 @@ class SwitchFindings:
         """(node, probe) → the active finding holding the node's findings on the probe."""
         self.deficits: dict[tuple[str, str], float] = {}
         """(node, probe) → the relative shortfall of its latest flagged regular result (evidence only)."""
+        self.group_flags: dict[tuple[str, str], tuple[str, ...]] = {}
+        """(node, probe) → the other members of its latest regular result, when only that multi-node result
+        flagged it (a partner of a node under a failing switch is flagged by it, not by itself)."""
         self._ended: list[FleetEvent] = []
 
     def set_topology(self, topology: Topology | None, now: float) -> None:
@@ -239,7 +242,14 @@ class SwitchFindings:
                 self.active[(e.switch, e.probe)] = e
         self._index()
 
-    def note(self, node: str, probe: str, findings: Sequence[Finding]) -> None:
+    def note(self, node: str, probe: str, findings: Sequence[Finding], *, own: bool = True,
+             members: Sequence[str] = ()) -> None:
+        """A regular result of ``node``: its findings (``own``: some are the node's own, not only the
+        group's), and the run's ``members``."""
+        if findings and not own and len(members) > 1:
+            self.group_flags[(node, probe)] = tuple(m for m in members if m != node)
+        else:
+            self.group_flags.pop((node, probe), None)
         gap = shortfall(findings)
         if gap is None:
             self.deficits.pop((node, probe), None)
@@ -253,6 +263,12 @@ class SwitchFindings:
 
     def holding(self, node: str, probe: str) -> FleetEvent | None:
         return self.held.get((node, probe))
+
+    def explains(self, node: str, probe: str) -> bool:
+        """Whether an active finding explains the node's latest flag: it holds the node, or the node was
+        flagged only by a multi-node result with a node it holds."""
+        members = self.group_flags.get((node, probe), ())
+        return (node, probe) in self.held or any((m, probe) in self.held for m in members)
 
     def update(self, probes: Iterable[str], samples: Mapping[str, Mapping[str, Sample]],
                classes: Mapping[str, str], settings: SwitchSettings, now: float) -> tuple[list[FleetEvent], set[str]]:
