@@ -100,67 +100,74 @@ def binomial_tail(k: int, n: int, p: float) -> float:
     return min(1.0, total)
 
 
-@dataclass
-class _Tally:
-    sampled: Counter[str]
-    flagged: Counter[str]
-    flagged_nodes: list[str]
-    onset: float
+Result = tuple[int, int, float, float]
+"""(flagged, probed, expected by chance, uncorrected tail probability) of one switch's test."""
 
 
 def switch_checks(
     topology: Topology, probe: str, samples: Mapping[str, Sample], classes: Mapping[str, str],
     settings: SwitchSettings, *, active: frozenset[str] = frozenset(),
-    deficits: Mapping[str, float] | None = None,
+    deficits: Mapping[str, float] | None = None, partners: Mapping[str, Sequence[str]] | None = None,
 ) -> list[SwitchCheck]:
     """The switches to name for ``probe``: ``samples`` is node → its latest regular result in the
     window, ``classes`` node → class, ``active`` the switches named now (held to the looser
-    ``end_p_value``), ``deficits`` node → relative shortfall of its flagged result (evidence only)."""
+    ``end_p_value``), ``deficits`` node → relative shortfall of its flagged result (evidence only),
+    ``partners`` node → the other members of the multi-node result that alone flagged it.
+
+    One observation is not counted twice: a node flagged only by a pair result with a node under the
+    switch tested is left out of the class's rate outside it. Leaves are named worst first; the nodes
+    a named leaf explains (its own, and those flagged only by results with them) are left out of the
+    tests that follow, so that several failing leaves do not raise each other's bar."""
     deficits = deficits or {}
-    class_sampled: Counter[str] = Counter()
-    class_flagged: Counter[str] = Counter()
-    for node, (_, flagged) in samples.items():
-        cls = classes.get(node, "")
-        class_sampled[cls] += 1
-        class_flagged[cls] += flagged
+    by_partner: dict[str, list[str]] = {}
+    for node, others in (partners or {}).items():
+        if samples.get(node, (0.0, False))[1]:
+            for m in others:
+                by_partner.setdefault(m, []).append(node)
 
-    tallies: dict[str, _Tally] = {}
-    for name, sw in topology.switches.items():
-        t = _Tally(Counter(), Counter(), [], math.inf)
-        for node in sw.nodes:
-            s = samples.get(node)
-            if s is None:
-                continue
-            cls = classes.get(node, "")
-            t.sampled[cls] += 1
-            if s[1]:
-                t.flagged[cls] += 1
-                t.flagged_nodes.append(node)
-                t.onset = min(t.onset, s[0])
-        tallies[name] = t
+    def counts(nodes: Iterable[str]) -> tuple[Counter[str], Counter[str]]:
+        sampled: Counter[str] = Counter()
+        flagged: Counter[str] = Counter()
+        for n in nodes:
+            s = samples.get(n)
+            if s is not None:
+                cls = classes.get(n, "")
+                sampled[cls] += 1
+                flagged[cls] += s[1]
+        return sampled, flagged
 
-    def test(t: _Tally, minus: _Tally | None = None) -> tuple[int, int, float, float] | None:
-        """(k, n, expected, uncorrected p) over the classes the switch can be tested against."""
+    def explained_by(nodes: Iterable[str]) -> set[str]:
+        out: set[str] = set()
+        for n in nodes:
+            out.add(n)
+            out.update(by_partner.get(n, ()))
+        return out
+
+    total_s, total_f = counts(samples)
+
+    def test(name: str, excluded: set[str]) -> Result | None:
+        under = topology.nodes_under(name)
+        all_s, all_f = counts(under)
+        in_s, in_f = counts(n for n in under if n not in excluded)
+        skip_s, skip_f = counts((excluded | explained_by(under)) - under)
         k = n = 0
         expected = 0.0
-        for cls, count in t.sampled.items():
-            inside = count - (minus.sampled[cls] if minus else 0)
-            got = t.flagged[cls] - (minus.flagged[cls] if minus else 0)
-            outside = class_sampled[cls] - count
-            if inside <= 0 or outside < count:
+        for cls, count in in_s.items():
+            if total_s[cls] - all_s[cls] < all_s[cls]:
                 continue
-            rate = max(settings.rate_floor, (class_flagged[cls] - t.flagged[cls]) / outside)
-            n += inside
-            k += got
-            expected += inside * rate
+            outside = total_s[cls] - all_s[cls] - skip_s[cls]
+            rate = (total_f[cls] - all_f[cls] - skip_f[cls]) / outside if outside > 0 else 0.0
+            n += count
+            k += in_f[cls]
+            expected += count * max(settings.rate_floor, rate)
         if n == 0:
             return None
         return k, n, expected, binomial_tail(k, n, expected / n)
 
-    raw = {name: test(t) for name, t in tallies.items()}
+    raw = {name: test(name, set()) for name in topology.switches}
     tested = max(1, sum(1 for r in raw.values() if r is not None and r[1] >= settings.min_nodes))
 
-    def beyond(name: str, r: tuple[int, int, float, float] | None) -> bool:
+    def beyond(name: str, r: Result | None) -> bool:
         if r is None:
             return False
         k, _, _, p = r
@@ -168,40 +175,47 @@ def switch_checks(
             return k >= 2 and p * tested < settings.end_p_value
         return k >= settings.min_nodes and p * tested < settings.p_value
 
-    def check(name: str, r: tuple[int, int, float, float], children: tuple[str, ...] = (),
-              spread: bool = False) -> SwitchCheck:
-        sw, t = topology.switches[name], tallies[name]
-        flagged = tuple(sorted(t.flagged_nodes))
+    def check(name: str, r: Result, children: tuple[str, ...] = (), spread: bool = False) -> SwitchCheck:
+        sw = topology.switches[name]
+        flagged = tuple(sorted(n for n in sw.nodes if samples.get(n, (0.0, False))[1]))
+        onset = min((samples[n][0] for n in flagged), default=0.0)
         shortfalls = [deficits[n] for n in flagged if n in deficits]
-        return SwitchCheck(name, sw.level, probe, flagged, r[1], r[2], min(1.0, r[3] * tested), t.onset,
+        return SwitchCheck(name, sw.level, probe, flagged, r[1], r[2], min(1.0, r[3] * tested), onset,
                            statistics.median(shortfalls) if shortfalls else None, children, spread)
 
     named: dict[str, SwitchCheck] = {}
-    for name in sorted(topology.switches, key=lambda s: (topology.switches[s].level, s)):
+    excluded: set[str] = set()
+    remaining = {name for name, sw in topology.switches.items() if not sw.children}
+    results = {name: raw[name] for name in remaining}
+    while True:
+        worst = min(((r[3], name, r) for name, r in results.items() if r is not None and beyond(name, r)),
+                    default=None)
+        if worst is None:
+            break
+        _, name, result = worst
+        named[name] = check(name, result)
+        remaining.discard(name)
+        excluded |= explained_by(topology.nodes_under(name))
+        results = {n: test(n, excluded) for n in remaining}
+
+    for name in sorted((s for s, sw in topology.switches.items() if sw.children),
+                       key=lambda s: (topology.switches[s].level, s)):
         sw = topology.switches[name]
-        r = raw[name]
-        if not sw.children:
-            if beyond(name, r):
-                assert r is not None
-                named[name] = check(name, r)
-            continue
         under = [c for c in sw.children if c in named]
+        r = raw[name]
         spread = False
         if r is not None and len(under) < 2:
-            rest = _Tally(Counter(), Counter(), [], math.inf)
-            for c in under:
-                rest.sampled.update(tallies[c].sampled)
-                rest.flagged.update(tallies[c].flagged)
-            spread = beyond(name, test(tallies[name], rest))
+            spread = beyond(name, test(name, excluded))
         if len(under) >= 2 or spread:
             if r is None:
-                parts = [raw[c] for c in under]
-                r = (sum(x[0] for x in parts if x), sum(x[1] for x in parts if x),
-                     sum(x[2] for x in parts if x), max(x[3] for x in parts if x))
+                parts = [x for x in (raw[c] for c in under) if x is not None]
+                r = (sum(x[0] for x in parts), sum(x[1] for x in parts), sum(x[2] for x in parts),
+                     max(x[3] for x in parts))
             children = tuple(sorted({leaf for c in under for leaf in (named[c].children or (c,))}))
             for c in under:
                 del named[c]
             named[name] = check(name, r, children, spread)
+            excluded |= explained_by(sw.nodes)
     return sorted(named.values(), key=lambda c: (c.level, c.switch))
 
 
@@ -285,7 +299,8 @@ class SwitchFindings:
         for probe in sorted(set(probes)):
             current = {sw for sw, p in self.active if p == probe}
             checks = switch_checks(topo, probe, samples.get(probe, {}), classes, settings, active=frozenset(current),
-                                   deficits={n: d for (n, p), d in self.deficits.items() if p == probe})
+                                   deficits={n: d for (n, p), d in self.deficits.items() if p == probe},
+                                   partners={n: m for (n, p), m in self.group_flags.items() if p == probe})
             named = {c.switch: c for c in checks}
             for sw in sorted(current - set(named)):
                 event = self.active[(sw, probe)]
