@@ -15,7 +15,9 @@ same sample the fleet-event rule reads: each node's latest ``(at, flagged)`` wit
   Hoeffding 1956); multiplied by the number of switches tested (Bonferroni), so that the false
   finding rate does not grow with the fabric;
 - beyond chance: ``k >= switch.min_nodes`` and ``p x tested < switch.p_value``; an active finding
-  lasts while ``k >= 2`` and ``p x tested < switch.end_p_value`` (hysteresis).
+  lasts while ``k >= 2`` and ``p x tested < switch.end_p_value`` (hysteresis), or while half its
+  probed nodes (and ``min_nodes``) are still flagged: a class-wide event that raises the chance rate
+  does not end it and let its nodes drain.
 
 Nested levels: a parent switch is named, and its children are not, when at least two of its
 children are beyond chance, or when the parent is beyond chance on its own nodes with those of its
@@ -170,9 +172,9 @@ def switch_checks(
     def beyond(name: str, r: Result | None) -> bool:
         if r is None:
             return False
-        k, _, _, p = r
+        k, n, _, p = r
         if name in active:
-            return k >= 2 and p * tested < settings.end_p_value
+            return (k >= 2 and p * tested < settings.end_p_value) or (k >= settings.min_nodes and 2 * k >= n)
         return k >= settings.min_nodes and p * tested < settings.p_value
 
     def check(name: str, r: Result, children: tuple[str, ...] = (), spread: bool = False) -> SwitchCheck:

@@ -123,6 +123,15 @@ def test_an_active_finding_holds_until_its_nodes_pass_again() -> None:
     assert switch_checks(topo, "nccl", samples(topo, set()), classes(topo), S, active=frozenset({"leaf01"})) == []
 
 
+def test_a_class_wide_event_does_not_end_a_named_switch() -> None:
+    topo = fabric()
+    leaf = set(topo.nodes_under("leaf01"))
+    smp = samples(topo, set(sorted(leaf)[:12]), rate=0.6, seed=3)
+    assert switch_checks(topo, "nccl", smp, classes(topo), S) == []  # not beyond a 60% class rate
+    named = switch_checks(topo, "nccl", smp, classes(topo), S, active=frozenset({"leaf01"}))
+    assert [c.switch for c in named if c.level == 0] == ["leaf01"]
+
+
 def test_unprobed_nodes_do_not_count() -> None:
     topo = fabric()
     bad = set(sorted(topo.nodes_under("leaf11"))[:4])
