@@ -560,3 +560,17 @@ def test_a_switch_finding_survives_a_restart_and_holds_once_the_topology_is_set(
     assert held is not None and held.switch == "leaf2" and restored.switches.holding("n000", "gemm") is None
     assert fleet.store.switch_findings(active_only=True)[0]["held"] == ["leaf2"]
     fleet.store.close()
+
+
+def test_a_slow_gpu_under_a_held_leaf_is_still_recommended() -> None:
+    """A switch (or a rack) explains its nodes being slow together, not one GPU slower than its node's others."""
+    fleet = leaf_fleet(True)
+    bad = {f"n{i:03d}" for i in range(48, 64)}
+    recs = []
+    for _ in range(3):
+        runs = [fleet.gemm(n, {3: 700e12 * 0.6 * 0.4} if n == "n050" else None, scale=0.6 if n in bad else 1.0)
+                for n in fleet.names]
+        recs += fleet.feed(runs).recommendations
+    assert fleet.judge.switches.holding("n050", "gemm") is not None
+    assert sorted({r.node for r in recs}) == ["n050"]
+    assert {str(f["gpu"]) for r in recs for f in findings_of(r.evidence)} == {"3"}
