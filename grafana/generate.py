@@ -269,6 +269,15 @@ def fleet_overview() -> dash.Dashboard:
         [query(f'healthd_node_verdict{{{INST}, outcome=~"fail|degraded|error"}} == 1', instant=True,
                table_format=True)],
         hide=("Time", "__name__", "job", "Value"), w=24))
+    d = d.with_panel(table_panel(
+        "Nodes not passing, by leaf switch",
+        "Nodes judged fail or degraded per leaf switch (or block) and probe, out of the leaf's nodes, from the "
+        "topology healthd reads (healthd_node_switch). Many under one leaf: look at the switch findings below.",
+        [query(f'count by (leaf, probe) ((healthd_node_verdict{{{INST}, outcome=~"fail|degraded"}} == 1) '
+               f"* on (job, instance, node) group_left (leaf) healthd_node_switch{{{INST}}})",
+               instant=True, table_format=True, ref="A"),
+         query(f"count by (leaf) (healthd_node_switch{{{INST}}})", instant=True, table_format=True, ref="B")],
+        hide=("Time", "__name__", "job"), w=24))
 
     d = d.with_row(row("Coverage"))
     d = d.with_panel(ts(
@@ -349,6 +358,11 @@ def fleet_overview() -> dash.Dashboard:
     d = d.with_panel(flag_timeline(
         "Remediation circuit breaker", "Open: healthd stopped acting on recommendations (too many too fast).",
         query(f"healthd_remediation_breaker_open{{{INST}}}", "{{instance}}"), "open", w=24, h=4))
+    d = d.with_panel(flag_timeline(
+        "Switch findings", "When the nodes under one switch failed a probe together beyond chance (one finding, "
+        "their drains held), per switch, level (0: leaf) and probe.",
+        query(f"healthd_switch_finding{{{INST}}}", "{{switch}} (level {{level}}) {{probe}}"), "switch finding",
+        w=24))
     return d
 
 

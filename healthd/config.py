@@ -319,6 +319,27 @@ class FleetSettings(_Section):
     event_min_nodes: Count = 3
 
 
+class SwitchSettings(_Section):
+    """``[judge.switch]``: nodes under one switch flagged together beyond chance (``healthd.judge.switches``;
+    on only while the judge has a topology)."""
+
+    p_value: float = Field(default=1e-4, gt=0, lt=1)
+    """A switch is named when its flagged nodes are this unlikely by chance (binomial tail at the class's
+    flag rate, times the switches tested)..."""
+    end_p_value: float = Field(default=0.01, gt=0, lt=1)
+    """...and stays named while they are less likely than this (hysteresis)."""
+    min_nodes: int = Field(default=3, ge=2, le=MAX_COUNT)
+    """Never fewer flagged nodes under the switch than this."""
+    rate_floor: Fraction = 0.02
+    """The chance flag rate is never taken below this (a clean class does not make two bad nodes a switch)."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> SwitchSettings:
+        if self.end_p_value < self.p_value:
+            raise ValueError("judge.switch.end_p_value must not be below p_value")
+        return self
+
+
 class ConfirmSettings(_Section):
     n: int = Field(default=2, ge=1, le=1000)
     m: int = Field(default=3, ge=1, le=1000)
@@ -358,6 +379,7 @@ class JudgeSettings(_Section):
     """Judged runs of one probe per node and day (about 86400 / the probes' ``interval_s``, plus re-probes)."""
     baseline: BaselineSettings = BaselineSettings()
     fleet: FleetSettings = FleetSettings()
+    switch: SwitchSettings = SwitchSettings()
     confirm: ConfirmSettings = ConfirmSettings()
 
     @field_validator("series")

@@ -46,6 +46,7 @@ from healthd.store import Store
 from healthd.store.db import collector_paused
 from healthd.store.latest import ChangeCursor, Changes
 from healthd.store.rows import GpuSeen, JudgedSeries, LastRun, MeasurementRow, RecommendationRow, RunTiming, Snapshot
+from healthd.topology import Topology
 
 Detail = Literal["summary", "full"]
 OUTCOMES = tuple(o.value for o in Outcome)
@@ -69,6 +70,8 @@ MEASUREMENT_HELP = {
 FAMILIES: dict[str, tuple[str, str]] = {
     "healthd_build_info": ("gauge", "healthd build information"),
     "healthd_node_info": ("gauge", "Nodes known to healthd, with their class"),
+    "healthd_node_switch": ("gauge", "1 for each node under a leaf switch (or block) of the topology, with its leaf and"
+                            " its path of switches up to the root"),
     "healthd_node_gpus": ("gauge", "GPUs on the node as the cluster backend reports them"),
     "healthd_cluster_nodes": ("gauge", "Nodes by base state at the last discovery"),
     "healthd_node_probe_last_run_timestamp_seconds": (
@@ -399,9 +402,12 @@ def _fragment(samples: Iterable[Sample]) -> dict[str, bytes]:
 
 
 def fleet_samples_of(snap: Snapshot, backend: str, states: Mapping[str, int], *, breaker_open: bool,
-                     fleet_events: Iterable[Mapping[str, Any]]) -> Iterator[Sample]:
+                     fleet_events: Iterable[Mapping[str, Any]],
+                     switch_findings: Iterable[Mapping[str, Any]] = (),
+                     topology: Topology | None = None) -> Iterator[Sample]:
     """The samples that are not per node: build, node states, counters, in-flight runs, the scaling table,
-    remediation and fleet events."""
+    remediation, fleet events and switch findings, and each node's place in the topology
+    (``healthd_node_switch``, for dashboards that group nodes by switch)."""
     yield ("healthd_build_info", (("version", healthd.__version__), ("python_version", platform.python_version()),
                                   ("backend", backend)), 1.0)
     for state, count in sorted(states.items()):
@@ -421,7 +427,12 @@ def fleet_samples_of(snap: Snapshot, backend: str, states: Mapping[str, int], *,
                    (("node_class", cls), ("nodes", str(size)), ("collective", m.labels.get("collective", "")),
                     ("size_bytes", m.labels.get("size_bytes", "")), ("placement", m.labels.get("placement", ""))),
                    m.value)
-    yield from fleet_samples(breaker_open=breaker_open, fleet_events=fleet_events, counters=snap.counters)
+    yield from fleet_samples(breaker_open=breaker_open, fleet_events=fleet_events, counters=snap.counters,
+                             switch_findings=switch_findings)
+    if topology is not None:
+        for node in sorted(topology.leaf_of):
+            path = topology.path(node)
+            yield "healthd_node_switch", (("node", node), ("leaf", path[0]), ("path", "/".join(path))), 1.0
 
 
 SeriesId = tuple[str, str, Labels]
@@ -553,8 +564,15 @@ class Exposition:
         self._chunk_families: dict[int, set[str]] = {}
         self._headers: dict[str, _Piece] = {}
         self._body = _Body()
+        self._topology: Topology | None = None
         self.rendered_nodes = 0
         """How many node renderings the refreshes so far took (a test's measure of incrementality)."""
+
+    def set_topology(self, topology: Topology | None) -> None:
+        """Export each node's switch (``healthd_node_switch``) from the next refresh on; ``None``: none."""
+        with self._lock:
+            self._topology = topology
+            self._version = None
 
     def set_detail(self, detail: Detail) -> None:
         """Export ``detail`` from the next refresh on (every node is read and rendered again)."""
@@ -641,7 +659,9 @@ class Exposition:
             breaker = store.remediation_state("breaker")
             breaker_open = bool(isinstance(breaker, dict) and breaker.get("open"))
             fleet = _fragment(fleet_samples_of(store.snapshot(nodes=(), fleet=True), self._backend_name(), counts,
-                                               breaker_open=breaker_open, fleet_events=store.fleet_events(limit=200)))
+                                               breaker_open=breaker_open, fleet_events=store.fleet_events(limit=200),
+                                               switch_findings=store.switch_findings(limit=200),
+                                               topology=self._topology))
             self._assemble(fleet, rendered, changed - rendered.keys())
 
     def _read(self, names: Sequence[str], families: Collection[tuple[str, str]] | None) -> Changes:

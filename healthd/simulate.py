@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from healthd.cluster.base import BackendTraits
 from healthd.collector import Collected, Collector
 from healthd.config import Settings
-from healthd.errors import BackendError, ConfigError, PolicyRefused
+from healthd.errors import BackendError, ConfigError, PolicyRefused, TopologyError
 from healthd.judge.engine import Judge
 from healthd.judge.model import JudgeOutput
 from healthd.judge.persist import judge_collected
@@ -39,6 +39,7 @@ from healthd.model import JobState, JobStatus, Node, Outcome, ProbeJob, validate
 from healthd.planning import PlanLimits, plan
 from healthd.remediation import Action, Remediator
 from healthd.store import Store
+from healthd.topology import SwitchRecord, Topology, build_topology
 from probes.result import Check, DeviceInfo, Environment, Measurement, ProbeResult, RankInfo
 
 SIM_EPOCH = 1_700_000_000.0
@@ -160,6 +161,43 @@ class EventSpec(_Model):
         return self.from_round <= rnd and (self.until_round == 0 or rnd <= self.until_round)
 
 
+class SwitchSpec(_Model):
+    """A switch of the simulated fabric (``topology/tree``): its nodes (a leaf) or its child switches."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9._-]+$")
+    nodes: list[str] = Field(default_factory=list)
+    switches: list[str] = Field(default_factory=list)
+
+
+class FabricSpec(_Model):
+    """A generated fabric: the scenario's nodes in name order, ``leaf_size`` per leaf ``leaf<j>``, and
+    ``leaves_per_spine`` leaves per spine ``spine<k>`` (0: leaves only)."""
+
+    leaf_size: int = Field(ge=1)
+    leaves_per_spine: int = Field(default=0, ge=0)
+
+
+class SwitchFaultSpec(_Model):
+    """A fault on a switch from ``from_round`` to ``until_round``."""
+
+    kind: Literal["switch", "uplink", "rack"]
+    """``switch``: every multi-node value of a job with a node under the switch scales by ``factor``;
+    ``uplink``: only of jobs spanning nodes under it and nodes outside (cross-leaf pairs);
+    ``rack``: the node- and GPU-level values of every node under it (power or cooling)."""
+    switch: str
+    probe: str = "nccl"
+    name: str = "*"
+    factor: float = Field(default=0.6, gt=0)
+    from_round: int = Field(default=1, ge=1)
+    until_round: int = Field(default=0, ge=0)
+
+    def active(self, rnd: int) -> bool:
+        return self.from_round <= rnd and (self.until_round == 0 or rnd <= self.until_round)
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.switch} {self.probe} x{self.factor:g}"
+
+
 class UserSpec(_Model):
     """Users taking nodes (``allocated``) from ``from_round`` to ``until_round``."""
 
@@ -193,12 +231,35 @@ class Scenario(_Model):
     events: list[EventSpec] = Field(default_factory=list)
     users: list[UserSpec] = Field(default_factory=list)
     admin_drains: list[AdminDrainSpec] = Field(default_factory=list)
+    switches: list[SwitchSpec] = Field(default_factory=list)
+    """The fabric (``topology/tree``), switch by switch; or ``fabric``, generated."""
+    fabric: FabricSpec | None = None
+    switch_faults: list[SwitchFaultSpec] = Field(default_factory=list)
+    use_topology: bool = True
+    """Give the judge the fabric (``Judge.set_topology``); false: judged as without a topology plugin."""
+
+    def node_names(self) -> list[str]:
+        return [f"{c.prefix}{i:0{len(str(c.count - 1))}d}" for c in self.classes for i in range(c.count)]
+
+    def topology(self) -> Topology | None:
+        """The scenario's fabric (``switches`` or ``fabric``), or ``None``."""
+        records = [SwitchRecord(s.name, tuple(s.nodes), tuple(s.switches)) for s in self.switches]
+        if self.fabric is not None:
+            names, f = self.node_names(), self.fabric
+            leaves = [f"leaf{j}" for j in range((len(names) + f.leaf_size - 1) // f.leaf_size)]
+            records += [SwitchRecord(leaf, tuple(names[j * f.leaf_size:(j + 1) * f.leaf_size]))
+                        for j, leaf in enumerate(leaves)]
+            if f.leaves_per_spine:
+                records += [SwitchRecord(f"spine{k}", switches=tuple(leaves[k * f.leaves_per_spine:
+                                                                            (k + 1) * f.leaves_per_spine]))
+                            for k in range((len(leaves) + f.leaves_per_spine - 1) // f.leaves_per_spine)]
+        return build_topology(records, "tree", source="scenario") if records else None
 
     @model_validator(mode="after")
     def _check(self) -> Scenario:
         if self.tick_s > self.round_s:
             raise ValueError("tick_s is longer than round_s")
-        names = {f"{c.prefix}{i:0{len(str(c.count - 1))}d}" for c in self.classes for i in range(c.count)}
+        names = set(self.node_names())
         for where, node in ([("faults", f.node) for f in self.faults]
                             + [("faults.peer", f.peer) for f in self.faults if f.peer]
                             + [("users", n) for u in self.users for n in u.nodes]
@@ -209,6 +270,17 @@ class Scenario(_Model):
         for e in self.events:
             if e.node_class not in classes:
                 raise ValueError(f"events: no class {e.node_class!r}")
+        try:
+            topology = self.topology()
+        except TopologyError as exc:
+            raise ValueError(f"switches: {exc}") from None
+        if topology is not None:
+            unknown = sorted(set(topology.leaf_of) - names)
+            if unknown:
+                raise ValueError(f"switches: no node {unknown[0]!r} in the scenario's classes")
+        for f in self.switch_faults:
+            if topology is None or f.switch not in topology.switches:
+                raise ValueError(f"switch_faults: no switch {f.switch!r} in the scenario's fabric")
         return self
 
 
@@ -290,6 +362,7 @@ class SimCluster:
         self._next = 0
         self.drain_log: list[tuple[float, str, str]] = []
         self.undrain_log: list[tuple[float, str]] = []
+        self.topology = scenario.topology()
 
     # ClusterBackend
     def traits(self, settings: Settings) -> BackendTraits:
@@ -398,6 +471,33 @@ class SimCluster:
                     f"'{job.probe}.measure'"), True
         return None, False
 
+    def _switch_factors(self, job: ProbeJob, rnd: int) -> tuple[Callable[[str], float], Callable[[str, str], float]]:
+        """The scenario's switch faults on ``job``: (measurement name → factor of its multi-node values,
+        (node, measurement name) → factor of the node's own values)."""
+        faults = [f for f in self.scenario.switch_faults if f.active(rnd) and fnmatchcase(job.probe, f.probe)]
+        topo = self.topology
+        if not faults or topo is None:
+            return (lambda name: 1.0), (lambda node, name: 1.0)
+
+        def group(name: str) -> float:
+            factor = 1.0
+            for f in faults:
+                under = topo.nodes_under(f.switch)
+                inside = sum(1 for n in job.nodes if n in under)
+                hit = (f.kind == "switch" and inside > 0) or (f.kind == "uplink" and 0 < inside < len(job.nodes))
+                if hit and fnmatchcase(name, f.name):
+                    factor *= f.factor
+            return factor
+
+        def rack(node: str, name: str) -> float:
+            factor = 1.0
+            for f in faults:
+                if f.kind == "rack" and node in topo.nodes_under(f.switch) and fnmatchcase(name, f.name):
+                    factor *= f.factor
+            return factor
+
+        return group, rack
+
     def _offset(self, node: str, gpu: int | None, series: int, spread: float) -> float:
         """A persistent offset of a node (``gpu`` None) or of one of its GPUs, for one series."""
         if spread <= 0:
@@ -422,6 +522,7 @@ class SimCluster:
             return
         members = [self.nodes[n] for n in job.nodes]
         spec = members[0].spec
+        group_factor, rack = self._switch_factors(job, rnd)
         events = [e for e in self.scenario.events if e.active(rnd) and e.probe == job.probe
                   and e.node_class == spec.name]
         measurements: list[Measurement] = []
@@ -437,7 +538,7 @@ class SimCluster:
             if s.per == "group":
                 if len(members) < 2:
                     continue
-                factor = 1.0
+                factor = group_factor(s.name)
                 for f in faults:
                     if f.kind == "link" and f.node in job.nodes and (f.peer is None or f.peer in job.nodes) \
                             and fnmatchcase(s.name, f.name):
@@ -448,7 +549,7 @@ class SimCluster:
                     name=s.name, value=base * factor * self._noise(noise), labels=labels, node=None, per_rank=None))
                 continue
             for m in members:
-                node_factor = off[m.name] * self._offset(m.name, None, index, spec.spread)
+                node_factor = off[m.name] * self._offset(m.name, None, index, spec.spread) * rack(m.name, s.name)
                 for f in faults:
                     if f.kind in ("node", "drift") and f.node == m.name and fnmatchcase(s.name, f.name):
                         node_factor *= f.scale(rnd)
@@ -513,6 +614,20 @@ class FaultOutcome:
 
 
 @dataclass
+class SwitchFaultOutcome:
+    fault: SwitchFaultSpec
+    named_round: int | None = None
+    """The first round a switch finding named the faulty switch (or a switch above it)."""
+    named_as: str = ""
+    node_drains: int = 0
+    """Drains of nodes under the switch (without a node fault of their own) while the fault lasted."""
+
+    @property
+    def rounds_to_name(self) -> int | None:
+        return None if self.named_round is None else self.named_round - self.fault.from_round + 1
+
+
+@dataclass
 class RoundLine:
     round: int
     runs: Counter[str] = field(default_factory=Counter)
@@ -536,6 +651,11 @@ class SimReport:
     foreign_touched: list[str]
     elapsed_s: float
     jobs: int
+    switch_faults: list[SwitchFaultOutcome] = field(default_factory=list)
+    switch_findings: list[tuple[int, str, int, str, str]] = field(default_factory=list)
+    """(round, switch, level, probe, text) of every switch finding started."""
+    false_switch_findings: list[tuple[int, str, str]] = field(default_factory=list)
+    """(round, switch, probe) of findings naming a switch no switch fault explains."""
 
     @property
     def ok(self) -> bool:
@@ -554,6 +674,14 @@ class SimReport:
             "fleet_events": [{"round": r, "node_class": c, "probe": p, "text": t}
                              for r, c, p, t in self.fleet_events],
             "drains_during_fleet_events": self.event_drains,
+            "switch_faults": [{"fault": f.fault.describe(), "switch": f.fault.switch,
+                               "injected_round": f.fault.from_round, "named_round": f.named_round,
+                               "rounds_to_name": f.rounds_to_name, "named_as": f.named_as,
+                               "node_drains": f.node_drains} for f in self.switch_faults],
+            "switch_findings": [{"round": r, "switch": sw, "level": lv, "probe": p, "text": t}
+                                for r, sw, lv, p, t in self.switch_findings],
+            "false_switch_findings": [{"round": r, "switch": sw, "probe": p}
+                                      for r, sw, p in self.false_switch_findings],
             "foreign_drains_touched": self.foreign_touched,
             "rounds": [{"round": r.round, "runs": dict(r.runs), "recommended": r.recommended, "drained": r.drained,
                         "undrained": r.undrained, "refused": dict(r.refused), "events": r.events,
@@ -583,6 +711,8 @@ class Simulation:
                                    pending_timeout_s=self.settings.slurm.pending_timeout_s,
                                    clock=lambda: self.cluster.now)
         self.judge = Judge(self.settings.judge)
+        if scenario.use_topology:
+            self.judge.set_topology(self.cluster.topology)
         self.remediator = Remediator(self.store, self.cluster, self.settings.remediation,
                                      clock=lambda: self.cluster.now)
         traits = self.cluster.traits(self.settings)
@@ -594,6 +724,10 @@ class Simulation:
         self.false_drains: list[tuple[int, str, str]] = []
         self.fleet_events: list[tuple[int, str, str, str]] = []
         self.event_drains = 0
+        self.switch_outcomes = [SwitchFaultOutcome(f) for f in scenario.switch_faults]
+        self.switch_findings: list[tuple[int, str, int, str, str]] = []
+        self.false_switch_findings: list[tuple[int, str, str]] = []
+        self._named_now: set[tuple[str, str]] = set()
         self.jobs = 0
         self.admin = {d.node: d for d in scenario.admin_drains}
         rng = random.Random(scenario.seed + 1)
@@ -620,7 +754,8 @@ class Simulation:
             if self.echo:
                 print(format_round(line), flush=True)
         return SimReport(s, lines, self.outcomes, self.false_recs, self.false_drains, self.fleet_events,
-                         self.event_drains, self._foreign_touched(), time.perf_counter() - started, self.jobs)
+                         self.event_drains, self._foreign_touched(), time.perf_counter() - started, self.jobs,
+                         self.switch_outcomes, self.switch_findings, self.false_switch_findings)
 
     def play_round(self, rnd: int) -> RoundLine:
         """Every tick of round ``rnd`` (``run`` plays them all; a benchmark plays them one by one)."""
@@ -679,6 +814,7 @@ class Simulation:
             line.events.append(text)
             if e.active:
                 self.fleet_events.append((rnd, e.node_class, e.probe, e.text))
+        self._account_switches(rnd, line, out, actions)
         for a in actions:
             if a.action == "recommend":
                 line.recommended.append(a.node or "?")
@@ -707,6 +843,40 @@ class Simulation:
                     fo.named_right, fo.detail = self._named_right(fo.fault, recs, active)
                 if fo.drained_round is None and fo.fault.node in drained:
                     fo.drained_round = rnd
+
+    def _account_switches(self, rnd: int, line: RoundLine, out: JudgeOutput, actions: Sequence[Action]) -> None:
+        topo = self.cluster.topology
+        for e in out.switch_findings:
+            if not e.active:
+                self._named_now.discard((e.switch, e.probe))
+                line.events.append(f"switch finding ended: {e.switch} {e.probe}")
+                continue
+            if (e.switch, e.probe) in self._named_now:
+                continue
+            self._named_now.add((e.switch, e.probe))
+            line.events.append(f"switch finding: {e.text}")
+            self.switch_findings.append((rnd, e.switch, e.level, e.probe, e.text))
+            under = topo.nodes_under(e.switch) if topo is not None else frozenset()
+            explained = False
+            for so in self.switch_outcomes:
+                f = so.fault
+                if not f.active(rnd) or not fnmatchcase(e.probe, f.probe) or topo is None:
+                    continue
+                if f.switch == e.switch or f.switch in e.held or topo.nodes_under(f.switch) >= under or \
+                        under >= topo.nodes_under(f.switch):
+                    explained = True
+                    if so.named_round is None:
+                        so.named_round, so.named_as = rnd, e.switch
+            if not explained:
+                self.false_switch_findings.append((rnd, e.switch, e.probe))
+        if topo is None:
+            return
+        for a in actions:
+            if a.action != "drain" or a.result != "done" or not a.node or self._faulty(a.node, rnd):
+                continue
+            for so in self.switch_outcomes:
+                if so.fault.active(rnd) and a.node in topo.nodes_under(so.fault.switch):
+                    so.node_drains += 1
 
     @staticmethod
     def _named_right(fault: FaultSpec, recs: Sequence[Any], active: Sequence[Any]) -> tuple[bool, str]:
@@ -747,7 +917,7 @@ def format_round(line: RoundLine) -> str:
         parts.append(f"undrained {len(line.undrained)}: {names(line.undrained)}")
     if line.refused:
         parts.append("refused " + ", ".join(f"{k} x{v}" for k, v in line.refused.most_common(3)))
-    parts += [f"fleet event {e}" for e in line.events]
+    parts += [e if e.startswith("switch") else f"fleet event {e}" for e in line.events]
     return "\n    ".join(parts)
 
 
@@ -771,6 +941,11 @@ def format_report(report: SimReport) -> str:
         lines.append(f"{'fleet event ' + e.probe + ' x' + format(e.factor, 'g'):<28} {e.node_class:<16} "
                      f"{e.from_round:>8} {raised[0][0] if raised else '-':>6} {'-':>6} {'-':>8}  "
                      f"{len(raised)} fleet verdict(s), {report.event_drains} drain(s) during the event")
+    for so in report.switch_faults:
+        named = str(so.named_round) if so.named_round is not None else "-"
+        rounds = str(so.rounds_to_name) if so.rounds_to_name is not None else "-"
+        lines.append(f"{so.fault.describe():<28} {so.fault.switch:<16} {so.fault.from_round:>8} {named:>6} {rounds:>6} "
+                     f"{'-':>8}  named as {so.named_as or '-'}; {so.node_drains} node drain(s) under it")
     node_faults = [f for f in report.faults if f.fault.kind != "error"]
     found_faults = [f for f in node_faults if f.found_round is not None]
     fast = [f for f in found_faults if (f.rounds_to_find or 99) <= 2]
@@ -782,6 +957,14 @@ def format_report(report: SimReport) -> str:
         f"{len(report.false_drains)}; fleet events raised {len(report.fleet_events)}; foreign drains touched "
         f"{len(report.foreign_touched)}",
     ]
+    if report.scenario.switches or report.scenario.fabric is not None:
+        named_switches = [so for so in report.switch_faults if so.named_round is not None]
+        lines.append(f"switch faults {len(report.switch_faults)}, named {len(named_switches)}; switch findings "
+                     f"{len(report.switch_findings)}, false {len(report.false_switch_findings)}; node drains under "
+                     f"faulty switches {sum(so.node_drains for so in report.switch_faults)}"
+                     + ("" if report.scenario.use_topology else " (judged without the topology)"))
+        for r, sw, p in report.false_switch_findings[:10]:
+            lines.append(f"  false switch finding, round {r}: {sw} {p}")
     for r, n, why in report.false_recommendations[:10]:
         lines.append(f"  false recommendation, round {r}: {n}: {why}")
     for r, n, why in report.false_drains[:10]:

@@ -91,6 +91,9 @@ def cmd_recommend(args: argparse.Namespace) -> int:
           + (f" ({doc['breaker'].get('reason')})" if doc["breaker"].get("open") else ""))
     for e in doc["fleet_events"]:
         print(f"FLEET EVENT since {_when(e['started_at'])}: {e['text']}")
+    for e in doc["switch_findings"]:
+        print(f"SWITCH {e['switch']} since {_when(e['started_at'])}: {e['action']}")
+        print(f"    {e['text']}")
     recs = doc["recommendations"]
     if not recs:
         print("no drain recommended")

@@ -73,9 +73,11 @@ from healthd.judge.noise import (
     unbiased,
 )
 from healthd.judge.series import key_of, missing_required, select
+from healthd.judge.switches import SwitchFindings
 from healthd.model import Node, Outcome, Verdict
 from healthd.node_class import DEFAULT_CLASS, class_of
 from healthd.planning import PriorityRequest
+from healthd.topology import Topology
 
 _CODE_RANK = {
     ReasonCode.GPUS_MISSING: 10, ReasonCode.CUDA_ERROR: 9, ReasonCode.NCCL_ERROR: 8, ReasonCode.CRASH: 7,
@@ -191,6 +193,15 @@ class Judge:
         self.classes: dict[str, str] = {}
         self.drained: set[str] = set()
         self.resets: dict[str, float] = {}
+        self.switches = SwitchFindings()
+        """Switch findings (``healthd.judge.switches``): on while a topology is set."""
+
+    def set_topology(self, topology: Topology | None, *, now: float | None = None) -> None:
+        """The cluster's topology (``None``: none known; switch correlation off, findings judged per
+        node and per class as without it). Findings on switches it no longer has end at the next
+        evaluation."""
+        with self._lock:
+            self.switches.set_topology(topology, 0.0 if now is None else now)
 
     def reconfigure(self, settings: JudgeSettings) -> None:
         """New settings (SIGHUP) with the state kept: new thresholds apply from the next evaluation."""
@@ -268,6 +279,9 @@ class Judge:
             for n in run.nodes:
                 flagged = bool(ev.node_findings.get(n)) or bool(ev.group_findings)
                 self.samples[(self.node_class(n), run.probe)][n] = (run.at, flagged)
+                self.switches.note(n, run.probe, [*ev.node_findings.get(n, ()), *ev.group_findings],
+                                   own=bool(ev.node_findings.get(n)), members=run.nodes)
+        touched |= self._update_switches({p for _, p in touched}, now, out)
         changed = self._update_events({(self.node_class(n), p) for n, p in touched}, now, out)
         if changed:
             cache.clear()
@@ -409,7 +423,7 @@ class Judge:
                     f = outlier(key, m.value, gstats, direction, z_threshold=z_threshold,
                                 min_deviation=self.min_deviation, event_proof=True)
                     if f is not None:
-                        found.append(f)
+                        found.append(replace(f, switch_proof=True))
                 uuid = run.gpu_uuids.get((node, m.labels["gpu"])) if found and "gpu" in m.labels else None
                 if uuid:
                     found = [f.on_gpu(uuid) for f in found]
@@ -456,7 +470,8 @@ class Judge:
         key = SeriesKey.of(run.probe, "check:nccl_transport", {})
         for node in (n for n in nodes if n in run.nodes):
             ev.node_findings.setdefault(node, []).append(
-                Finding(ReasonCode.NCCL_TRANSPORT, Severity.DEGRADED, key, 0.0, 1.0, 1.0, run.reason))
+                Finding(ReasonCode.NCCL_TRANSPORT, Severity.DEGRADED, key, 0.0, 1.0, 1.0, run.reason,
+                        switch_proof=True))
 
     def _check_findings(self, run: RunInput, ev: _RunEval) -> None:
         fault = parse_reason(run.reason) if not run.failed_checks else None
@@ -472,14 +487,16 @@ class Judge:
             where = f"gpu {c.gpu}{f' ({c.gpu_uuid})' if c.gpu_uuid else ''} " if c.gpu is not None else ""
             missing = c.name == GPU_COUNT_CHECK
             f = Finding(ReasonCode.GPUS_MISSING if missing else ReasonCode.CHECK_FAILED, Severity.FAIL, key, 0.0,
-                        1.0, 1.0, f"{where}check {c.name} failed: {c.detail}".strip(), event_proof=not missing)
+                        1.0, 1.0, f"{where}check {c.name} failed: {c.detail}".strip(), event_proof=not missing,
+                        switch_proof=True)
             self._place(run, c.node, f, ev)
 
     def _fault_findings(self, run: RunInput, fault: HardFault, ev: _RunEval) -> None:
         """A hard fault (``healthd.judge.hardfault``) on the nodes it names, or on the group. Not
         event-proof: many nodes of a class failing the same way at once is a fleet event."""
         key = SeriesKey.of(run.probe, f"fault:{fault.code.value}", {})
-        f = Finding(fault.code, Severity.FAIL, key, 0.0, 1.0, 1.0, f"{fault.code.value}: {fault.detail}")
+        f = Finding(fault.code, Severity.FAIL, key, 0.0, 1.0, 1.0, f"{fault.code.value}: {fault.detail}",
+                    switch_proof=fault.code in (ReasonCode.GPUS_MISSING, ReasonCode.CUDA_ERROR))
         named = [n for n in fault.nodes if n in run.nodes]
         for node in named:
             ev.node_findings.setdefault(node, []).append(f)
@@ -500,7 +517,8 @@ class Judge:
         changed: set[tuple[str, str]] = set()
         cutoff = now - self.settings.fleet.event_window_s
         for cls, probe in sorted(keys):
-            sample = [s for s in self.samples.get((cls, probe), {}).values() if s[0] >= cutoff]
+            sample = [s for n, s in self.samples.get((cls, probe), {}).items()
+                      if s[0] >= cutoff and not self.switches.explains(n, probe)]
             active = self.events.get((cls, probe))
             check = check_event(sample, self.settings.fleet, active=active is not None)
             if active is None and check is not None:
@@ -519,7 +537,29 @@ class Judge:
 
     def _suppressed(self, node: str, probe: str, f: Finding, at: float) -> bool:
         event = self.events.get((self.node_class(node), probe))
-        return event is not None and not f.event_proof and at >= event.started_at
+        if event is not None and not f.event_proof and at >= event.started_at:
+            return True
+        held = self.switches.holding(node, probe)
+        return held is not None and not f.switch_proof and at >= held.started_at
+
+    def _event_of(self, node: str, probe: str) -> FleetEvent | None:
+        """The class's fleet event on ``probe``, else the switch finding holding the node on it."""
+        return self.events.get((self.node_class(node), probe)) or self.switches.holding(node, probe)
+
+    def _update_switches(self, probes: set[str], now: float, out: JudgeOutput) -> set[tuple[str, str]]:
+        """Re-test the switches on ``probes``; the (node, probe) pairs whose hold changed, to re-judge."""
+        if self.switches.idle:
+            return set()
+        cutoff = now - self.settings.fleet.event_window_s
+        samples: dict[str, dict[str, tuple[float, bool]]] = defaultdict(dict)
+        for (_, probe), sample in self.samples.items():
+            if probe in probes:
+                samples[probe].update((n, s) for n, s in sample.items() if s[0] >= cutoff and not (
+                    s[1] and (n, probe) not in self.switches.held and self.switches.explains(n, probe)))
+        changes, moved = self.switches.update(probes, samples, self.classes, self.settings.switch, now)
+        out.switch_findings.extend(changes)
+        keys = {e.probe for e in changes}
+        return {(n, p) for n, p in self.verdicts if p in keys and n in moved}
 
     # -- recording ----------------------------------------------------------------------------
     def _record(self, run: RunInput, ev: _RunEval, out: JudgeOutput) -> None:
@@ -537,7 +577,7 @@ class Judge:
                 if more > 0:
                     text += f" (and {more} more series)"
             elif raw or group_suppressed:
-                event = self.events.get((self.node_class(n), probe))
+                event = next((e for e in (self._event_of(m, probe) for m in (n, *run.nodes)) if e), None)
                 code, sev = ReasonCode.FLEET_EVENT, Severity.NONE
                 text = (event.text if event is not None else "fleet event") + (f": {worst(raw).detail}"  # type: ignore[union-attr]
                                                                                if raw else "")
@@ -629,6 +669,9 @@ class Judge:
         for r in records:
             if any(self.resets.get(m, float("-inf")) > r.at for m in r.members):
                 continue
+            held = (self.switches.holding(m, probe) for m in r.members)
+            if any(h is not None and r.at >= h.started_at for h in held):
+                continue
             event = self.events.get((self.node_class(r.members[0]), probe))
             if event is None or r.event_proof or r.at < event.started_at:
                 live.append(r)
@@ -636,22 +679,22 @@ class Judge:
 
     def _recent_marks(self, node: str, probe: str, now: float) -> list[Mark]:
         """The node's marks in the confirmation window, after its last reset, with findings a fleet
-        event explains taken out (they may predate the event's declaration)."""
+        event or a switch finding explains taken out (they may predate the event's declaration)."""
         cutoff = max(now - self.settings.confirm.window_s, self.resets.get(node, float("-inf")))
-        event = self.events.get((self.node_class(node), probe))
         marks = [mk for mk in self.marks.get((node, probe), []) if mk.at >= cutoff]
         start, end = self.event_spans.get((self.node_class(node), probe), (0.0, float("-inf")))
         marks = [replace(mk, shortfalls=()) if mk.shortfalls and start <= mk.at <= end else mk for mk in marks]
-        if event is None:
-            return marks
-        return [replace(self._under_event(mk, event), shortfalls=()) if mk.at >= event.started_at else mk
-                for mk in marks]
+        for event in (self.events.get((self.node_class(node), probe)), self.switches.holding(node, probe)):
+            if event is not None:
+                marks = [replace(self._under_event(mk, event), shortfalls=()) if mk.at >= event.started_at else mk
+                         for mk in marks]
+        return marks
 
     @staticmethod
     def _under_event(mark: Mark, event: FleetEvent) -> Mark:
         if mark.at < event.started_at or not mark.flagged:
             return mark
-        kept = tuple(f for f in mark.findings if f.event_proof)
+        kept = tuple(f for f in mark.findings if (f.switch_proof if event.switch else f.event_proof))
         if len(kept) == len(mark.findings):
             return mark
         top = worst(kept)
@@ -1008,7 +1051,9 @@ class Judge:
             for record in sorted(state.groups, key=lambda g: (g.at, g.run_id)):
                 self._add_group(record, suppressed=record.code is ReasonCode.FLEET_EVENT)
             for event in state.events:
-                self.events[(event.node_class, event.probe)] = event
+                if not event.switch:
+                    self.events[(event.node_class, event.probe)] = event
+            self.switches.restore(e for e in state.events if e.switch)
             for name, req in state.pending:
                 self.pending[(name, req.probe)] = req
             for verdict in state.verdicts:

@@ -49,6 +49,8 @@ JUDGE_FAMILIES: dict[str, tuple[str, str]] = {
                                          " action)"),
     "healthd_fleet_event_active": ("gauge", "1 while a large share of the class is degraded at once on the probe"
                                    " (a fleet event)"),
+    "healthd_switch_finding": ("gauge", "1 while the nodes under the switch fail the probe together beyond chance"
+                               " (a switch finding: their drains are held)"),
 }
 REFERENCE_HELP = {"baseline": "The node's own baseline (median of its recent passing results) of",
                   "floor": "The floor of the node's class (lowest acceptable; highest for times) of"}
@@ -139,8 +141,10 @@ def drain_reason(recommendations: Iterable[RecommendationRow]) -> str | None:
 
 
 def fleet_samples(*, breaker_open: bool, fleet_events: Iterable[Mapping[str, Any]],
-                  counters: Iterable[tuple[str, Mapping[str, str], float]]) -> Iterator[Sample]:
-    """Remediation actions by result, the breaker, and whether each (class, probe) has a fleet event."""
+                  counters: Iterable[tuple[str, Mapping[str, str], float]],
+                  switch_findings: Iterable[Mapping[str, Any]] = ()) -> Iterator[Sample]:
+    """Remediation actions by result, the breaker, whether each (class, probe) has a fleet event, and the
+    switch findings (``healthd_switch_finding``: 1 while active, 0 once ended, while the store keeps it)."""
     seen: dict[tuple[str, str], float] = {(a, r): 0.0 for a in ACTIONS for r in RESULTS}
     for name, labels, value in counters:
         if name == "remediation_actions_total":
@@ -154,6 +158,12 @@ def fleet_samples(*, breaker_open: bool, fleet_events: Iterable[Mapping[str, Any
         state[key] = state.get(key, False) or e["ended_at"] is None
     for (cls, probe), active in sorted(state.items()):
         yield "healthd_fleet_event_active", (("node_class", cls), ("probe", probe)), float(active)
+    switches: dict[tuple[str, str, str], bool] = {}
+    for e in sorted(switch_findings, key=lambda e: e["started_at"]):
+        where = (str(e["switch"]), str(e["level"]), str(e["probe"]))
+        switches[where] = switches.get(where, False) or e["ended_at"] is None
+    for (switch, level, probe), active in sorted(switches.items()):
+        yield "healthd_switch_finding", (("switch", switch), ("level", level), ("probe", probe)), float(active)
 
 
 __all__ = ["FINDING_LABELS", "JUDGE_FAMILIES", "ConfirmedFinding", "ReasonCode", "Sample", "confirmed_finding",

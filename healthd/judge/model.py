@@ -132,6 +132,9 @@ class Finding:
     class as it is during the event)."""
     gpu_uuid: str | None = None
     """The UUID of the GPU of a per-GPU series as the run reported it (not part of the series' key)."""
+    switch_proof: bool = False
+    """True when a failing switch or rack cannot explain it (a GPU slower than the node's others, a failed
+    check, GPUs missing, a CUDA error, NCCL on the wrong network): a switch finding does not hold it."""
 
     def on_gpu(self, uuid: str) -> Finding:
         """This finding naming its GPU by ``uuid`` too: ``gpu 3 (GPU-…) flop_per_second…`` in its text and
@@ -260,6 +263,15 @@ class FleetEvent:
     sampled: int
     series: tuple[str, ...]
     text: str
+    switch: str = ""
+    """A switch finding (``healthd.judge.switches``): the switch named; empty for a class-wide event."""
+    level: int = 0
+    """The switch's level (0: a leaf or block)."""
+    nodes: tuple[str, ...] = ()
+    """A switch finding's flagged nodes."""
+    held: tuple[str, ...] = ()
+    """A switch finding's switches whose nodes' findings on the probe it holds (itself, or its leaves
+    beyond chance)."""
 
     @property
     def active(self) -> bool:
@@ -298,6 +310,8 @@ class JudgeOutput:
     evaluated: set[tuple[str, str]] = field(default_factory=set)
     fleet_events: list[FleetEvent] = field(default_factory=list)
     """Events that started or ended in this evaluation."""
+    switch_findings: list[FleetEvent] = field(default_factory=list)
+    """Switch findings that started, changed (their flagged nodes) or ended in this evaluation."""
     requests: list[Request] = field(default_factory=list)
     """Re-probes asked for in this evaluation (all pending ones: ``Judge.requests``)."""
     marks: list[Mark] = field(default_factory=list)
@@ -430,7 +444,7 @@ class JudgeState:
     groups: tuple[GroupRecord, ...] = ()
     """Recent group records, any order."""
     events: tuple[FleetEvent, ...] = ()
-    """Active fleet events."""
+    """Active fleet events and switch findings."""
     pending: tuple[tuple[str, Request], ...] = ()
     """(node, its pending re-probe of the request's probe)."""
     verdicts: tuple[Verdict, ...] = ()

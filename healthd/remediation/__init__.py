@@ -222,7 +222,8 @@ class Remediator:
 
 # -- read side: API, CLI, metrics ------------------------------------------------------------------
 def recommendations_document(store: Store, settings: RemediationSettings) -> dict[str, Any]:
-    """The ``/api/v1/recommendations`` document: active recommendations, fleet events, breaker."""
+    """The ``/api/v1/recommendations`` document: active recommendations, fleet events, switch findings (one
+    recommendation per switch: inspect it; its nodes' drains are held), breaker."""
     raw = store.remediation_state(BREAKER_KEY)
     breaker = raw if isinstance(raw, dict) else {"open": False}
     return {
@@ -236,6 +237,13 @@ def recommendations_document(store: Store, settings: RemediationSettings) -> dic
         "fleet_events": [
             {"node_class": e["node_class"], "probe": e["probe"], "started_at": e["started_at"], "text": e["text"]}
             for e in store.fleet_events(active_only=True)
+        ],
+        "switch_findings": [
+            {"switch": e["switch"], "level": e["level"], "probe": e["probe"], "started_at": e["started_at"],
+             "nodes": e["nodes"], "held": e["held"], "text": e["text"],
+             "action": f"inspect switch {e['switch']} and its links; its nodes' {e['probe']} findings are held"
+                       " (not drained) while it is named"}
+            for e in store.switch_findings(active_only=True)
         ],
         "breaker": breaker,
         "drained_by_healthd": [

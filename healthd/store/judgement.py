@@ -67,7 +67,7 @@ def _findings_json(findings: Iterable[Finding]) -> str:
         {"code": f.code.value, "severity": int(f.severity), "probe": f.key.probe, "name": f.key.name,
          "labels": dict(f.key.labels), "value": f.value, "reference": f.reference, "threshold": f.threshold,
          "detail": f.detail, "score": f.score, "event_proof": f.event_proof}
-        | ({"gpu_uuid": f.gpu_uuid} if f.gpu_uuid else {})
+        | ({"gpu_uuid": f.gpu_uuid} if f.gpu_uuid else {}) | ({"switch_proof": True} if f.switch_proof else {})
         for f in findings])
 
 
@@ -78,7 +78,7 @@ def _findings(text: str) -> tuple[Finding, ...]:
         Finding(ReasonCode(d["code"]), Severity(d["severity"]), SeriesKey.of(d["probe"], d["name"], d["labels"]),
                 float(d["value"]), float(d["reference"]), float(d["threshold"]), d["detail"],
                 float(d["score"]) if d.get("score") is not None else None, bool(d.get("event_proof", False)),
-                d.get("gpu_uuid"))
+                d.get("gpu_uuid"), bool(d.get("switch_proof", False)))
         for d in json.loads(text))
 
 
@@ -144,7 +144,8 @@ def _group(r: sqlite3.Row) -> GroupRecord:
 
 def _event(r: sqlite3.Row) -> FleetEvent:
     return FleetEvent(r["node_class"], r["probe"], r["started_at"], r["ended_at"], r["flagged"], r["sampled"],
-                      tuple(json.loads(r["series"])), r["text"])
+                      tuple(json.loads(r["series"])), r["text"], r["switch"], r["level"], tuple(json.loads(r["nodes"])),
+                      tuple(json.loads(r["held"])))
 
 
 def _pending(r: sqlite3.Row) -> tuple[str, Request]:
@@ -225,18 +226,22 @@ class JudgementStore(Database):
                   int(g.severity), g.code.value, g.text, int(g.event_proof), _findings_json(g.findings))
                  for g in output.groups],
             )
-            for e in output.fleet_events:
+            for e in (*output.fleet_events, *output.switch_findings):
                 if e.ended_at is None:
                     db.execute(
-                        "INSERT INTO fleet_events (node_class, probe, started_at, flagged, sampled, series, text)"
-                        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        "INSERT INTO fleet_events (node_class, probe, started_at, flagged, sampled, series, text,"
+                        " switch, level, nodes, held) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                        " ON CONFLICT (node_class, probe, switch) WHERE ended_at IS NULL DO UPDATE SET"
+                        " flagged = excluded.flagged, sampled = excluded.sampled, text = excluded.text,"
+                        " level = excluded.level, nodes = excluded.nodes, held = excluded.held",
                         (e.node_class, e.probe, e.started_at, e.flagged, e.sampled, json.dumps(list(e.series)),
-                         e.text),
+                         e.text, e.switch, e.level, json.dumps(list(e.nodes)), json.dumps(list(e.held))),
                     )
                 else:
                     db.execute(
-                        "UPDATE fleet_events SET ended_at = ?, text = ? WHERE node_class = ? AND probe = ?"
-                        " AND ended_at IS NULL", (e.ended_at, e.text, e.node_class, e.probe),
+                        "UPDATE fleet_events SET ended_at = ?, text = ? WHERE probe = ? AND switch = ?"
+                        " AND ended_at IS NULL AND (switch != '' OR node_class = ?)",
+                        (e.ended_at, e.text, e.probe, e.switch, e.node_class),
                     )
             db.executemany("DELETE FROM judge_requests WHERE node = ? AND probe = ?", list(output.satisfied))
             db.executemany(
@@ -351,11 +356,23 @@ class JudgementStore(Database):
             "SELECT at, probe, severity, code FROM judge_groups WHERE at > ?"
             " AND EXISTS (SELECT 1 FROM json_each(members) WHERE value = ?) ORDER BY at", (since, node))]
 
-    def fleet_events(self, *, active_only: bool = False, limit: int = 100) -> list[dict[str, Any]]:
-        where = "WHERE ended_at IS NULL" if active_only else ""
+    def fleet_events(self, *, active_only: bool = False, limit: int = 100,
+                     switches: bool = False) -> list[dict[str, Any]]:
+        """Class-wide fleet events, newest first (``switches``: the switch findings instead)."""
+        where = "WHERE switch != ''" if switches else "WHERE switch = ''"
+        if active_only:
+            where += " AND ended_at IS NULL"
         out = [dict(r) for r in self._query(
             f"SELECT * FROM fleet_events {where} ORDER BY started_at DESC LIMIT ?", (limit,))]
         for e in out:
-            e["series"] = json.loads(e["series"])
+            for key in ("series", "nodes", "held"):
+                e[key] = json.loads(e[key])
+            if not switches:
+                for key in ("switch", "level", "nodes", "held"):
+                    del e[key]
         return out
+
+    def switch_findings(self, *, active_only: bool = False, limit: int = 100) -> list[dict[str, Any]]:
+        """Switch findings (``healthd.judge.switches``), newest first."""
+        return self.fleet_events(active_only=active_only, limit=limit, switches=True)
 

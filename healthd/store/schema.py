@@ -422,6 +422,16 @@ MIGRATIONS: tuple[str, ...] = (
     DROP INDEX runs_kind;
     CREATE INDEX runs_kind ON runs (kind, state)
     """,
+    # 12: switch findings (healthd.judge.switches) are kept as fleet events naming a switch: its level, the
+    # flagged nodes and the switches whose nodes it holds; one active finding per (switch, probe)
+    """
+    ALTER TABLE fleet_events ADD COLUMN switch TEXT NOT NULL DEFAULT '';
+    ALTER TABLE fleet_events ADD COLUMN level INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE fleet_events ADD COLUMN nodes TEXT NOT NULL DEFAULT '[]';
+    ALTER TABLE fleet_events ADD COLUMN held TEXT NOT NULL DEFAULT '[]';
+    DROP INDEX fleet_events_active;
+    CREATE UNIQUE INDEX fleet_events_active ON fleet_events (node_class, probe, switch) WHERE ended_at IS NULL
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -492,3 +492,85 @@ def test_series_windows_saved_before_as_json_are_still_read(tmp_path: Path) -> N
     with pytest.raises(StoreError, match="broken window of 1 numbers for n2"):
         store.load_judgement(since=0.0)
     store.close()
+
+
+def leaf_fleet(topology: bool) -> Fleet:
+    """128 nodes under 8 leaves of 16 (two spines), 3 healthy GEMM rounds."""
+    from healthd.topology import SwitchRecord, build_topology
+
+    names = [f"n{i:03d}" for i in range(128)]
+    fleet = Fleet(names)
+    if topology:
+        leaves = [SwitchRecord(f"leaf{j}", tuple(names[j * 16:(j + 1) * 16]), level=0) for j in range(8)]
+        spines = [SwitchRecord(f"spine{s}", switches=tuple(f"leaf{j}" for j in range(s * 4, s * 4 + 4)), level=1)
+                  for s in range(2)]
+        fleet.judge.set_topology(build_topology([*leaves, *spines], "tree"))
+    fleet.healthy_gemm_rounds()
+    return fleet
+
+
+def test_a_leaf_failing_together_is_one_switch_finding_and_its_nodes_are_held() -> None:
+    bad_leaf = {f"n{i:03d}" for i in range(16, 32)}
+    results = {}
+    for topology in (False, True):
+        fleet = leaf_fleet(topology)
+        recs, switch = [], []
+        for _ in range(3):
+            out = fleet.feed([fleet.gemm(n, scale=0.6 if n in bad_leaf | {"n100"} else 1.0) for n in fleet.names])
+            recs += [r.node for r in out.recommendations]
+            switch += out.switch_findings
+        results[topology] = sorted(set(recs))
+        if topology:
+            (finding,) = {(e.switch, e.level, e.probe, e.active) for e in switch}
+            assert finding == ("leaf1", 0, "gemm", True)
+            assert switch[0].nodes == tuple(sorted(bad_leaf)) and switch[0].held == ("leaf1",)
+            assert "switch leaf1 (level 0): gemm flagged on 16 of the 16 nodes" in switch[0].text
+            outcome, code = verdict(fleet, "n020")
+            assert (outcome, code) == ("degraded", "fleet_event")
+            assert "switch leaf1" in fleet.judge.verdicts[("n020", "gemm")].reason
+    assert results[False] == sorted(bad_leaf | {"n100"})   # without topology: 17 drains
+    assert results[True] == ["n100"]                        # with it: the switch, and the lone bad node
+
+
+def test_a_repaired_leaf_ends_its_finding_and_no_topology_ends_every_finding() -> None:
+    fleet = leaf_fleet(True)
+    bad = {f"n{i:03d}" for i in range(32, 48)}
+    out = fleet.feed([fleet.gemm(n, scale=0.6 if n in bad else 1.0) for n in fleet.names])
+    assert [(e.switch, e.active) for e in out.switch_findings] == [("leaf2", True)]
+    out = fleet.feed([fleet.gemm(n) for n in fleet.names])
+    assert [(e.switch, e.active) for e in out.switch_findings] == [("leaf2", False)]
+    fleet.feed([fleet.gemm(n, scale=0.6 if n in bad else 1.0) for n in fleet.names])
+    fleet.judge.set_topology(None, now=fleet.t)
+    out = fleet.feed([fleet.gemm(n) for n in fleet.names])
+    assert [(e.switch, e.active) for e in out.switch_findings] == [("leaf2", False)]
+    assert fleet.judge.switches.held == {}
+
+
+def test_a_switch_finding_survives_a_restart_and_holds_once_the_topology_is_set(tmp_path: Path) -> None:
+    fleet = leaf_fleet(True)
+    fleet.store = Store(tmp_path / "s.sqlite")
+    bad = {f"n{i:03d}" for i in range(32, 48)}
+    fleet.feed([fleet.gemm(n, scale=0.6 if n in bad else 1.0) for n in fleet.names])
+    topology = fleet.judge.switches.topology
+    restored = load_judge(fleet.store, fleet.judge.settings, now=fleet.t)
+    assert [(e.switch, e.nodes) for e in restored.switches.active.values()] == [("leaf2", tuple(sorted(bad)))]
+    assert restored.switches.holding("n040", "gemm") is None        # no topology yet: nothing held
+    restored.set_topology(topology, now=fleet.t)
+    held = restored.switches.holding("n040", "gemm")
+    assert held is not None and held.switch == "leaf2" and restored.switches.holding("n000", "gemm") is None
+    assert fleet.store.switch_findings(active_only=True)[0]["held"] == ["leaf2"]
+    fleet.store.close()
+
+
+def test_a_slow_gpu_under_a_held_leaf_is_still_recommended() -> None:
+    """A switch (or a rack) explains its nodes being slow together, not one GPU slower than its node's others."""
+    fleet = leaf_fleet(True)
+    bad = {f"n{i:03d}" for i in range(48, 64)}
+    recs = []
+    for _ in range(3):
+        runs = [fleet.gemm(n, {3: 700e12 * 0.6 * 0.4} if n == "n050" else None, scale=0.6 if n in bad else 1.0)
+                for n in fleet.names]
+        recs += fleet.feed(runs).recommendations
+    assert fleet.judge.switches.holding("n050", "gemm") is not None
+    assert sorted({r.node for r in recs}) == ["n050"]
+    assert {str(f["gpu"]) for r in recs for f in findings_of(r.evidence)} == {"3"}

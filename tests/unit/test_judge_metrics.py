@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,11 @@ def filled_store(tmp_path: Path) -> Store:
                                      series=series, fleet_events=events))
     store.save_judgement(JudgeOutput(at=5.0, fleet_events=[
         FleetEvent("a100x8", "gemm", 1.0, 5.0, 0, 0, (), "y; over")]))
+    leaf = FleetEvent("h100x8", "nccl", 2.0, None, 3, 16, (), "switch leaf3", "leaf3", 0, ("n1", "n2", "n3"),
+                      ("leaf3",))
+    spine = FleetEvent("h100x8", "gemm", 2.0, None, 40, 64, (), "switch spine1", "spine1", 1, ("n4",), ("spine1",))
+    store.save_judgement(JudgeOutput(at=2.0, switch_findings=[leaf, spine]))
+    store.save_judgement(JudgeOutput(at=3.0, switch_findings=[replace(spine, ended_at=3.0)]))
     for probe, outcome, code in (("gemm", "degraded", "fleet_outlier"), ("nccl", "fail", "localised")):
         store.upsert_recommendation(node="n1", probe=probe, outcome=outcome, reason_code=code, text="t",
                                     evidence={}, at=2.0)
@@ -61,7 +67,8 @@ JUDGE_SAMPLES = [
     "healthd_baseline_gemm_flop_per_second", "healthd_baseline_nccl_busbw_bytes_per_second",
     "healthd_drain_recommended", "healthd_fleet_event_active", "healthd_floor_gemm_flop_per_second",
     "healthd_floor_nccl_busbw_bytes_per_second", "healthd_node_probe_baseline_ratio",
-    "healthd_node_probe_floor_ratio", "healthd_remediation_actions_total", "healthd_remediation_breaker_open"]
+    "healthd_node_probe_floor_ratio", "healthd_remediation_actions_total", "healthd_remediation_breaker_open",
+    "healthd_switch_finding"]
 
 
 def test_families_and_values(tmp_path: Path) -> None:
@@ -70,6 +77,11 @@ def test_families_and_values(tmp_path: Path) -> None:
     assert not set(FINDING_FAMILIES) & set(samples), "no confirmed finding: no series"
     assert sorted(set(samples) & {*JUDGE_SAMPLES, "healthd_node_verdict"}) == sorted(
         [*JUDGE_SAMPLES, "healthd_node_verdict"])
+    assert samples["healthd_switch_finding"] == {
+        (("level", "0"), ("probe", "nccl"), ("switch", "leaf3")): 1.0,
+        (("level", "1"), ("probe", "gemm"), ("switch", "spine1")): 0.0}
+    assert samples["healthd_fleet_event_active"] == {
+        (("node_class", "a100x8"), ("probe", "gemm")): 0.0, (("node_class", "h100x8"), ("probe", "nccl")): 1.0}
     assert samples["healthd_floor_nccl_busbw_bytes_per_second"] == {
         (("node", "n1"), ("nodes", "2"), ("scope", "group"), ("size_bytes", "1073741824")): 1e11}
     assert samples["healthd_baseline_nccl_busbw_bytes_per_second"] == {

@@ -276,3 +276,24 @@ def test_a_full_read_reads_and_renders_the_nodes_a_part_at_a_time(tmp_path: Path
     parts, parts_peak = first_read(6)
     assert parts == whole
     assert parts_peak < 0.8 * whole_peak, (parts_peak, whole_peak)
+
+
+def test_each_node_s_switch_is_exported_once_the_topology_is_known(tmp_path: Path) -> None:
+    from healthd.topology import SwitchRecord, build_topology
+
+    store = Store(tmp_path / "s.sqlite")
+    store.upsert_nodes([Node(f"g{i}", "idle", gpus=8, node_class="h100x8") for i in range(4)], 1.0)
+    exposition = Exposition(store, lambda: "slurm")
+    assert exposition.refresh_if_changed()
+    assert b"healthd_node_switch" not in exposition.body()
+    exposition.set_topology(build_topology([SwitchRecord("leaf0", ("g0", "g1")), SwitchRecord("leaf1", ("g2",)),
+                                            SwitchRecord("spine0", switches=("leaf0", "leaf1"))], "tree"))
+    assert exposition.refresh_if_changed(), "a new topology is a change"
+    v = lookup(exposition.body())
+    assert v("healthd_node_switch", {"node": "g0", "leaf": "leaf0", "path": "leaf0/spine0"}) == 1.0
+    assert v("healthd_node_switch", {"node": "g2", "leaf": "leaf1", "path": "leaf1/spine0"}) == 1.0
+    assert b'healthd_node_switch{node="g3"' not in exposition.body()
+    exposition.set_topology(None)
+    exposition.refresh_if_changed()
+    assert b"healthd_node_switch" not in exposition.body()
+    store.close()

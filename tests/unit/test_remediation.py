@@ -3,6 +3,7 @@ the circuit breaker, the hourly cap, stale evidence, repeat offenders, undrains,
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -265,6 +266,21 @@ def test_act_on_and_the_api_document(tmp_path: Path) -> None:
     assert doc["fleet_events"] == [{"node_class": "h100x8", "probe": "nccl", "started_at": rig.now,
                                     "text": "fleet event: nccl on h100x8"}]
     assert [(d["node"], d["automatic"]) for d in doc["drained_by_healthd"]] == [("n02", True)]
+    assert doc["switch_findings"] == []
+    leaf = FleetEvent("h100x8", "nccl", rig.now, None, 4, 16, (), "switch leaf2 (level 0): nccl flagged on 4",
+                      "leaf2", 0, ("n05", "n06", "n07", "n08"), ("leaf2",))
+    rig.store.save_judgement(JudgeOutput(at=rig.now, switch_findings=[leaf]))
+    rig.store.save_judgement(JudgeOutput(at=rig.now, switch_findings=[replace(leaf, flagged=5, nodes=(
+        "n04", "n05", "n06", "n07", "n08"))]))
+    doc = recommendations_document(rig.store, rig.settings)
+    assert len(doc["fleet_events"]) == 1
+    (found,) = doc["switch_findings"]
+    assert (found["switch"], found["level"], found["probe"], found["nodes"], found["held"]) == (
+        "leaf2", 0, "nccl", ["n04", "n05", "n06", "n07", "n08"], ["leaf2"])
+    assert found["action"].startswith("inspect switch leaf2")
+    rig.store.save_judgement(JudgeOutput(at=rig.now, switch_findings=[replace(leaf, ended_at=rig.now)]))
+    assert recommendations_document(rig.store, rig.settings)["switch_findings"] == []
+    assert len(recommendations_document(rig.store, rig.settings)["fleet_events"]) == 1
 
 
 def test_recheck_nodes_only_when_enabled(tmp_path: Path) -> None:

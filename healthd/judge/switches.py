@@ -1,0 +1,340 @@
+"""Switch correlation (pure): nodes under one switch flagged together beyond chance.
+
+A leaf switch (or a block, or a rack's power) that degrades makes every node under it fail at once;
+judged node by node that is N drains. Here the nodes' latest regular results of one probe (the
+same sample the fleet-event rule reads: each node's latest ``(at, flagged)`` within
+``fleet.event_window_s``) are grouped by switch, and each switch is tested against chance:
+
+- the chance rate of a node is its class's flag rate on the probe among the class's nodes *outside*
+  the switch (so the switch's own failures do not raise the bar it is tested against), never below
+  ``switch.rate_floor`` (a clean class does not turn one bad node into a switch); a class whose nodes
+  under the switch outnumber its nodes outside is left out of that switch's test (a class-wide
+  change is the fleet event's to name);
+- ``p``: the binomial tail ``P(X >= k)`` of ``k`` flagged among the ``n`` probed nodes at the mean
+  chance rate (for nodes of several classes an upper bound of the exact Poisson-binomial tail,
+  Hoeffding 1956); multiplied by the number of switches tested (Bonferroni), so that the false
+  finding rate does not grow with the fabric;
+- beyond chance: ``k >= switch.min_nodes`` and ``p x tested < switch.p_value``; an active finding
+  lasts while ``k >= 2`` and ``p x tested < switch.end_p_value`` (hysteresis), or while half its
+  probed nodes (and ``min_nodes``) are still flagged: a class-wide event that raises the chance rate
+  does not end it and let its nodes drain.
+
+Nested levels: a parent switch is named, and its children are not, when at least two of its
+children are beyond chance, or when the parent is beyond chance on its own nodes with those of its
+beyond-chance children left out (a fault spread thinly over its leaves). Otherwise each child
+beyond chance is named on its own. Every probe is tested, single-node ones too (GEMM failing
+together under one leaf is a rack's power or cooling, still not N broken nodes).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from healthd.config import SwitchSettings
+from healthd.judge.model import Finding, FleetEvent
+from healthd.topology import Topology
+
+Sample = tuple[float, bool]
+"""A node's latest regular result of the probe: (when, flagged)."""
+
+
+@dataclass(frozen=True)
+class SwitchCheck:
+    """A switch whose nodes are flagged together beyond chance on one probe."""
+
+    switch: str
+    level: int
+    probe: str
+    flagged: tuple[str, ...]
+    """The flagged nodes under it, in name order."""
+    sampled: int
+    """Its nodes with a result in the sample (and a class it could be tested against)."""
+    expected: float
+    """Flagged nodes expected by chance (``sampled`` x the mean chance rate)."""
+    p_value: float
+    """Bonferroni-corrected: the binomial tail times the switches tested."""
+    started_at: float
+    """The earliest flagged result under it (the onset)."""
+    deficit: float | None
+    """The median relative shortfall of the flagged nodes' worst findings (0.38: 38% below), if known."""
+    children: tuple[str, ...] = ()
+    """For a parent named in place of its children: the leaves beyond chance under it."""
+    spread: bool = False
+    """A parent beyond chance with its beyond-chance children left out (a fault over all its nodes)."""
+
+    @property
+    def held(self) -> tuple[str, ...]:
+        """The switches whose nodes' findings on the probe it holds: the leaves beyond chance, or
+        itself when it was named for a fault spread over its nodes."""
+        return (self.switch,) if self.spread or not self.children else self.children
+
+    def text(self) -> str:
+        names = ", ".join(self.flagged[:12]) + (f" and {len(self.flagged) - 12} more" if len(self.flagged) > 12 else "")
+        how = f", median {self.deficit:.0%} below" if self.deficit is not None else ""
+        below = f"; leaves {', '.join(self.children)} all beyond chance" if self.children else ""
+        return (f"switch {self.switch} (level {self.level}): {self.probe} flagged on {len(self.flagged)} of the "
+                f"{self.sampled} nodes probed under it ({names}{how}), {self.expected:.1f} expected by chance "
+                f"(p = {self.p_value:.1g}){below}")
+
+
+def binomial_tail(k: int, n: int, p: float) -> float:
+    """``P(X >= k)`` for ``X ~ Binomial(n, p)``, summed in log space (exact to float precision)."""
+    if k <= 0:
+        return 1.0
+    if k > n:
+        return 0.0
+    if p <= 0:
+        return 0.0
+    if p >= 1:
+        return 1.0
+    lp, lq = math.log(p), math.log1p(-p)
+    log_c = math.lgamma(n + 1)
+    total = 0.0
+    for i in range(k, n + 1):
+        term = math.exp(log_c - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq)
+        total += term
+        if i > n * p and term < total * 1e-17:
+            break
+    return min(1.0, total)
+
+
+Result = tuple[int, int, float, float]
+"""(flagged, probed, expected by chance, uncorrected tail probability) of one switch's test."""
+
+
+def switch_checks(
+    topology: Topology, probe: str, samples: Mapping[str, Sample], classes: Mapping[str, str],
+    settings: SwitchSettings, *, active: frozenset[str] = frozenset(),
+    deficits: Mapping[str, float] | None = None, partners: Mapping[str, Sequence[str]] | None = None,
+) -> list[SwitchCheck]:
+    """The switches to name for ``probe``: ``samples`` is node → its latest regular result in the
+    window, ``classes`` node → class, ``active`` the switches named now (held to the looser
+    ``end_p_value``), ``deficits`` node → relative shortfall of its flagged result (evidence only),
+    ``partners`` node → the other members of the multi-node result that alone flagged it.
+
+    One observation is not counted twice: a node flagged only by a pair result with a node under the
+    switch tested is left out of the class's rate outside it. Leaves are named worst first; the nodes
+    a named leaf explains (its own, and those flagged only by results with them) are left out of the
+    tests that follow, so that several failing leaves do not raise each other's bar."""
+    deficits = deficits or {}
+    by_partner: dict[str, list[str]] = {}
+    for node, others in (partners or {}).items():
+        if samples.get(node, (0.0, False))[1]:
+            for m in others:
+                by_partner.setdefault(m, []).append(node)
+
+    def counts(nodes: Iterable[str]) -> tuple[Counter[str], Counter[str]]:
+        sampled: Counter[str] = Counter()
+        flagged: Counter[str] = Counter()
+        for n in nodes:
+            s = samples.get(n)
+            if s is not None:
+                cls = classes.get(n, "")
+                sampled[cls] += 1
+                flagged[cls] += s[1]
+        return sampled, flagged
+
+    def explained_by(nodes: Iterable[str]) -> set[str]:
+        out: set[str] = set()
+        for n in nodes:
+            out.add(n)
+            out.update(by_partner.get(n, ()))
+        return out
+
+    total_s, total_f = counts(samples)
+
+    def test(name: str, excluded: set[str]) -> Result | None:
+        under = topology.nodes_under(name)
+        all_s, all_f = counts(under)
+        in_s, in_f = counts(n for n in under if n not in excluded)
+        skip_s, skip_f = counts((excluded | explained_by(under)) - under)
+        k = n = 0
+        expected = 0.0
+        for cls, count in in_s.items():
+            if total_s[cls] - all_s[cls] < all_s[cls]:
+                continue
+            outside = total_s[cls] - all_s[cls] - skip_s[cls]
+            rate = (total_f[cls] - all_f[cls] - skip_f[cls]) / outside if outside > 0 else 0.0
+            n += count
+            k += in_f[cls]
+            expected += count * max(settings.rate_floor, rate)
+        if n == 0:
+            return None
+        return k, n, expected, binomial_tail(k, n, expected / n)
+
+    raw = {name: test(name, set()) for name in topology.switches}
+    tested = max(1, sum(1 for r in raw.values() if r is not None and r[1] >= settings.min_nodes))
+
+    def beyond(name: str, r: Result | None) -> bool:
+        if r is None:
+            return False
+        k, n, _, p = r
+        if name in active:
+            return (k >= 2 and p * tested < settings.end_p_value) or (k >= settings.min_nodes and 2 * k >= n)
+        return k >= settings.min_nodes and p * tested < settings.p_value
+
+    def check(name: str, r: Result, children: tuple[str, ...] = (), spread: bool = False) -> SwitchCheck:
+        sw = topology.switches[name]
+        flagged = tuple(sorted(n for n in sw.nodes if samples.get(n, (0.0, False))[1]))
+        onset = min((samples[n][0] for n in flagged), default=0.0)
+        shortfalls = [deficits[n] for n in flagged if n in deficits]
+        return SwitchCheck(name, sw.level, probe, flagged, r[1], r[2], min(1.0, r[3] * tested), onset,
+                           statistics.median(shortfalls) if shortfalls else None, children, spread)
+
+    named: dict[str, SwitchCheck] = {}
+    excluded: set[str] = set()
+    remaining = {name for name, sw in topology.switches.items() if not sw.children}
+    results = {name: raw[name] for name in remaining}
+    while True:
+        worst = min(((r[3], name, r) for name, r in results.items() if r is not None and beyond(name, r)),
+                    default=None)
+        if worst is None:
+            break
+        _, name, result = worst
+        named[name] = check(name, result)
+        remaining.discard(name)
+        excluded |= explained_by(topology.nodes_under(name))
+        results = {n: test(n, excluded) for n in remaining}
+
+    for name in sorted((s for s, sw in topology.switches.items() if sw.children),
+                       key=lambda s: (topology.switches[s].level, s)):
+        sw = topology.switches[name]
+        under = [c for c in sw.children if c in named]
+        r = raw[name]
+        spread = False
+        if r is not None and len(under) < 2:
+            spread = beyond(name, test(name, excluded))
+        if len(under) >= 2 or spread:
+            if r is None:
+                parts = [x for x in (raw[c] for c in under) if x is not None]
+                r = (sum(x[0] for x in parts), sum(x[1] for x in parts), sum(x[2] for x in parts),
+                     max(x[3] for x in parts))
+            children = tuple(sorted({leaf for c in under for leaf in (named[c].children or (c,))}))
+            for c in under:
+                del named[c]
+            named[name] = check(name, r, children, spread)
+            excluded |= explained_by(sw.nodes)
+    return sorted(named.values(), key=lambda c: (c.level, c.switch))
+
+
+def shortfall(findings: Sequence[Finding]) -> float | None:
+    """The largest relative distance of ``findings`` from their references (evidence: how far below)."""
+    out = [abs(f.value - f.reference) / abs(f.reference) for f in findings if f.reference]
+    return max(out, default=None)
+
+
+class SwitchFindings:
+    """The judge's switch findings: which are active, which nodes' findings they hold, and the
+    evidence. Not thread-safe on its own (the judge's lock covers it)."""
+
+    def __init__(self) -> None:
+        self.topology: Topology | None = None
+        self.active: dict[tuple[str, str], FleetEvent] = {}
+        """(switch, probe) → its active finding."""
+        self.held: dict[tuple[str, str], FleetEvent] = {}
+        """(node, probe) → the active finding holding the node's findings on the probe."""
+        self.deficits: dict[tuple[str, str], float] = {}
+        """(node, probe) → the relative shortfall of its latest flagged regular result (evidence only)."""
+        self.group_flags: dict[tuple[str, str], tuple[str, ...]] = {}
+        """(node, probe) → the other members of its latest regular result, when only that multi-node result
+        flagged it (a partner of a node under a failing switch is flagged by it, not by itself)."""
+        self._ended: list[FleetEvent] = []
+
+    def set_topology(self, topology: Topology | None, now: float) -> None:
+        """A new topology (or none): findings on switches it no longer has end at the next update."""
+        self.topology = topology
+        for key, event in list(self.active.items()):
+            if topology is None or key[0] not in topology.switches:
+                self._ended.append(self._end(key, event, now, "the topology no longer has this switch"))
+        self._index()
+
+    def restore(self, events: Iterable[FleetEvent]) -> None:
+        for e in events:
+            if e.switch and e.active:
+                self.active[(e.switch, e.probe)] = e
+        self._index()
+
+    def note(self, node: str, probe: str, findings: Sequence[Finding], *, own: bool = True,
+             members: Sequence[str] = ()) -> None:
+        """A regular result of ``node``: its findings (``own``: some are the node's own, not only the
+        group's), and the run's ``members``."""
+        if findings and not own and len(members) > 1:
+            self.group_flags[(node, probe)] = tuple(m for m in members if m != node)
+        else:
+            self.group_flags.pop((node, probe), None)
+        gap = shortfall(findings)
+        if gap is None:
+            self.deficits.pop((node, probe), None)
+        else:
+            self.deficits[(node, probe)] = gap
+
+    @property
+    def idle(self) -> bool:
+        """No topology and nothing left to end: today's judgement exactly."""
+        return self.topology is None and not self.active and not self._ended
+
+    def holding(self, node: str, probe: str) -> FleetEvent | None:
+        return self.held.get((node, probe))
+
+    def explains(self, node: str, probe: str) -> bool:
+        """Whether an active finding explains the node's latest flag: it holds the node, or the node was
+        flagged only by a multi-node result with a node it holds."""
+        members = self.group_flags.get((node, probe), ())
+        return (node, probe) in self.held or any((m, probe) in self.held for m in members)
+
+    def update(self, probes: Iterable[str], samples: Mapping[str, Mapping[str, Sample]],
+               classes: Mapping[str, str], settings: SwitchSettings, now: float) -> tuple[list[FleetEvent], set[str]]:
+        """Re-test ``probes`` (``samples``: probe → node → its latest regular result in the window).
+        Returns the findings that started, changed or ended, and the nodes whose hold changed."""
+        changes, moved = self._ended, set[str]()
+        self._ended = []
+        for e in changes:
+            moved |= self._nodes(e)
+        topo = self.topology
+        if topo is None:
+            self._index()
+            return changes, moved
+        for probe in sorted(set(probes)):
+            current = {sw for sw, p in self.active if p == probe}
+            checks = switch_checks(topo, probe, samples.get(probe, {}), classes, settings, active=frozenset(current),
+                                   deficits={n: d for (n, p), d in self.deficits.items() if p == probe},
+                                   partners={n: m for (n, p), m in self.group_flags.items() if p == probe})
+            named = {c.switch: c for c in checks}
+            for sw in sorted(current - set(named)):
+                event = self.active[(sw, probe)]
+                moved |= self._nodes(event)
+                changes.append(self._end((sw, probe), event, now, "over"))
+            for sw, c in sorted(named.items()):
+                old = self.active.get((sw, probe))
+                cls = ",".join(sorted({classes.get(n, "") for n in c.flagged}))
+                event = FleetEvent(cls, probe, old.started_at if old else c.started_at, None, len(c.flagged),
+                                   c.sampled, (), c.text(), sw, c.level, c.flagged, c.held)
+                if old is None or (old.nodes, old.held) != (event.nodes, event.held):
+                    moved |= self._nodes(event) | (self._nodes(old) if old else set())
+                    self.active[(sw, probe)] = event
+                    changes.append(event)
+        self._index()
+        return changes, moved
+
+    def _end(self, key: tuple[str, str], event: FleetEvent, now: float, why: str) -> FleetEvent:
+        del self.active[key]
+        return replace(event, ended_at=now, text=f"{event.text}; {why}")
+
+    def _nodes(self, event: FleetEvent) -> set[str]:
+        """The nodes ``event`` holds (or its flagged ones, without a topology)."""
+        topo = self.topology
+        if topo is None:
+            return set(event.nodes)
+        return {n for sw in event.held if sw in topo.switches for n in topo.nodes_under(sw)}
+
+    def _index(self) -> None:
+        self.held = {}
+        if self.topology is None:
+            return
+        for (_, probe), event in sorted(self.active.items(), key=lambda kv: kv[1].level):
+            for node in self._nodes(event):
+                self.held[(node, probe)] = event
