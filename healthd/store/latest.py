@@ -109,8 +109,8 @@ class FinishedLatest:
     finished_at: float
     duration_s: float
     checked: bool = False
-    """A probe, re-probe or boundary check that reached a verdict on its nodes (``CHECK_KINDS``, ``CHECK_OUTCOMES``): it moves the
-    (node, probe)'s ``last_judged_at`` on, what the coverage metrics count."""
+    """A probe, re-probe or boundary check that reached a verdict on its nodes (``CHECK_KINDS``,
+    ``CHECK_OUTCOMES``): it moves the (node, probe)'s ``last_judged_at`` on, what the coverage metrics count."""
 
 
 CHECK_KINDS = frozenset({RunKind.PROBE.value, RunKind.REPROBE.value, RunKind.BOUNDARY.value})
