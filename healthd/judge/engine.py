@@ -666,16 +666,18 @@ class Judge:
                            text=f"{event.text}: {mark.text}", findings=())
         return replace(mark, severity=top.severity, code=top.code, text=top.detail, findings=kept)
 
-    def retests(self, cls: str, probe: str, *, group: bool, node: str | None = None) -> tuple[int, int]:
+    def retests(self, cls: str, probe: str, *, group: bool, node: str | None = None,
+                cold: bool = True) -> tuple[int, int]:
         """(n, m): how many of the last m results must repeat a finding. ``confirm.n`` of ``confirm.m``,
         raised while the class's regular results are flagged by chance so often (outlier runs) that
         n of m chance flags would exceed ``false_drains_per_1000_node_days`` (``noise.retests_for``); at a
         cold start, from the rate's upper bound once the class flagged other nodes than ``node``
-        (``rounds.cold_retests``)."""
+        (``rounds.cold_retests``; not with ``cold=False``: a hard fault or a failed check is no chance
+        value)."""
         c, s = self.settings.confirm, self.settings
         flagged, judged = self.flag_rates.get((cls, probe, group), (0, 0))
-        own = 0
-        if node is not None:
+        own = flagged if not cold else 0
+        if node is not None and cold:
             if group:
                 own = sum(1 for r in self.group_history.get((node, probe), ()) if r.flagged)
             else:
@@ -730,7 +732,8 @@ class Judge:
         out.evaluated.add((node, probe))
         latest = marks[-1] if marks else None
         cls = self.node_class(node)
-        need, window = self.retests(cls, probe, group=False, node=node)
+        hard = any(_no_chance(f) for mk in marks for f in mk.findings)
+        need, window = self.retests(cls, probe, group=False, node=node, cold=not hard)
         fail_n, seen, fail_keys = repeated(marks, window, Severity.FAIL)
         bad_n, _, bad_keys = repeated(marks, window, Severity.DEGRADED)
         blamed = attribution.blamed.get(node) if attribution else None
@@ -738,7 +741,8 @@ class Judge:
         if blamed:
             cutoff = max(now - c.window_s, self.resets.get(node, float("-inf")))
             history = [r for r in self.group_history.get((node, probe), []) if r.at >= cutoff]
-            blame_need, blame_window = self.retests(cls, probe, group=True, node=node)
+            blame_need, blame_window = self.retests(cls, probe, group=True, node=node,
+                                                    cold=not any(_no_chance(f) for r in blamed for f in r.findings))
             blame_n, blame_seen = blame_confirmed(node, history, self.last_group_pass.get(probe, {}), n=blame_need,
                                                   m=blame_window)
         at = max(latest.at if latest else 0.0, status.at if status else 0.0)
@@ -1067,6 +1071,12 @@ class Judge:
             for name, probe, streak in state.error_streaks:
                 if streak > 0:
                     self.error_streak[(name, probe)] = streak
+
+
+def _no_chance(f: Finding) -> bool:
+    """A hard fault or a failed check: not a value that noise or a heavy tail makes (the cold-start rule
+    of ``rounds.cold_retests`` does not apply)."""
+    return f.code in HARD_FAULTS or f.code in (ReasonCode.CHECK_FAILED, ReasonCode.GPUS_MISSING)
 
 
 def _may_confirm(last: Sequence[Mark], flagged: int, need: int, window: int) -> bool:
