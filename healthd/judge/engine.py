@@ -678,10 +678,11 @@ class Judge:
         flagged, judged = self.flag_rates.get((cls, probe, group), (0, 0))
         own = flagged if not cold else 0
         if node is not None and cold:
+            regular = {mk.run_id: mk for mk in self.marks.get((node, probe), ()) if mk.regular}
             if group:
-                own = sum(1 for r in self.group_history.get((node, probe), ()) if r.flagged)
+                own = sum(1 for r in self.group_history.get((node, probe), ()) if r.flagged and r.run_id in regular)
             else:
-                own = sum(1 for mk in self.marks.get((node, probe), ()) if mk.regular and mk.flagged)
+                own = sum(1 for mk in regular.values() if mk.flagged)
         need = max(retests_for(flagged, judged, s.false_drains_per_1000_node_days, s.runs_per_node_day, c.n, c.m,
                                extra=EXTRA_RETESTS),
                    cold_retests(flagged - own, judged, s.false_drains_per_1000_node_days, s.runs_per_node_day, c.n,
