@@ -176,6 +176,8 @@ class Judge:
         not a probe interval later)."""
         self._class_noise: dict[tuple[str, SeriesKey], float | None] | None = None
         """(class, series without ``gpu``) → typical relative run-to-run noise (built once per evaluation)."""
+        self._sizes: dict[str, int] | None = None
+        """Class → its nodes (built once per evaluation)."""
         self.flag_rates: dict[tuple[str, str, bool], list[int]] = defaultdict(lambda: [0, 0])
         """(class, probe, group results) → [flagged, judged] regular results: how often a healthy class
         flags a result by chance (outlier runs), which decides how many retests confirm a finding."""
@@ -229,6 +231,7 @@ class Judge:
                   resets: Mapping[str, float] | None) -> JudgeOutput:
         out = JudgeOutput(at=now)
         self._class_noise = None
+        self._sizes = None
         self._unsettled = set()
         for node in nodes:
             self.classes[node.name] = class_of(node)
@@ -686,8 +689,19 @@ class Judge:
         need = max(retests_for(flagged, judged, s.false_drains_per_1000_node_days, s.runs_per_node_day, c.n, c.m,
                                extra=EXTRA_RETESTS),
                    cold_retests(flagged - own, judged, s.false_drains_per_1000_node_days, s.runs_per_node_day, c.n,
-                                c.m, extra=EXTRA_RETESTS, min_sample=MIN_RATE_SAMPLE))
+                                c.m, extra=EXTRA_RETESTS, min_sample=MIN_RATE_SAMPLE,
+                                first=cold and self.flag_rates.get((cls, probe, False), (0, 0))[1]
+                                < s.baseline.min_samples * self._size(cls)))
         return need, c.m + need - c.n
+
+    def _size(self, cls: str) -> int:
+        """The nodes of a class (counted once per evaluation)."""
+        if self._sizes is None:
+            sizes: dict[str, int] = defaultdict(int)
+            for name in self.classes.values():
+                sizes[name] += 1
+            self._sizes = dict(sizes)
+        return self._sizes.get(cls, 1)
 
     def _event_hold(self, node: str, probe: str, findings: Sequence[Finding], run_ids: Sequence[str],
                     now: float) -> Hold | None:

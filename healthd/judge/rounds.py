@@ -55,20 +55,24 @@ def rate_bound(flagged: int, judged: int, confidence: float = RATE_CONFIDENCE) -
 
 
 def cold_retests(flagged: int, judged: int, target_per_1000_node_days: float, runs_per_node_day: float, n: int,
-                 m: int, *, extra: int, min_sample: int) -> int:
+                 m: int, *, extra: int, min_sample: int, first: bool = False) -> int:
     """Retests needed while fewer than ``min_sample`` results of the class were counted and it has
-    flagged other nodes' results (``flagged``: a class that flags by chance): those a warm fleet flagging
-    at the rate's upper bound would need (``n`` to ``n + extra``); ``n`` from ``min_sample`` on (the
-    measured rate decides then) or while no other node was flagged.
+    flagged other nodes' results (``flagged``: a class that flags by chance) or is in its first rounds
+    (``first``: fewer results than its nodes need for a baseline: nothing is known of its noise yet):
+    those a warm fleet flagging at the rate's upper bound would need (``n`` to ``n + extra``); ``n``
+    from ``min_sample`` on (the measured rate decides then), or after the first rounds while no other
+    node was flagged.
 
     >>> cold_retests(1, 40, 0.1, 48.0, 2, 3, extra=2, min_sample=1000)
     4
     >>> cold_retests(0, 40, 0.1, 48.0, 2, 3, extra=2, min_sample=1000)
     2
+    >>> cold_retests(0, 40, 0.1, 48.0, 2, 3, extra=2, min_sample=1000, first=True)
+    4
     >>> cold_retests(0, 1000, 0.1, 48.0, 2, 3, extra=2, min_sample=1000)
     2
     """
-    if judged >= min_sample or flagged <= 0:
+    if judged >= min_sample or (flagged <= 0 and not first):
         return n
     rate = rate_bound(flagged, judged)
     limit = target_per_1000_node_days / 1000.0

@@ -118,3 +118,20 @@ def test_a_failed_check_at_a_cold_start_keeps_the_warm_retests() -> None:
         recs += fleet.feed([run], advance=60).recommendations
     (rec,) = recs  # two of two: a failed check is no chance value of a noisy class
     assert (rec.node, rec.reason_code) == ("n03", ReasonCode.CHECK_FAILED)
+
+
+def test_in_its_first_rounds_a_class_needs_the_bound_even_before_any_chance_flag() -> None:
+    fleet = Fleet([f"n{i:02d}" for i in range(20)])
+    fleet.feed([fleet.gemm(n, SLOW if n == "n05" else None) for n in fleet.names], advance=60)
+    out = fleet.feed([fleet.gemm("n05", SLOW, priority=True)], advance=60)
+    assert out.recommendations == []  # 20 results: nothing is known of the class's chance flags yet
+    for _ in range(2):
+        out = fleet.feed([fleet.gemm("n05", SLOW, priority=True)], advance=60)
+    (rec,) = out.recommendations
+    assert "confirmed in 4 of the last 4 runs" in rec.text
+    # after its first rounds (3 results a node), a quiet class confirms in 2 of 3 again
+    warm = Fleet([f"n{i:02d}" for i in range(20)])
+    warm.healthy_gemm_rounds()
+    warm.feed([warm.gemm("n05", SLOW)], advance=60)
+    (rec,) = warm.feed([warm.gemm("n05", SLOW, priority=True)], advance=60).recommendations
+    assert rec.node == "n05"
