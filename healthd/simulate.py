@@ -78,7 +78,10 @@ class ClassSpec(_Model):
     outlier_rate: float = Field(default=0.0, ge=0, le=1)
     """Heavy-tailed noise: the share of (run, node) results that are far off for no hardware reason..."""
     outlier_factor: float = Field(default=0.75, gt=0)
-    """...by this factor (every value of that node in that run)."""
+    """...by this factor (every value of that node in that run)..."""
+    outlier_factor_max: float | None = Field(default=None, gt=0)
+    """...or, when set, by a factor drawn uniformly between ``outlier_factor`` and this (0.6 and 0.7:
+    30-40% low)."""
     series: list[SeriesSpec] = Field(default_factory=list)
 
 
@@ -153,12 +156,18 @@ class EventSpec(_Model):
     node_class: str
     probe: str
     name: str = "*"
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Only the series with these labels (``{ scope = "group" }``: the inter-node fabric, not a node's
+    own NVLink); default every series of the name."""
     factor: float = Field(gt=0)
     from_round: int = Field(ge=1)
     until_round: int = Field(default=0, ge=0)
 
     def active(self, rnd: int) -> bool:
         return self.from_round <= rnd and (self.until_round == 0 or rnd <= self.until_round)
+
+    def hits(self, series: SeriesSpec) -> bool:
+        return fnmatchcase(series.name, self.name) and all(series.labels.get(k) == v for k, v in self.labels.items())
 
 
 class SwitchSpec(_Model):
@@ -526,14 +535,14 @@ class SimCluster:
         events = [e for e in self.scenario.events if e.active(rnd) and e.probe == job.probe
                   and e.node_class == spec.name]
         measurements: list[Measurement] = []
-        off = {m.name: spec.outlier_factor if self.rng.random() < spec.outlier_rate else 1.0 for m in members}
+        off = {m.name: self._outlier(spec) if self.rng.random() < spec.outlier_rate else 1.0 for m in members}
         for index, s in enumerate(spec.series):
             if s.probe != job.probe:
                 continue
             noise = spec.noise if s.noise is None else s.noise
             base = s.value
             for e in events:
-                if fnmatchcase(s.name, e.name):
+                if e.hits(s):
                     base *= e.factor
             if s.per == "group":
                 if len(members) < 2:
@@ -594,6 +603,11 @@ class SimCluster:
             ranks.append(RankInfo(rank=rank, local_rank=0, world_size=len(members), local_world_size=1,
                                   hostname=m.name, node=m.name, device="cuda:0", devices=devices))
         return Environment(launcher="srun", backend="nccl", device_type="cuda", python="3", ranks=ranks)
+
+    def _outlier(self, spec: ClassSpec) -> float:
+        if spec.outlier_factor_max is None:
+            return spec.outlier_factor
+        return self.rng.uniform(spec.outlier_factor, spec.outlier_factor_max)
 
     def _noise(self, sd: float) -> float:
         return max(0.01, self.rng.gauss(1.0, sd)) if sd > 0 else 1.0

@@ -64,6 +64,7 @@ from healthd.judge.model import (
 )
 from healthd.judge.noise import (
     EXTRA_RETESTS,
+    MIN_RATE_SAMPLE,
     OWN_SPREAD_MIN,
     k_for,
     noisy_floor,
@@ -72,6 +73,7 @@ from healthd.judge.noise import (
     typical,
     unbiased,
 )
+from healthd.judge.rounds import HELD, Hold, cold_retests, event_hold
 from healthd.judge.series import key_of, missing_required, select
 from healthd.judge.switches import SwitchFindings
 from healthd.model import Node, Outcome, Verdict
@@ -176,6 +178,8 @@ class Judge:
         not a probe interval later)."""
         self._class_noise: dict[tuple[str, SeriesKey], float | None] | None = None
         """(class, series without ``gpu``) → typical relative run-to-run noise (built once per evaluation)."""
+        self._sizes: dict[str, int] | None = None
+        """Class → its nodes (built once per evaluation)."""
         self.flag_rates: dict[tuple[str, str, bool], list[int]] = defaultdict(lambda: [0, 0])
         """(class, probe, group results) → [flagged, judged] regular results: how often a healthy class
         flags a result by chance (outlier runs), which decides how many retests confirm a finding."""
@@ -189,6 +193,9 @@ class Judge:
         self.event_spans: dict[tuple[str, str], tuple[float, float]] = {}
         """(class, probe) → (start, end) of its last ended fleet event: runs then carry no retest shortfalls."""
         self.pending: dict[tuple[str, str], Request] = {}
+        self.held: set[tuple[str, str]] = set()
+        """(node, probe) whose confirmed finding waits for the event rule (``rounds.event_hold``): judged
+        again at every evaluation until it is released or explained."""
         self.verdicts: dict[tuple[str, str], Verdict] = {}
         self.classes: dict[str, str] = {}
         self.drained: set[str] = set()
@@ -235,6 +242,7 @@ class Judge:
                   resets: Mapping[str, float] | None) -> JudgeOutput:
         out = JudgeOutput(at=now)
         self._class_noise = None
+        self._sizes = None
         self._unsettled = set()
         for node in nodes:
             self.classes[node.name] = class_of(node)
@@ -303,6 +311,7 @@ class Judge:
             touched.update(key for key in self.verdicts if key[1] == event.probe
                            and self.node_class(key[0]) == event.node_class)
 
+        touched |= self.held
         erring = self._error_shares({(self.node_class(n), p) for n, p in touched
                                      if self.error_streak.get((n, p), 0) >= self.settings.confirm.error_streak})
         for name, probe in sorted(touched):
@@ -703,15 +712,60 @@ class Judge:
                            text=f"{event.text}: {mark.text}", findings=())
         return replace(mark, severity=top.severity, code=top.code, text=top.detail, findings=kept)
 
-    def retests(self, cls: str, probe: str, *, group: bool) -> tuple[int, int]:
+    def retests(self, cls: str, probe: str, *, group: bool, node: str | None = None,
+                cold: bool = True) -> tuple[int, int]:
         """(n, m): how many of the last m results must repeat a finding. ``confirm.n`` of ``confirm.m``,
         raised while the class's regular results are flagged by chance so often (outlier runs) that
-        n of m chance flags would exceed ``false_drains_per_1000_node_days`` (``noise.retests_for``)."""
+        n of m chance flags would exceed ``false_drains_per_1000_node_days`` (``noise.retests_for``); at a
+        cold start, from the rate's upper bound once the class flagged other nodes than ``node``
+        (``rounds.cold_retests``; not with ``cold=False``: a hard fault or a failed check is no chance
+        value)."""
         c, s = self.settings.confirm, self.settings
         flagged, judged = self.flag_rates.get((cls, probe, group), (0, 0))
-        need = retests_for(flagged, judged, s.false_drains_per_1000_node_days, s.runs_per_node_day, c.n, c.m,
-                           extra=EXTRA_RETESTS)
+        own = flagged if not cold else 0
+        if node is not None and cold:
+            regular = {mk.run_id: mk for mk in self.marks.get((node, probe), ()) if mk.regular}
+            if group:
+                own = sum(1 for r in self.group_history.get((node, probe), ()) if r.flagged and r.run_id in regular)
+            else:
+                own = sum(1 for mk in regular.values() if mk.flagged)
+        need = max(retests_for(flagged, judged, s.false_drains_per_1000_node_days, s.runs_per_node_day, c.n, c.m,
+                               extra=EXTRA_RETESTS),
+                   cold_retests(flagged - own, judged, s.false_drains_per_1000_node_days, s.runs_per_node_day, c.n,
+                                c.m, extra=EXTRA_RETESTS, min_sample=MIN_RATE_SAMPLE,
+                                first=cold and self.flag_rates.get((cls, probe, False), (0, 0))[1]
+                                < s.baseline.min_samples * self._size(cls)))
         return need, c.m + need - c.n
+
+    def _size(self, cls: str) -> int:
+        """The nodes of a class (counted once per evaluation)."""
+        if self._sizes is None:
+            sizes: dict[str, int] = defaultdict(int)
+            for name in self.classes.values():
+                sizes[name] += 1
+            self._sizes = dict(sizes)
+        return self._sizes.get(cls, 1)
+
+    def _event_hold(self, node: str, probe: str, findings: Sequence[Finding], run_ids: Sequence[str],
+                    now: float) -> Hold | None:
+        """A new recommendation waits while the event rule has not seen its window (``rounds.event_hold``);
+        one already made, or one an event would not explain (event-proof findings), does not."""
+        old = self.verdicts.get((node, probe))
+        if old is not None and old.evidence.get("stage") == CONFIRMED:
+            return None
+        if findings and all(f.event_proof for f in findings):
+            return None
+        ids = set(run_ids)
+        times = [mk.at for mk in self.marks.get((node, probe), ()) if mk.run_id in ids]
+        times += [r.at for r in self.group_history.get((node, probe), ()) if r.run_id in ids]
+        if not times:
+            return None
+        cls = self.node_class(node)
+        cutoff = now - self.settings.fleet.event_window_s
+        sample = [(n, at, bad) for n, (at, bad) in self.samples.get((cls, probe), {}).items() if at >= cutoff]
+        partners = {m for r in self.group_history.get((node, probe), ()) if r.run_id in ids for m in r.members}
+        sample = [row for row in sample if row[0] not in partners or row[0] == node]
+        return event_hold(sample, min(times), node, now, self.settings.fleet)
 
     def _error_shares(self, keys: set[tuple[str, str]]) -> dict[tuple[str, str], float]:
         """(class, probe) → the share of the class's nodes whose latest run of the probe is an error."""
@@ -736,7 +790,8 @@ class Judge:
         out.evaluated.add((node, probe))
         latest = marks[-1] if marks else None
         cls = self.node_class(node)
-        need, window = self.retests(cls, probe, group=False)
+        hard = any(_no_chance(f) for mk in marks for f in mk.findings)
+        need, window = self.retests(cls, probe, group=False, node=node, cold=not hard)
         fail_n, seen, fail_keys = repeated(marks, window, Severity.FAIL)
         bad_n, _, bad_keys = repeated(marks, window, Severity.DEGRADED)
         blamed = attribution.blamed.get(node) if attribution else None
@@ -744,7 +799,8 @@ class Judge:
         if blamed:
             cutoff = max(now - c.window_s, self.resets.get(node, float("-inf")))
             history = [r for r in self.group_history.get((node, probe), []) if r.at >= cutoff]
-            blame_need, blame_window = self.retests(cls, probe, group=True)
+            blame_need, blame_window = self.retests(cls, probe, group=True, node=node,
+                                                    cold=not any(_no_chance(f) for r in blamed for f in r.findings))
             blame_n, blame_seen = blame_confirmed(node, history, self.last_group_pass.get(probe, {}), n=blame_need,
                                                   m=blame_window)
         at = max(latest.at if latest else 0.0, status.at if status else 0.0)
@@ -790,8 +846,11 @@ class Judge:
             if by_mean and node_sev >= blame_sev:
                 evidence["retest_mean_z"] = max(by_mean.values())
             evidence["stage"] = CONFIRMED
+            hold = self._event_hold(node, probe, findings, run_ids, now)
+            if hold is not None:
+                text, evidence["stage"] = f"{text}; {hold.text}", HELD
             verdict = Verdict(node, probe, outcome, text, code.value, run_ids, _flat(evidence, top), at)
-            recommend = True
+            recommend = hold is None
         elif status is not None and status.kind != "judged" and (latest is None or status.at >= latest.at):
             code = ReasonCode.PROBE_ERROR if status.kind == "error" else ReasonCode.MEASUREMENT_MISSING
             text = status.text
@@ -826,6 +885,10 @@ class Judge:
         else:
             verdict = Verdict(node, probe, Outcome.PASS, PASS_TEXT, ReasonCode.OK.value,
                               (latest.run_id,) if latest else (), {}, at)
+        if verdict.evidence.get("stage") == HELD:
+            self.held.add((node, probe))
+        else:
+            self.held.discard((node, probe))
         if verdict.outcome is Outcome.PASS and bad_n and _may_confirm(marks[-window:], bad_n, need, window):
             self._unsettled.add((node, probe))
         old = self.verdicts.get((node, probe))
@@ -867,7 +930,8 @@ class Judge:
             v = self.verdicts.get((node, probe))
             if v is None or v.outcome is not Outcome.DEGRADED:
                 continue
-            if v.reason_code in (ReasonCode.GROUP_SUSPECT.value, ReasonCode.FLEET_EVENT.value):
+            if v.reason_code in (ReasonCode.GROUP_SUSPECT.value, ReasonCode.FLEET_EVENT.value) or \
+                    v.evidence.get("stage") == HELD:
                 continue
             if (node, probe) in {(r.node, r.probe) for r in out.recommendations}:
                 continue
@@ -1058,6 +1122,8 @@ class Judge:
                 self.pending[(name, req.probe)] = req
             for verdict in state.verdicts:
                 self.verdicts[(verdict.node, verdict.probe)] = verdict
+                if verdict.evidence.get("stage") == HELD:
+                    self.held.add((verdict.node, verdict.probe))
             for name, at in state.resets:
                 self.resets[name] = max(self.resets.get(name, float("-inf")), at)
             for cls, probe, group, flagged, judged in state.flag_rates:
@@ -1065,6 +1131,12 @@ class Judge:
             for name, probe, streak in state.error_streaks:
                 if streak > 0:
                     self.error_streak[(name, probe)] = streak
+
+
+def _no_chance(f: Finding) -> bool:
+    """A hard fault or a failed check: not a value that noise or a heavy tail makes (the cold-start rule
+    of ``rounds.cold_retests`` does not apply)."""
+    return f.code in HARD_FAULTS or f.code in (ReasonCode.CHECK_FAILED, ReasonCode.GPUS_MISSING)
 
 
 def _may_confirm(last: Sequence[Mark], flagged: int, need: int, window: int) -> bool:
