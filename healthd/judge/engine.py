@@ -76,6 +76,7 @@ from healthd.judge.series import key_of, missing_required, select
 from healthd.model import Node, Outcome, Verdict
 from healthd.node_class import DEFAULT_CLASS, class_of
 from healthd.planning import PriorityRequest
+from healthd.topology import Topology
 
 _CODE_RANK = {
     ReasonCode.GPUS_MISSING: 10, ReasonCode.CUDA_ERROR: 9, ReasonCode.NCCL_ERROR: 8, ReasonCode.CRASH: 7,
@@ -191,6 +192,12 @@ class Judge:
         self.classes: dict[str, str] = {}
         self.drained: set[str] = set()
         self.resets: dict[str, float] = {}
+        self.topology: Topology | None = None
+
+    def set_topology(self, topology: Topology | None) -> None:
+        """The network topology to correlate findings with (``None``: none). Only stored here."""
+        with self._lock:
+            self.topology = topology
 
     def reconfigure(self, settings: JudgeSettings) -> None:
         """New settings (SIGHUP) with the state kept: new thresholds apply from the next evaluation."""
