@@ -35,7 +35,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from healthd.cluster.slurm_parse import expand_nodes
-from healthd.errors import ParseError, TopologyError
+from healthd.errors import InvalidNodeName, ParseError, TopologyError
+from healthd.model import validate_node_name
 from healthd.topology import SwitchRecord, Topology, TopologyKind, build_topology
 
 __all__ = [
@@ -60,10 +61,11 @@ MAX_NAME_CHARS = 64
 NO_TOPOLOGY_MESSAGE = "No topology information available"
 """What scontrol prints (stderr, exit 0) when the plugin has no records."""
 
-_NAME = re.compile(r"^[A-Za-z0-9_.:+@%\-\[\],]+$")
+_NAME = re.compile(r"^[A-Za-z0-9_.:+@%\-]+$")
 _WORD = re.compile(r"^([A-Za-z]+)=(\S*)$")
 _BRACKET = re.compile(r"\[([^\[\]]*)\]")
-_RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
+_RANGE = re.compile(r"^\s*([0-9]+)\s*(?:-\s*([0-9]+)\s*)?$")
+_INT = re.compile(r"^[0-9]{1,10}$")
 
 _TREE_KEYS = frozenset({"SwitchName", "Level", "LinkSpeed", "Nodes", "Switches"})
 _BLOCK_KEYS = frozenset({"BlockName", "AggregatedBlock", "BlockIndex", "Nodes", "BlockSize"})
@@ -121,22 +123,24 @@ def _expand(expr: str, what: str, where: str) -> tuple[str, ...]:
     except ParseError as exc:
         raise TopologyError(f"{where}: {what}: {exc}") from None
     for name in names:
-        if not name or len(name) > MAX_NAME_CHARS * 4 or not _NAME.match(name) or "[" in name or "]" in name:
-            raise TopologyError(f"{where}: {what} {expr[:80]!r} holds an invalid name {name[:80]!r}")
+        try:
+            validate_node_name(name) if what.lower() == "nodes" else _name(name, what, where)
+        except InvalidNodeName:
+            raise TopologyError(f"{where}: {what} {expr[:80]!r} holds an invalid name {name[:80]!r}") from None
     return names
 
 
 def _name(value: str, key: str, where: str) -> str:
     if not value or value.lower() == "(null)":
         raise TopologyError(f"{where}: {key}= is empty")
-    if len(value) > MAX_NAME_CHARS or not _NAME.match(value) or "[" in value or "]" in value:
+    if len(value) > MAX_NAME_CHARS or not _NAME.match(value):
         raise TopologyError(f"{where}: {key}={value[:80]!r} is not a switch or block name "
                             f"(at most {MAX_NAME_CHARS} characters, no spaces or brackets)")
     return value
 
 
 def _int(value: str, key: str, where: str) -> int:
-    if not value.isdigit() or len(value) > 10:
+    if not _INT.match(value):
         raise TopologyError(f"{where}: {key}={value[:80]!r} is not a whole number")
     return int(value)
 
