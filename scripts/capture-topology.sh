@@ -2,7 +2,7 @@
 # Capture `scontrol show topology` of the running test cluster as golden files for healthd's parser:
 # tests/fixtures/slurm/<release>/topology.<kind>.txt (+ .stderr when scontrol wrote any), where kind is
 # the cluster's HEALTHD_SLURM_TOPOLOGY (tree, block, yaml, none). With `yaml` (25.05+) also the other
-# named topology (`scontrol show topology blocks`) and `scontrol show topoconf`.
+# named topology (`scontrol show topology blocks`), `scontrol show topoconf` and an unknown name.
 #
 #   eval "$(scripts/slurm-test-cluster.sh env)" && scripts/capture-topology.sh
 set -euo pipefail
@@ -23,4 +23,5 @@ capture "topology.$kind.txt" scontrol show topology
 if [[ $kind == yaml ]]; then
     capture topology.yaml-blocks.txt scontrol show topology blocks
     capture topology.yaml-topoconf.txt scontrol show topoconf
+    capture topology.yaml-nosuch.txt scontrol show topology nosuch
 fi

@@ -14,6 +14,7 @@ import pytest
 from healthd.cluster.slurm import SlurmBackend
 from healthd.cluster.topology import check_nodes, read_topology, read_topology_file
 from healthd.config import TopologySettings
+from healthd.errors import SlurmError
 from healthd.jobs import LaunchSettings
 from healthd.topology import Topology, describe
 
@@ -55,3 +56,22 @@ def test_the_slurm_backend_reads_the_clusters_topology(slurm_cluster: SlurmTestC
     if topology is not None:
         assert topology.source == "scontrol show topology"
         check_nodes(topology, [n.name for n in backend.list_nodes()])
+
+
+@pytest.mark.slurm
+def test_named_topologies(slurm_cluster: SlurmTestCluster) -> None:
+    """25.05+: ``scontrol show topology NAME`` reads one of topology.yaml's; before, NAME would be a
+    switch's name, so healthd refuses to ask."""
+    cli = slurm_cluster.cli()
+    if slurm_cluster.release < (25, 5):
+        with pytest.raises(SlurmError, match="has no named topologies"):
+            cli.topology("blocks")
+        return
+    yaml_file = slurm_cluster.conf.parent / "topology.yaml"
+    if slurm_cluster.directory is None or not yaml_file.is_file():
+        pytest.skip("the cluster has no topology.yaml (HEALTHD_SLURM_TOPOLOGY=yaml)")
+    blocks = cli.topology("blocks")
+    assert _shape(blocks) == _shape(read_topology_file(yaml_file, "blocks"))
+    assert blocks is not None and blocks.source == "scontrol show topology blocks"
+    with pytest.raises(SlurmError):
+        cli.topology("nosuch")

@@ -16,6 +16,7 @@ from structlog.testing import capture_logs
 from healthd.cluster.base import ObservedBackend, TopologySource
 from healthd.cluster.local import LocalBackend
 from healthd.cluster.slurm_argv import scontrol_topology_argv
+from healthd.cluster.slurm_cli import SlurmCli, SlurmCommands
 from healthd.cluster.topology import check_nodes, read_topology, read_topology_file
 from healthd.config import Settings, TopologySettings
 from healthd.daemon import Daemon
@@ -203,3 +204,24 @@ def test_the_api_and_status_carry_the_switch_path(daemon: Daemon, fake: FakeSlur
     main(["status", "--config", str(config), "--by-switch", "--json"])
     doc = json.loads(capsys.readouterr().out)
     assert {n["name"]: n["switch_path"] for n in doc["nodes"]}["node5"] == ["leaf2", "spine"]
+
+
+def _scontrol(stdout: Path | None, stderr: Path | None) -> SlurmCli:
+    """SlurmCli whose scontrol is a fake printing captured real output (the golden files)."""
+    script = " ".join([f'cat "{stdout}";' if stdout else "", f'cat "{stderr}" >&2;' if stderr else "", "exit 0"])
+    return SlurmCli(SlurmCommands(scontrol=("sh", "-c", script, "scontrol")), timeout_s=10)
+
+
+def test_slurm_cli_reads_the_answers_of_scontrol() -> None:
+    """scontrol exits 0 on every one of these: only the text tells them apart."""
+    tree = _scontrol(SLURM / "22.05" / "topology.tree.txt", None).topology()
+    assert tree is not None and tree.path("node1") == ("leaf1", "spine")
+    none = SLURM / "22.05" / "topology.none.txt"
+    assert _scontrol(none, none.with_name(none.name + ".stderr")).topology() is None
+    assert _scontrol(SLURM / "24.11" / "topology.none.txt", None).topology() is None
+    down = SLURM / "22.05" / "topology.ctld_down.txt"
+    with pytest.raises(SlurmError, match="Unable to contact slurm controller"):
+        _scontrol(down, down.with_name(down.name + ".stderr")).topology()
+    unknown = SLURM / "26.05" / "topology.yaml-nosuch.txt"
+    with pytest.raises(SlurmError, match="Requested topology configuration is not available"):
+        _scontrol(unknown, unknown.with_name(unknown.name + ".stderr")).topology()
