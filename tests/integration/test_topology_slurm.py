@@ -13,7 +13,8 @@ import pytest
 
 from healthd.cluster.slurm import SlurmBackend
 from healthd.cluster.topology import check_nodes, read_topology, read_topology_file
-from healthd.config import TopologySettings
+from healthd.config import Settings, TopologySettings
+from healthd.daemon import Daemon
 from healthd.errors import SlurmError
 from healthd.jobs import LaunchSettings
 from healthd.topology import Topology, describe
@@ -56,6 +57,17 @@ def test_the_slurm_backend_reads_the_clusters_topology(slurm_cluster: SlurmTestC
     if topology is not None:
         assert topology.source == "scontrol show topology"
         check_nodes(topology, [n.name for n in backend.list_nodes()])
+
+    settings = Settings(backend="slurm", state_dir=tmp_path / "state", http={"host": "127.0.0.1", "port": 0})
+    daemon = Daemon(settings, None, backend=backend)
+    try:
+        daemon.discover()
+        daemon.refresh_topology()
+        assert _shape(daemon.topology) == _shape(topology) and daemon.judge.topology is daemon.topology
+        assert daemon.healthy()[1].endswith(describe(topology))
+    finally:
+        daemon.http._server.server_close()
+        daemon.store.close()
 
 
 @pytest.mark.slurm
