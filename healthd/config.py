@@ -463,6 +463,31 @@ class NodeCheckSettings(_Section):
     """``HealthCheckInterval=`` that ``healthd install-files`` prints (0: no HealthCheckProgram lines)."""
 
 
+class TopologySettings(_Section):
+    """``[topology]``: where the network topology (switches or blocks and their nodes) comes from.
+
+    ``auto``: Slurm's (``scontrol show topology``) when its topology plugin has one, else ``file``
+    when given, else none; ``slurm``: Slurm's only; ``file``: ``file`` only; ``none``: no topology
+    (findings are judged per node and per class, as before).
+    """
+
+    source: Literal["auto", "slurm", "file", "none"] = "auto"
+    file: Path | None = None
+    """A topology.conf (``SwitchName=``/``BlockName=`` lines) or, named ``*.yaml``/``*.yml``, a
+    topology.yaml (Slurm 25.05+) for sites whose Slurm runs no topology plugin."""
+    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._-]+$", max_length=200)
+    """Which named topology of a topology.yaml (25.05+: ``scontrol show topology <name>`` and the
+    file's); unset: the cluster default."""
+    refresh_interval_s: PositiveSeconds = 3600.0
+    """How often it is read again (it rarely changes; a reread that fails keeps the previous one)."""
+
+    @model_validator(mode="after")
+    def _file_given(self) -> TopologySettings:
+        if self.source == "file" and self.file is None:
+            raise ValueError("topology.source = 'file' needs topology.file")
+        return self
+
+
 class LoggingSettings(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["auto", "json", "console"] = "auto"
@@ -493,6 +518,7 @@ class Settings(BaseSettings):
     budget: BudgetSettings = BudgetSettings()
     judge: JudgeSettings = JudgeSettings()
     node_check: NodeCheckSettings = NodeCheckSettings()
+    topology: TopologySettings = TopologySettings()
     logging: LoggingSettings = LoggingSettings()
 
     @field_validator("probes", mode="before")

@@ -2,7 +2,8 @@
 
 Scheduler jobs (APScheduler 3, in-memory job store, rebuilt from the settings at start):
 ``discover`` (node states from the backend), ``plan`` (planner → launches), ``collect``
-(finished runs → store → verdicts) and ``housekeeping`` (retention). A job that raises is
+(finished runs → store → verdicts), ``housekeeping`` (retention) and ``topology`` (the network
+topology, ``[topology]``: read at start and every ``refresh_interval_s``; handed to the judge). A job that raises is
 logged once with its context, counted, and the next tick runs as usual.
 """
 
@@ -25,6 +26,7 @@ from prometheus_client import CollectorRegistry
 from healthd.boundary import write_expectations
 from healthd.cluster import ClusterBackend, make_backend
 from healthd.cluster.base import BackendTraits, ObservedBackend
+from healthd.cluster.topology import check_nodes, read_topology
 from healthd.collector import (
     Collected,
     Collector,
@@ -59,6 +61,7 @@ from healthd.remediation import Remediator, recommendations_document
 from healthd.sdnotify import Notifier
 from healthd.store import Store
 from healthd.store.rows import RunRow
+from healthd.topology import Topology, describe
 from healthd.webconfig import BasicAuth, WebConfig, load_web_config
 from probes.catalogue import probe_spec
 
@@ -105,6 +108,11 @@ class Daemon:
         self.registry.register(self.coverage)
         self.judge = load_judge(self.store, settings.judge, now=time.time())
         self._judge_stale = False
+        self.topology: Topology | None = None
+        self._topology_read = False
+        """Whether a topology read has succeeded yet (until then ``/healthz`` says none was read)."""
+        self._topology_error: str | None = None
+        """The last read's error, logged once until a read works or the error changes."""
         self._expectations: dict[str, str] = {}
         """The expectation files (``healthd.boundary``) this daemon wrote, by node."""
         self.remediator = Remediator(self.store, self.backend, settings.remediation)
@@ -116,7 +124,7 @@ class Daemon:
         routes = {"/api/v1/recommendations": lambda: recommendations_document(self.store, self.settings.remediation)}
         self.http = HttpServer(
             HttpApp(self.registry, self.store, self.healthy, routes, auth=BasicAuth(web.users) if web.users else None,
-                    exposition=self.exposition, refresh_on_scrape=False),
+                    exposition=self.exposition, refresh_on_scrape=False, topology=lambda: self.topology),
             settings.http.host, settings.http.port, tls=web.tls.context() if web.tls else None,
             workers=settings.http.workers, request_timeout_s=settings.http.request_timeout_s,
             max_connections=settings.http.max_connections,
@@ -152,7 +160,12 @@ class Daemon:
 
     def healthy(self) -> tuple[bool, str]:
         """``/healthz``: alive, and no tick failing ``FAILING_TICKS`` times in a row for a cause of healthd's
-        own (a backend that does not answer is reported, not counted: it is not healthd's fault)."""
+        own (a backend that does not answer is reported, not counted: it is not healthd's fault). The
+        text ends with the topology in use (:meth:`topology_text`)."""
+        ok, text = self._health()
+        return ok, f"{text}; {self.topology_text()}"
+
+    def _health(self) -> tuple[bool, str]:
         ok, text = self.alive()
         if not ok:
             return ok, text
@@ -164,6 +177,18 @@ class Daemon:
             text += (f"; {what} not answering for {time.time() - self._backend_down_since:.0f} s: nothing is"
                      " planned or submitted until it answers")
         return True, text
+
+    def topology_text(self) -> str:
+        """What ``/healthz`` says of the topology: :func:`healthd.topology.describe`, and why the last
+        read failed while it does."""
+        if self.settings.topology.source != "none" and not self._topology_read and self._topology_error is None:
+            text = "topology not read yet"
+        else:
+            text = describe(self.topology)
+        if self._topology_error is not None:
+            text += f" (the last read failed, {'the previous one kept' if self.topology else 'none in use'}: "
+            text += f"{self._topology_error})"
+        return text
 
     def _on_missed(self, event: JobExecutionEvent) -> None:
         self.metrics.missed.labels(event.job_id).inc()
@@ -353,6 +378,7 @@ class Daemon:
         are judged afresh, not skipped as seen."""
         if self._judge_stale:
             self.judge = load_judge(self.store, self.settings.judge, now=time.time())
+            self.judge.set_topology(self.topology, now=time.time())
             self._judge_stale = False
         try:
             return judge()
@@ -376,6 +402,36 @@ class Daemon:
         if left or fresh:
             self.remediator.apply(self._saving_judgement(
                 lambda: judge_runs(self.judge, self.store, left + fresh, now=now)))
+
+    def refresh_topology(self) -> None:
+        """Read the topology (``[topology]``) and hand a changed one to the judge. A failed read is
+        logged once (until a read works or the error changes), counted, and the previous topology
+        kept: never a tick failure, the daemon goes on with what it had."""
+        try:
+            topology = read_topology(self.settings.topology, self.observed)
+            if topology is not None:
+                known = [n.name for n in self.store.nodes()]
+                if known:
+                    check_nodes(topology, known)
+        except HealthdError as exc:
+            self.metrics.topology_errors.inc()
+            error = f"{type(exc).__name__}: {exc}"[:500]
+            if error != self._topology_error:
+                log.error("topology_read_failed", source=self.settings.topology.source, error=error,
+                          kept=describe(self.topology))
+            self._topology_error = error
+            return
+        if self._topology_error is not None:
+            log.info("topology_read_again")
+        self._topology_error = None
+        first = not self._topology_read
+        self._topology_read = True
+        if first or topology != self.topology:
+            self.topology = topology
+            self.judge.set_topology(topology, now=time.time())
+            self.exposition.set_topology(topology)
+            self.metrics.topology_nodes.set(len(topology.leaf_of) if topology else 0)
+            log.info("topology", topology=describe(topology), source=self.settings.topology.source)
 
     def housekeeping(self) -> None:
         now = time.time()
@@ -417,15 +473,17 @@ class Daemon:
             self.metrics.errors.labels("tick").inc()
             log.exception("recover_crashed")
         self._tick("discover", self.discover)()
+        self._tick("topology", self.refresh_topology)()
         jobs = (
             ("discover", self.discover, s.discover_interval_s),
             ("plan", self.plan_and_launch, s.plan_interval_s),
             ("collect", self.collect, s.collect_interval_s),
             ("housekeeping", self.housekeeping, s.housekeeping_interval_s),
+            ("topology", self.refresh_topology, self.settings.topology.refresh_interval_s),
         )
         now = time.time()
         for name, fn, interval in jobs:
-            first = now + (interval if name in ("discover", "housekeeping") else 0.5)
+            first = now + (interval if name in ("discover", "housekeeping", "topology") else 0.5)
             self.scheduler.add_job(
                 self._tick(name, fn), "interval", seconds=interval, id=name, name=name,
                 next_run_time=_utc(first), replace_existing=True,
@@ -491,6 +549,7 @@ class Daemon:
         self.notifier.ready(status="config reloaded")
 
     def _apply(self, new: Settings) -> None:
+        topology_changed = new.topology != self.settings.topology
         self.settings = new
         self.collector.pending_timeout_s = new.slurm.pending_timeout_s
         self.judge.reconfigure(new.judge)
@@ -499,8 +558,12 @@ class Daemon:
         for name, interval in (("discover", new.scheduler.discover_interval_s),
                                ("plan", new.scheduler.plan_interval_s),
                                ("collect", new.scheduler.collect_interval_s),
-                               ("housekeeping", new.scheduler.housekeeping_interval_s)):
+                               ("housekeeping", new.scheduler.housekeeping_interval_s),
+                               ("topology", new.topology.refresh_interval_s)):
             self.scheduler.reschedule_job(name, trigger="interval", seconds=interval)
+        if topology_changed:
+            self._topology_error = None
+            self.refresh_topology()
 
     def _reload_refused(self, error: str) -> None:
         self.metrics.errors.labels("config_reload").inc()

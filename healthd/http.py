@@ -48,6 +48,7 @@ from healthd.metrics import (
 from healthd.model import validate_node_name
 from healthd.store import Store
 from healthd.store.rows import RunRow, Snapshot
+from healthd.topology import Topology
 from healthd.webconfig import BasicAuth
 
 log = get_logger(__name__)
@@ -76,11 +77,13 @@ class ApiError(Exception):
         self.status = status
 
 
-def node_document(view: NodeView, *, detail: bool = False) -> dict[str, Any]:
+def node_document(view: NodeView, *, detail: bool = False, topology: Topology | None = None) -> dict[str, Any]:
     """One node of the ``/api/v1/nodes`` documents: its last result per probe with its headline measurements
     (``healthd.metrics.HEADLINES``) and its verdicts; with ``detail``, every measurement, the verdicts'
     evidence, the judged series (baseline, floor) and the confirmed findings. ``gpu_inventory``: the node's GPUs as
-    the probes last reported them (``Store.gpu_inventory``); a per-GPU measurement carries its GPU's ``gpu_uuid``."""
+    the probes last reported them (``Store.gpu_inventory``); a per-GPU measurement carries its GPU's ``gpu_uuid``.
+    ``switch_path``: the switches from the node's leaf (or block) up to the root in ``topology``; empty
+    without topology or for a node outside it."""
     node = view.node
     uuids = gpu_uuids(view.gpus)
     latest: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -109,6 +112,7 @@ def node_document(view: NodeView, *, detail: bool = False) -> dict[str, Any]:
             for v in view.verdicts
         },
         "drain_recommended": view.drain_reason,
+        "switch_path": list(topology.path(view.name)) if topology is not None else [],
     }
     if detail:
         doc["series"] = [{"probe": s.probe, "name": s.name, "labels": s.labels, "last_value": s.last_value,
@@ -121,10 +125,11 @@ def node_document(view: NodeView, *, detail: bool = False) -> dict[str, Any]:
     return doc
 
 
-def nodes_document(snap: Snapshot) -> dict[str, Any]:
+def nodes_document(snap: Snapshot, topology: Topology | None = None) -> dict[str, Any]:
     """The whole fleet as ``/api/v1/nodes`` pages it (pure, linear in the snapshot): ``healthd status``."""
     views = node_views(snap)
-    return {"taken_at": snap.taken_at, "nodes": [node_document(views[name], detail=True) for name in sorted(views)]}
+    return {"taken_at": snap.taken_at,
+            "nodes": [node_document(views[name], detail=True, topology=topology) for name in sorted(views)]}
 
 
 def _one(query: dict[str, list[str]], key: str) -> str | None:
@@ -136,7 +141,7 @@ def _one(query: dict[str, list[str]], key: str) -> str | None:
     return values[0]
 
 
-def nodes_page(store: Store, query_string: str) -> dict[str, Any]:
+def nodes_page(store: Store, query_string: str, topology: Topology | None = None) -> dict[str, Any]:
     """``/api/v1/nodes?state=&node_class=&verdict=&limit=&cursor=``: nodes by name, filtered, one page
     (``limit``, default ``DEFAULT_PAGE``, at most ``MAX_PAGE``); ``next_cursor`` asks for the next one."""
     query = parse_qs(query_string, keep_blank_values=True)
@@ -163,12 +168,12 @@ def nodes_page(store: Store, query_string: str) -> dict[str, Any]:
     views = node_views(store.snapshot(nodes=page, fleet=False, families=HEADLINES.keys(), judged=False))
     return {
         "taken_at": time.time(),
-        "nodes": [node_document(views.get(name) or NodeView(name)) for name in page],
+        "nodes": [node_document(views.get(name) or NodeView(name), topology=topology) for name in page],
         "next_cursor": base64.urlsafe_b64encode(page[-1].encode()).decode() if more else None,
     }
 
 
-def node_detail(store: Store, name: str) -> dict[str, Any]:
+def node_detail(store: Store, name: str, topology: Topology | None = None) -> dict[str, Any]:
     """``/api/v1/nodes/<name>``: everything the store holds on the node's current state and its recent runs."""
     try:
         validate_node_name(name)
@@ -178,7 +183,7 @@ def node_detail(store: Store, name: str) -> dict[str, Any]:
     if view is None or view.empty:
         raise ApiError("404 Not Found", f"no node {name!r} known to healthd")
     runs = store.recent_runs(node=name, limit=20)
-    return {**node_document(view, detail=True), "recent_runs": [_run(r) for r in runs]}
+    return {**node_document(view, detail=True, topology=topology), "recent_runs": [_run(r) for r in runs]}
 
 
 def _run(r: RunRow) -> dict[str, Any]:
@@ -253,12 +258,14 @@ class HttpApp:
         auth: BasicAuth | None = None,
         exposition: Exposition | None = None,
         refresh_on_scrape: bool = True,
+        topology: Callable[[], Topology | None] = lambda: None,
     ) -> None:
         self._exposition = ExpositionCache(registry, version=store.data_version, exposition=exposition,
                                            refresh=refresh_on_scrape)
         self._metrics_filtered = make_wsgi_app(registry)
         self._store = store
         self._healthy = healthy
+        self._topology = topology
         self._auth = auth
         self._routes: dict[str, Callable[[], Any]] = {
             "/api/v1/runs": self._runs,
@@ -290,10 +297,10 @@ class HttpApp:
         route = self._routes.get(path)
         if path == "/api/v1/nodes":
             query = environ.get("QUERY_STRING", "")
-            route = lambda: nodes_page(self._store, query)  # noqa: E731
+            route = lambda: nodes_page(self._store, query, self._topology())  # noqa: E731
         elif path.startswith("/api/v1/nodes/"):
             name = unquote(path.removeprefix("/api/v1/nodes/"))
-            route = lambda: node_detail(self._store, name)  # noqa: E731
+            route = lambda: node_detail(self._store, name, self._topology())  # noqa: E731
         if route is None:
             return _reply(start_response, "404 Not Found", "not found: try /metrics, /healthz, /api/v1/nodes\n",
                           "text/plain")

@@ -50,7 +50,7 @@ from healthd.topology import Topology
 
 Detail = Literal["summary", "full"]
 OUTCOMES = tuple(o.value for o in Outcome)
-SCHEDULER_TASKS = ("discover", "plan", "collect", "housekeeping")
+SCHEDULER_TASKS = ("discover", "plan", "collect", "housekeeping", "topology")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MEASUREMENT_HELP = {
     "busbw_bytes_per_second": "Bus bandwidth as nccl-tests defines it (algbw times the collective's bus factor)",
@@ -773,6 +773,10 @@ class DaemonMetrics:
                                 ["backend"], registry=registry)
         self.slurm_up = Gauge("healthd_slurm_up", "1 if the last Slurm command worked (0 on the local backend)",
                               registry=registry)
+        self.topology_errors = Counter("healthd_topology_read_errors",
+                                       "Topology reads that failed (the previous topology kept)", registry=registry)
+        self.topology_nodes = Gauge("healthd_topology_nodes", "Nodes under a leaf switch or block of the topology in "
+                                    "use (0: no topology)", registry=registry)
         for kind in ("tick", "submit", "parse", "collect", "backend", "store", "config_reload"):
             self.errors.labels(kind)
         for task in SCHEDULER_TASKS:

@@ -19,6 +19,7 @@ from healthd.parsers.expand import expand_result
 from healthd.parsers.healthd_json import parse_result
 from healthd.parsers.nccl_transport import parse_nccl_debug
 from healthd.parsers.tools import TOOLS
+from healthd.parsers.topology import parse_show_topology, parse_topology_conf, parse_topology_yaml
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 TOOL_DIRS = {"nccl-tests": "nccl_tests", "param-comms": "param", "param-compute": "param",
@@ -58,6 +59,18 @@ def _result_documents() -> list[str]:
     return docs
 
 
+_TOPOLOGY_CONF = """# two leaves under a spine, as scripts/slurm-test-cluster.sh writes it
+SwitchName=leaf1 Nodes=node[1-3]
+SwitchName=leaf2 \\
+    Nodes=node[4-5]  # continued
+SwitchName=spine Switches=leaf[1-2]
+"""
+
+
+def _topology_yaml(text: str) -> object:
+    return parse_topology_yaml(text)
+
+
 def _read_result(text: str) -> None:
     expand_result(parse_result(text))
 
@@ -71,6 +84,10 @@ def targets() -> dict[str, tuple[Callable[[str], object], list[str]]]:
     }
     out["nccl-debug"] = (parse_nccl_debug, [p.read_text() for p in sorted((FIXTURES / "nccl_debug").glob("*.log"))])
     out["result-document"] = (_read_result, _result_documents())
+    shown = [p.read_text() for p in sorted((FIXTURES / "slurm").glob("*/topology.*.txt")) if p.read_text().strip()]
+    out["scontrol-show-topology"] = (parse_show_topology, [t for t in shown if not t.startswith("%YAML")])
+    out["topology-yaml"] = (_topology_yaml, [t for t in shown if t.startswith("%YAML")])
+    out["topology-conf"] = (parse_topology_conf, [_TOPOLOGY_CONF])
     return out
 
 

@@ -24,6 +24,7 @@ from typing import ParamSpec, Protocol, TypeVar, runtime_checkable
 from healthd.config import Settings
 from healthd.errors import BackendError
 from healthd.model import JobStatus, Node, ProbeJob
+from healthd.topology import Topology
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -99,6 +100,20 @@ class ClusterBackend(Protocol):
         ...
 
 
+@runtime_checkable
+class TopologySource(Protocol):
+    """A backend that can tell the cluster's network topology (Slurm's topology plugin). A backend
+    without this method has none of its own (``[topology] file`` may still give one)."""
+
+    def topology(self, name: str | None = None) -> Topology | None:
+        """The topology (``name``: one of several, Slurm 25.05+), or ``None`` when the cluster has none.
+
+        :raises TopologyError: the cluster's answer is no usable topology.
+        :raises BackendError: the cluster did not answer.
+        """
+        ...
+
+
 class ObservedBackend:
     """``backend`` with the outcome of every call that reaches the cluster reported to ``observe``:
     ``False`` when it raised ``BackendError``, ``True`` when it returned. Other errors (a refused
@@ -144,6 +159,11 @@ class ObservedBackend:
 
     def undrain(self, node: str) -> None:
         self._call(self.backend.undrain, node)
+
+    def topology(self, name: str | None = None) -> Topology | None:
+        if not isinstance(self.backend, TopologySource):
+            return None
+        return self._call(self.backend.topology, name)
 
     def close(self) -> None:
         self.backend.close()

@@ -37,6 +37,7 @@ from healthd.jobs import Launcher, LaunchSettings, render_batch_script, run_id_f
 from healthd.logging import get_logger
 from healthd.model import JobStatus, Node, ProbeJob, RunKind, validate_node_name
 from healthd.node_class import classed
+from healthd.topology import Topology
 from probes.catalogue import probe_spec
 
 log = get_logger(__name__)
@@ -348,6 +349,10 @@ class SlurmBackend:
         if not current.owned_by(self.reason_prefix):
             raise PolicyRefused(f"{node} was drained by someone else (reason: {current.reason!r}); not undraining")
         self.client.undrain(node)
+
+    def topology(self, name: str | None = None) -> Topology | None:
+        """``scontrol show topology [name]`` (``TopologySource``)."""
+        return self.client.topology(name)
 
     def close(self) -> None:
         pass

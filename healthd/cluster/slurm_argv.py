@@ -33,6 +33,7 @@ __all__ = [
     "scancel_argv",
     "scontrol_node_argv",
     "scontrol_nodes_json_argv",
+    "scontrol_topology_argv",
     "sinfo_json_argv",
     "sinfo_text_argv",
     "squeue_json_argv",
@@ -208,6 +209,17 @@ def undrain_argv(scontrol: Sequence[str], node: str) -> list[str]:
 def scontrol_node_argv(scontrol: Sequence[str], node: str | None = None) -> list[str]:
     """One line per node (``-o``); all nodes, or only ``node``."""
     return [*scontrol, "--oneliner", "show", "node", *([validate_node_name(node)] if node is not None else [])]
+
+
+_TOPOLOGY_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
+
+
+def scontrol_topology_argv(scontrol: Sequence[str], name: str | None = None) -> list[str]:
+    """``scontrol show topology`` (text on every release; no JSON): the cluster default topology, or
+    (25.05+, topology.yaml) the one named ``name``. A name with ``=`` would be read as a filter."""
+    if name is not None and (not isinstance(name, str) or not _TOPOLOGY_NAME.match(name)):
+        raise ValueError(f"{name!r} is not a topology name (letters, digits, '._-')")
+    return [*scontrol, "show", "topology", *([name] if name is not None else [])]
 
 
 _RESERVATION = re.compile(r"^[A-Za-z0-9._-]{1,100}$")

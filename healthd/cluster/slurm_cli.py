@@ -17,6 +17,7 @@ node's reason right before acting.
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
@@ -31,7 +32,9 @@ from healthd.cluster import slurm_parse as parse
 from healthd.errors import CommandTimeout, HealthdError, ParseError, SlurmError, SlurmTimeout
 from healthd.logging import get_logger
 from healthd.model import JobStatus, Node
+from healthd.parsers.topology import NO_TOPOLOGY_MESSAGE, parse_show_topology
 from healthd.process import Completed, run
+from healthd.topology import Topology
 
 __all__ = ["CommandObserver", "OutputMode", "SlurmCli", "SlurmClient", "SlurmCommands"]
 
@@ -127,6 +130,10 @@ class SlurmClient(Protocol):
     def delete_reservation(self, name: str) -> None:
         ...
 
+    def topology(self, name: str | None = None) -> Topology | None:
+        """``scontrol show topology [name]``; ``None`` when Slurm has none (no topology plugin)."""
+        ...
+
 
 @dataclass(frozen=True)
 class SlurmCommands:
@@ -196,6 +203,7 @@ class SlurmCli:
         read: Callable[[Completed], _T],
         *,
         check: bool = True,
+        env: Mapping[str, str] | None = None,
     ) -> _T:
         """Run ``args`` (a full argv from ``slurm_argv``) with the timeout and ``read`` its result.
 
@@ -209,7 +217,7 @@ class SlurmCli:
         started = time.monotonic()
         try:
             try:
-                done = run(args, timeout=self.timeout_s, env=self._env)
+                done = run(args, timeout=self.timeout_s, env=env if env is not None else self._env)
             except CommandTimeout as exc:
                 raise SlurmTimeout(f"{name} did not answer within {self.timeout_s:g} s") from exc
             except HealthdError as exc:
@@ -403,6 +411,31 @@ class SlurmCli:
 
     def delete_reservation(self, name: str) -> None:
         self._run("scontrol", argv.reservation_delete_argv(self.commands.scontrol, name), _nothing)
+
+    def topology(self, name: str | None = None) -> Topology | None:
+        """The topology of ``scontrol show topology [name]``; ``None`` when Slurm has none.
+
+        :raises TopologyError: an answer that is no usable topology (``healthd.parsers.topology``).
+        :raises SlurmError: scontrol failed; with ``name``, the name is unknown or Slurm is older than
+            25.05 (before it, ``scontrol show topology NAME`` shows the switch of that name).
+        """
+        if name is not None and self.version()[:2] < (25, 5):
+            raise SlurmError(f"topology name {name!r}: Slurm {'.'.join(map(str, self.version()))} has no named "
+                             "topologies (25.05+, topology.yaml)")
+        base = self._env if self._env is not None else os.environ
+        # SLURM_TOPO_LEN truncates every line to its length: never for healthd's reading.
+        env = {k: v for k, v in base.items() if k != "SLURM_TOPO_LEN"} if "SLURM_TOPO_LEN" in base else None
+        source = "scontrol show topology" + (f" {name}" if name else "")
+
+        def read(done: Completed) -> Topology | None:
+            # scontrol exits 0 after slurm_perror ("slurm_load_topo error: Unable to contact slurm
+            # controller", 26.05 "...: Requested topology configuration is not available"): only
+            # "No topology information available" is an answer without output.
+            if not done.stdout.strip() and done.stderr.strip() and NO_TOPOLOGY_MESSAGE not in done.stderr:
+                raise SlurmError(f"{source}: {_tail(done.stderr)}")
+            return parse_show_topology(done.stdout, source=source)
+
+        return self._run("scontrol", argv.scontrol_topology_argv(self.commands.scontrol, name), read, env=env)
 
 
 def _nothing(done: Completed) -> None:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from datetime import UTC, datetime
 
 from healthd.commands.common import EXIT_OK, EXIT_TROUBLE, add_config_option, settings_from
+from healthd.config import Settings
 from healthd.errors import HealthdError
 from healthd.model import Outcome
+from healthd.topology import Topology, describe
 from healthd.units import human
 
 
@@ -16,7 +19,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("status", help="nodes, last results and verdicts from the store")
     add_config_option(p)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--by-switch", action="store_true",
+                   help="group the nodes by leaf switch (or block) of the topology ([topology]: Slurm's or the file)")
     p.set_defaults(func=cmd_status)
+
+
+def _topology(settings: Settings) -> Topology | None:
+    """The topology as the daemon reads it (``[topology]``); ``None`` (said on stderr) when there is none."""
+    from healthd.cluster import make_backend
+    from healthd.cluster.topology import read_topology
+
+    backend = make_backend(settings, runs_probes=False) if settings.topology.source in ("auto", "slurm") else None
+    topology = read_topology(settings.topology, backend)
+    if topology is None:
+        print(f"healthd status: {describe(None)}", file=sys.stderr)
+    return topology
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -26,16 +43,24 @@ def cmd_status(args: argparse.Namespace) -> int:
     settings, _ = settings_from(args)
     if not settings.store_path.exists():
         raise HealthdError(f"no state store at {settings.store_path}: has the daemon run with this config?")
+    topology = _topology(settings) if args.by_switch else None
     store = Store(settings.store_path)
     try:
-        doc = nodes_document(store.snapshot())
+        doc = nodes_document(store.snapshot(), topology)
     finally:
         store.close()
     if args.json:
         print(json.dumps(doc, indent=1, sort_keys=True))
         return EXIT_OK
+    if topology is not None:
+        print(describe(topology))
     bad = 0
-    for node in doc["nodes"]:
+    group: tuple[str, ...] | None = None
+    for node in sorted(doc["nodes"], key=lambda n: (not n["switch_path"], n["switch_path"], n["name"])) \
+            if args.by_switch else doc["nodes"]:
+        if args.by_switch and tuple(node["switch_path"]) != group:
+            group = tuple(node["switch_path"])
+            print(f"== switch {' < '.join(group)}" if group else "== under no switch of the topology")
         print(f"{node['name']}  state={node['state'] or '?'}  class={node['node_class'] or '-'}")
         for gpu in node["gpu_inventory"]:
             gone = "" if gpu["present"] else "  (not found by the newest run)"

@@ -203,6 +203,11 @@ class Judge:
         self.switches = SwitchFindings()
         """Switch findings (``healthd.judge.switches``): on while a topology is set."""
 
+    @property
+    def topology(self) -> Topology | None:
+        """The topology the switch findings are judged with (``set_topology``)."""
+        return self.switches.topology
+
     def set_topology(self, topology: Topology | None, *, now: float | None = None) -> None:
         """The cluster's topology (``None``: none known; switch correlation off, findings judged per
         node and per class as without it). Findings on switches it no longer has end at the next

@@ -32,6 +32,8 @@ from healthd.cluster.slurm_parse import Reservation, expand_nodes
 from healthd.errors import SlurmError, SlurmTimeout
 from healthd.jobs import LaunchSettings
 from healthd.model import JobState, JobStatus, Node, validate_node_name
+from healthd.parsers.topology import parse_show_topology
+from healthd.topology import Topology
 
 Outage = Literal["down", "timeout"]
 CONTROLLER_DOWN = "Unable to contact slurm controller (connect failure)"
@@ -84,6 +86,9 @@ class FakeSlurmClient:
         ``("scancel", *ids)``, ``("drain", node, reason)``, ``("undrain", node)``, ``("reserve", name, *nodes)``,
         ``("reservation_nodes", name, *nodes)``, ``("delete_reservation", name)``."""
         self._next_id = 1000
+        self.topology_text = ""
+        """``scontrol show topology``'s stdout (see ``topology``)."""
+        self.named_topologies: dict[str, str] = {}
 
     # --- the test drives the cluster ----------------------------------------------------------
 
@@ -223,6 +228,16 @@ class FakeSlurmClient:
             raise SlurmError(f"scontrol exited 1: Error updating the reservation {name}")
         self.commands.append(("reservation_nodes", name, *sorted(nodes)))
         self.reservations[name] = replace(self.reservations[name], nodes=tuple(sorted(nodes)))
+
+    def topology(self, name: str | None = None) -> Topology | None:
+        """What ``scontrol show topology`` would print, parsed: ``topology_text`` (set by the test;
+        empty: no topology plugin) or, for ``name``, ``named_topologies[name]``."""
+        self._reachable("scontrol")
+        if name is not None:
+            if name not in self.named_topologies:
+                raise SlurmError(f"scontrol exited 1: slurm_load_topo error: topology {name} not found")
+            return parse_show_topology(self.named_topologies[name], source=f"scontrol show topology {name}")
+        return parse_show_topology(self.topology_text)
 
     def delete_reservation(self, name: str) -> None:
         self._reachable("scontrol")
