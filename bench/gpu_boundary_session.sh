@@ -7,13 +7,7 @@
 # $OUT/boundary.txt: wall times and outcomes; $OUT/docs.jsonl: every document.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-boundary}
-mkdir -p "$OUT"
-PY=${PYTHON:-python3}
-if [ -d .whl ] && ! $PY -c 'import apscheduler' 2>/dev/null; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD
-fi
-export PYTHONPATH=${PYTHONPATH:-$PWD}
+. bench/device_env.sh
 n=$(nvidia-smi -L | grep -c '^GPU')
 uuids=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | paste -sd,)
 run() {  # label, args...

@@ -6,12 +6,7 @@
 # the daemon's log. The second phase must give fail/gpus_missing and a drain recommendation.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-daemon}
-mkdir -p "$OUT"
-PY=${PYTHON:-python3}
-if [ -d .whl ] && ! $PY -c 'import apscheduler' 2>/dev/null; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD
-fi
+. bench/device_env.sh
 STATE=$(mktemp -d)
 PORT=9477
 cat > "$STATE/healthd.toml" <<TOML

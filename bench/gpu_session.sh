@@ -7,12 +7,7 @@
 # bench/probe_check.py, the local backend's discovery of the node's GPUs.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-session}
-mkdir -p "$OUT"
-PY=${PYTHON:-python3}
-if [ -d .whl ] && ! $PY -c 'import apscheduler' 2>/dev/null; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD
-fi
+. bench/device_env.sh
 start=$(date +%s)
 left() { echo $(( ${BUDGET_S:-540} - ($(date +%s) - start) )); }
 
