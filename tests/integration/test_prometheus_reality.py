@@ -47,6 +47,7 @@ ALLOWED_EMPTY_METRICS: dict[str, str] = {
        for measurement in ("nccl_busbw_bytes_per_second", "gemm_flop_per_second",
                            "gemm_memory_bandwidth_bytes_per_second", "ddp_throughput_samples_per_second")},
     "healthd_fleet_event_active": "one healthy node has no fleet event",
+    "healthd_switch_finding": "one healthy node under one leaf has no switch finding",
     **{name: "a healthy machine has no confirmed finding (the e2e alert test makes one: test_alerts_e2e.py)"
        for name in ("healthd_node_finding", "healthd_node_finding_value", "healthd_node_finding_reference",
                     "healthd_node_finding_drop_ratio")},
@@ -72,6 +73,7 @@ ALLOWED_EMPTY_METRICS: dict[str, str] = {
 NO_DRAIN = "no drain is recommended on a healthy machine"
 ALLOWED_EMPTY_QUERIES: dict[str, str] = {
     "healthd-fleet/Nodes not passing/A": "every probe passes on a healthy machine",
+    "healthd-fleet/Nodes not passing, by leaf switch/A": "every probe passes on a healthy machine",
     "healthd-fleet/Drain recommendations/A": NO_DRAIN,
     "healthd-node/Drain recommendation/A": NO_DRAIN,
 }
@@ -176,6 +178,8 @@ def wait_until(what: str, check: Callable[[], bool], timeout: float, alive: list
 
 def healthd_config(tmp_path: Path, port: int) -> Path:
     probes = "\n".join(f"[probes.{name}]\ninterval_s = 3600\ntimeout_s = 180\n" for name in PROBES)
+    topology = tmp_path / "topology.conf"  # the fleet dashboard groups nodes by leaf switch
+    topology.write_text("SwitchName=leaf1 Nodes=testnode\nSwitchName=spine1 Switches=leaf1\n")
     config = tmp_path / "healthd.toml"
     config.write_text(f"""
 backend = "local"
@@ -191,6 +195,9 @@ collect_interval_s = 0.5
 node_name = "testnode"
 python = "{sys.executable}"
 ranks = 2
+[topology]
+source = "file"
+file = "{topology}"
 {probes}
 [logging]
 format = "json"
@@ -321,7 +328,7 @@ def test_dashboards_and_alerts_against_a_real_prometheus(stack: tuple[Prometheus
     # Every alert: Prometheus loaded and evaluated it without error; its expression runs, names real metrics and
     # stays silent on a healthy machine.
     rules = [r for g in prom.api("/api/v1/rules")["groups"] for r in g["rules"]]
-    assert len(rules) == len(re.findall(r"^\s+- alert: ", RULES.read_text(), re.MULTILINE)) == 17
+    assert len(rules) == len(re.findall(r"^\s+- alert: ", RULES.read_text(), re.MULTILINE)) == 18
     for rule in rules:
         assert rule["type"] == "alerting" and rule["health"] == "ok", rule
         assert rule["labels"]["severity"] in {"critical", "warning", "info"}
