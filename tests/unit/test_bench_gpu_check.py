@@ -55,3 +55,5 @@ def test_gpu_check_alternating_rounds_and_full_check() -> None:
     assert set(full["probes_s"]) == set(full["outcomes"]) == {"env", "nccl", "gemm", "ddp"}
     assert full["outcomes"]["gemm"] == "pass"
     assert full["total_s"] == pytest.approx(sum(full["probes_s"].values())) and full["total_s"] > 0
+    # the same four in one process (`probes check`, its own argv: --run-ids, not --run-id)
+    assert full["one_process_outcome"] == "env pass, nccl pass, gemm pass, ddp pass", full
