@@ -243,7 +243,7 @@ def parse_gres(gres: str) -> tuple[int, str | None]:
         return 0, None
     count = 0
     types: set[str] = set()
-    for entry in _split_outside_parens(text):
+    for entry in split_top_level(text):
         spec = entry.split("(", 1)[0].strip()
         if not spec:
             continue
@@ -268,12 +268,14 @@ def parse_gres(gres: str) -> tuple[int, str | None]:
     return count, ",".join(sorted(types)) if types else None
 
 
-def _split_outside_parens(text: str) -> list[str]:
+def split_top_level(text: str, brackets: str = "()") -> list[str]:
+    """``text`` split at the commas outside ``brackets`` (``"()"`` for GRES, ``"[]"`` for hostlists)."""
+    opening, closing = brackets[0], brackets[1]
     out, depth, start = [], 0, 0
     for i, c in enumerate(text):
-        if c == "(":
+        if c == opening:
             depth += 1
-        elif c == ")":
+        elif c == closing:
             depth = max(0, depth - 1)
         elif c == "," and depth == 0:
             out.append(text[start:i])

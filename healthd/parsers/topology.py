@@ -34,7 +34,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from healthd.cluster.slurm_parse import expand_nodes
+from healthd.cluster.slurm_parse import expand_nodes, split_top_level
 from healthd.errors import InvalidNodeName, ParseError, TopologyError
 from healthd.model import validate_node_name
 from healthd.topology import SwitchRecord, Topology, TopologyKind, build_topology
@@ -79,19 +79,7 @@ def _where(source: str, lineno: int | None) -> str:
 def _hostlist_size(expr: str) -> int:
     """An upper bound on how many names ``expr`` expands to, computed without expanding it."""
     total = 0
-    depth = 0
-    start = 0
-    parts: list[str] = []
-    for i, ch in enumerate(expr):
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            parts.append(expr[start:i])
-            start = i + 1
-    parts.append(expr[start:])
-    for part in parts:
+    for part in split_top_level(expr, "[]"):
         size = 1
         for group in _BRACKET.findall(part):
             width = 0
