@@ -96,7 +96,8 @@ class Remediator:
         self.clock = clock
         self._nodes: tuple[float, dict[str, Node]] | None = None
         self._boundary: list[BoundaryFailure] = []
-        self._boundary_done: set[str] = set()
+        self._boundary_done: dict[str, float] = {}
+        """Run ids of failures already taken over or refused, with their end (forgotten after the slack)."""
         self._boundary_tried = 0.0
 
     def _cluster_nodes(self, now: float) -> dict[str, Node]:
@@ -145,6 +146,7 @@ class Remediator:
         now = self.clock()
         # slurmctld may drain the node after the document is collected: each failure is tried again
         # (every ADOPT_RETRY_S) until its drain is taken over, refused, or ADOPT_SLACK_S old
+        self._boundary_done = {r: at for r, at in self._boundary_done.items() if now - at <= ADOPT_SLACK_S}
         self._boundary = [f for f in (*self._boundary, *failures)
                           if now - f.finished_at <= ADOPT_SLACK_S and f.run_id not in self._boundary_done]
         if not self._boundary or (not failures and now - self._boundary_tried < ADOPT_RETRY_S):
@@ -158,7 +160,7 @@ class Remediator:
         own = {d.node for d in self.store.drains(open_only=True)}
         writes: list[RemediationWrite] = []
         for a in adoptions(self._boundary, nodes, own, self.settings.reason_prefix, max_reason=MAX_REASON):
-            self._boundary_done.add(a.run_id)
+            self._boundary_done[a.run_id] = next(f.finished_at for f in self._boundary if f.run_id == a.run_id)
             detail = {"slurm_reason": a.slurm_reason, "run_id": a.run_id, "context": a.context}
             try:
                 self.cluster.take_over_drain(a.node, a.slurm_reason, a.reason)
@@ -168,7 +170,7 @@ class Remediator:
             except (BackendError, ValueError) as exc:
                 writes.append(AuditEntry("drain", a.node, "failed", f"not taken over: {exc}", ACTOR, detail))
                 continue
-            cls = class_of(nodes[a.node]) if a.node in nodes else ""
+            cls = class_of(nodes[a.node])
             writes.append(OpenDrain(a.node, cls, a.reason, ACTOR, automatic=True, probes=()))
             writes.append(AuditEntry("drain", a.node, "done", a.reason, ACTOR,
                                      {**detail, "taken_over": True}))
