@@ -365,6 +365,13 @@ class ConfirmSettings(_Section):
         return self
 
 
+class PassiveJudgeSettings(_Section):
+    window_s: PositiveSeconds = 3600.0
+    """How long a passive signal is followed: a fault-class signal repeating within it is confirmed; one a
+    passing probe answered and that did not repeat is suspect until it ends; a confirmed one ends once the
+    window has passed without it and a probe passed since (``healthd.judge.sources.passive``)."""
+
+
 class JudgeSettings(_Section):
     series: list[SeriesSelector] = Field(default_factory=_default_series)
     floors: list[FloorRule] = Field(default_factory=list)
@@ -381,6 +388,7 @@ class JudgeSettings(_Section):
     fleet: FleetSettings = FleetSettings()
     switch: SwitchSettings = SwitchSettings()
     confirm: ConfirmSettings = ConfirmSettings()
+    passive: PassiveJudgeSettings = PassiveJudgeSettings()
 
     @field_validator("series")
     @classmethod

@@ -51,7 +51,7 @@ def rejudge(runs: Sequence[RunInput], nodes: Sequence[Node], settings: JudgeSett
             out.outcomes[v.outcome.value] = out.outcomes.get(v.outcome.value, 0) + 1
         for c in result.recommendations:
             if c.outcome.value in act_on:
-                out.recommended.setdefault((c.node, c.probe), (c.at, c.reason_code.value, c.text))
+                out.recommended.setdefault((c.node, c.probe), (c.at, str(c.reason_code), c.text))
         out.events += [e for e in result.fleet_events if e.active]
     out.verdicts = dict(judge.verdicts)
     return out

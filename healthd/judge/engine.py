@@ -21,15 +21,14 @@ again while its class passes gets the ``error`` verdict ``repeated_errors``).
 
 from __future__ import annotations
 
-import re
 import threading
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Literal, NamedTuple
+from dataclasses import dataclass, replace
+from typing import Literal
 
 from healthd.config import JudgeSettings, ProbeSettings
-from healthd.judge.baseline import Baseline, baseline_of, drift, robust_stats
+from healthd.judge.baseline import baseline_of
 from healthd.judge.confirm import (
     Attribution,
     attribute,
@@ -40,20 +39,17 @@ from healthd.judge.confirm import (
     repeated,
     split,
 )
-from healthd.judge.fleet import FleetStats, check_event, fleet_stats, outlier
-from healthd.judge.floors import FloorTable, below_floor, floor_rules
-from healthd.judge.hardfault import HARD_FAULTS, HardFault, parse_reason
+from healthd.judge.fleet import FleetStats, check_event, fleet_stats
+from healthd.judge.floors import FloorTable, floor_rules
+from healthd.judge.hardfault import HARD_FAULTS
 from healthd.judge.model import (
     CONFIRMED,
-    CheckInput,
-    Direction,
     Finding,
     FleetEvent,
     GroupRecord,
     JudgeOutput,
     JudgeState,
     Mark,
-    MeasurementInput,
     ReasonCode,
     RecommendationCandidate,
     Request,
@@ -65,19 +61,19 @@ from healthd.judge.model import (
 from healthd.judge.noise import (
     EXTRA_RETESTS,
     MIN_RATE_SAMPLE,
-    OWN_SPREAD_MIN,
     k_for,
-    noisy_floor,
-    relative_noise,
     retests_for,
     typical,
     unbiased,
 )
 from healthd.judge.rounds import HELD, Hold, cold_retests, event_hold
 from healthd.judge.series import key_of, missing_required, select
+from healthd.judge.sources import RunFindings, checks, measurements, passive
+from healthd.judge.sources.measurements import FleetCache, Selected
 from healthd.judge.switches import SwitchFindings
 from healthd.model import Node, Outcome, Verdict
 from healthd.node_class import DEFAULT_CLASS, class_of
+from healthd.passive.model import PassivePoll, Strength
 from healthd.planning import PriorityRequest
 from healthd.topology import Topology
 
@@ -88,18 +84,6 @@ _CODE_RANK = {
     ReasonCode.BASELINE_DRIFT: 1,
 }
 PASS_TEXT = "every judged series within its floor, baseline and fleet"
-GPU_COUNT_CHECK = "env.gpu_count"
-"""The probes' own check of the GPUs a node shows (``probes.env.gpu_count_checks``): ``gpus_missing``."""
-
-
-GPU_PEERS_MIN = 4
-"""A node's GPUs are compared with each other when it has at least this many."""
-
-
-def small_stats(values: Sequence[float], *, peers: str) -> FleetStats:
-    """``fleet_stats`` for a handful of values (a node's GPUs), without numpy's overhead."""
-    median, spread = robust_stats(values)
-    return FleetStats(median, spread, len(values), len(values), peers)
 
 
 def worst(findings: Iterable[Finding]) -> Finding | None:
@@ -120,46 +104,6 @@ class _Status:
 
 _NO_STATUS = _Status("missing", 0.0, "", "")
 
-
-class _Selected(NamedTuple):
-    m: MeasurementInput
-    direction: Direction
-    key: SeriesKey
-    fkey: SeriesKey
-    """The fleet key: the series without its ``gpu`` label (a class's GPUs are pooled)."""
-
-
-@dataclass
-class _RunEval:
-    node_findings: dict[str, list[Finding]] = field(default_factory=dict)
-    group_findings: list[Finding] = field(default_factory=list)
-    values: list[tuple[str, SeriesKey, float, bool]] = field(default_factory=list)
-    """(node, series, value, from a group measurement)."""
-    shortfalls: dict[str, list[tuple[SeriesKey, float, float]]] = field(default_factory=dict)
-    """Node → (series, distance from its own baseline in noise units and relative, positive: worse)."""
-
-
-
-THROTTLED_AT = 0.1
-"""A GPU slowed by its hardware (HW slowdown, thermal, power brake) in at least this share of a
-GEMM window's NVML readings (``throttle_ratio``) has its findings of that window say so."""
-
-
-def throttling(run: RunInput) -> dict[tuple[str, str | None, str | None], str]:
-    """(node, gpu, dtype) -> ``the GPU was throttled 80% of the window at 1,330 MHz`` for the GPUs
-    the run's own NVML readings (``probes.telemetry``) show slowed by their hardware (pure)."""
-    clocks = {(m.node, m.labels.get("gpu"), m.labels.get("dtype")): m.value
-              for m in run.measurements if m.name == "sm_clock_hertz" and m.node}
-    out: dict[tuple[str, str | None, str | None], str] = {}
-    for m in run.measurements:
-        if m.name != "throttle_ratio" or not m.node or m.value < THROTTLED_AT:
-            continue
-        where = (m.node, m.labels.get("gpu"), m.labels.get("dtype"))
-        clock = clocks.get(where)
-        at = f" at {clock / 1e6:,.0f} MHz" if clock else ""
-        out[where] = (f"the GPU was throttled (hardware slowdown, thermal or power brake) {m.value:.0%} "
-                      f"of the window{at}")
-    return out
 
 class Judge:
     """Judgement state and its evaluation. One instance per daemon (or replay, or simulation)."""
@@ -202,6 +146,8 @@ class Judge:
         self.resets: dict[str, float] = {}
         self.switches = SwitchFindings()
         """Switch findings (``healthd.judge.switches``): on while a topology is set."""
+        self.passive: dict[tuple[str, str, str], passive.Track] = {}
+        """The passive signals followed (``healthd.judge.sources.passive``): (node, code, GPU) → track."""
 
     @property
     def topology(self) -> Topology | None:
@@ -282,7 +228,7 @@ class Judge:
             judged.append(run)
 
         selections = {run.run_id: self._ingest(run) for run in judged}
-        cache: dict[tuple[str, SeriesKey], FleetStats | None] = {}
+        cache: FleetCache = {}
         evals = {run.run_id: self._judge_run(run, selections[run.run_id], cache, now) for run in judged}
 
         for run in judged:
@@ -304,6 +250,7 @@ class Judge:
 
         for run in judged:
             self._record(run, evals[run.run_id], out)
+        self._passive_after_runs(judged, out, now)
 
         attributions: dict[str, Attribution] = {}
         suspects: dict[str, dict[str, list[GroupRecord]]] = {}
@@ -332,28 +279,32 @@ class Judge:
         return any(mk.run_id == run.run_id for n in run.nodes for mk in self.marks.get((n, run.probe), ())) or \
             any(self.status.get((n, run.probe), _NO_STATUS).run_id == run.run_id for n in run.nodes)
 
-    def _ingest(self, run: RunInput) -> list[_Selected]:
+    def in_event(self, cls: str, probe: str) -> bool:
+        return (cls, probe) in self.events
+
+    def _ingest(self, run: RunInput) -> list[Selected]:
         if run.outcome is Outcome.FAIL:
             return []
         selected = []
         for m, direction in select(run, self.settings.series):
             key = key_of(run.probe, m)
             fkey = key.without("gpu")
-            selected.append(_Selected(m, direction, key, fkey))
+            selected.append(Selected(m, direction, key, fkey))
             for node in (m.node,) if m.node else run.nodes:
-                st = self._state(node, key)
+                st = self.state(node, key)
                 st.last_value, st.last_at, st.last_run_id = m.value, run.at, run.run_id
                 self.pools[(self.node_class(node), fkey)][(node, key)] = st
         return selected
 
-    def _state(self, node: str, key: SeriesKey) -> SeriesState:
+    def state(self, node: str, key: SeriesKey) -> SeriesState:
         st = self.series.get((node, key))
         if st is None:
             st = self.series[(node, key)] = SeriesState(node, key)
         return st
 
-    def _fleet(self, cls: str, fkey: SeriesKey, now: float,
-               cache: dict[tuple[str, SeriesKey], FleetStats | None]) -> FleetStats | None:
+    def fleet(self, cls: str, fkey: SeriesKey, now: float, cache: FleetCache) -> FleetStats | None:
+        """The class's fleet statistics of a series (its GPUs pooled) over the fleet window; during a
+        fleet event, since the event began."""
         if (cls, fkey) in cache:
             return cache[(cls, fkey)]
         cutoff = now - self.settings.fleet.window_s
@@ -372,94 +323,16 @@ class Judge:
         cache[(cls, fkey)] = stats
         return stats
 
-    def _judge_run(self, run: RunInput, selected: Sequence[_Selected],
-                   cache: dict[tuple[str, SeriesKey], FleetStats | None], now: float) -> _RunEval:
-        ev = _RunEval()
+    def _judge_run(self, run: RunInput, selected: Sequence[Selected], cache: FleetCache, now: float) -> RunFindings:
+        """The run-based sources' findings (``healthd.judge.sources``): a failed run's checks and hard
+        fault, the transport check, the measurements against floor, baseline and fleet."""
+        ev = RunFindings()
         if run.outcome is Outcome.FAIL:
-            self._check_findings(run, ev)
+            checks.failed_run(run, ev)
             return ev
-        if run.outcome is Outcome.DEGRADED and run.reason.startswith("nccl_transport:"):
-            self._transport_findings(run, ev)
-        s = self.settings
-        gpu_values: dict[tuple[str, SeriesKey], list[float]] = defaultdict(list)
-        for sel in selected:
-            if sel.m.node and "gpu" in sel.m.labels:
-                gpu_values[(sel.m.node, sel.fkey)].append(sel.m.value)
-        gpu_peers = {k: self._gpu_stats(k[0], k[1], v, now, cache) for k, v in gpu_values.items()
-                     if len(v) >= GPU_PEERS_MIN}
-        classes = self.classes
-        per_node: dict[str | None, int] = defaultdict(int)
-        for sel in selected:
-            per_node[sel.m.node] += 1
-        c = s.confirm
-        throttled = throttling(run)
-        for m, direction, key, fkey in selected:
-            members = (m.node,) if m.node else run.nodes
-            k = k_for(s.false_drains_per_1000_node_days, s.runs_per_node_day,
-                      per_node[m.node] + per_node[None], c.n, c.m)
-            z_threshold = max(s.fleet.z_threshold, k)
-            for node in members:
-                cls = classes.get(node, DEFAULT_CLASS)
-                found: list[Finding] = []
-                st = self._state(node, key)
-                rule = self.floors.lookup(cls, key)
-                st.floor = rule.value if rule is not None else None
-                stats = self._fleet(cls, fkey, now, cache)
-                if rule is not None:
-                    floor = noisy_floor(rule.value, direction, stats.median if stats else None,
-                                        stats.spread if stats else 0.0, k)
-                    f = below_floor(key, m.value, floor, direction)
-                    if f is not None:
-                        found.append(f)
-                if st.baseline is not None and st.spread is not None and st.accepted_count >= s.baseline.min_samples:
-                    base = Baseline(st.baseline, st.spread, st.accepted_count)
-                    class_noise = self.class_noise(cls, fkey)
-                    if class_noise is None and stats is not None and stats.median:
-                        class_noise = stats.spread / abs(stats.median)
-                    noise = relative_noise(st.spread, st.baseline, st.accepted_count, class_noise)
-                    spread_k = s.baseline.spread_k if st.accepted_count >= OWN_SPREAD_MIN else 0.0
-                    f = drift(key, m.value, base, direction, fraction=self.drift_fraction, spread_k=spread_k,
-                              noise_allowed=k * noise)
-                    if f is not None:
-                        found.append(f)
-                    if m.node and noise > 0 and st.baseline and (cls, run.probe) not in self.events:
-                        gap = (st.baseline - m.value) if direction == "higher" else (m.value - st.baseline)
-                        rel = gap / abs(st.baseline)
-                        ev.shortfalls.setdefault(node, []).append((key, rel / noise, rel))
-                in_event = (cls, run.probe) in self.events
-                if stats is not None:
-                    f = outlier(key, m.value, stats, direction, z_threshold=z_threshold,
-                                min_deviation=self.min_deviation, event_proof=in_event)
-                    if f is not None:
-                        found.append(f)
-                gstats = gpu_peers.get((node, fkey)) if m.node else None
-                if gstats is not None:
-                    f = outlier(key, m.value, gstats, direction, z_threshold=z_threshold,
-                                min_deviation=self.min_deviation, event_proof=True)
-                    if f is not None:
-                        found.append(replace(f, switch_proof=True))
-                uuid = run.gpu_uuids.get((node, m.labels["gpu"])) if found and "gpu" in m.labels else None
-                if uuid:
-                    found = [f.on_gpu(uuid) for f in found]
-                ev.values.append((node, key, m.value, m.node is None))
-                why = throttled.get((node, m.labels.get("gpu"), m.labels.get("dtype"))) if found else None
-                if why:
-                    found = [replace(f, detail=f"{f.detail}; {why}") for f in found]
-                if m.node:
-                    ev.node_findings.setdefault(node, []).extend(found)
-                else:
-                    ev.group_findings.extend(found)
+        checks.transport(run, ev)
+        measurements.judge(self, run, selected, cache, now, ev)
         return ev
-
-    def _gpu_stats(self, node: str, fkey: SeriesKey, values: Sequence[float], now: float,
-                   cache: dict[tuple[str, SeriesKey], FleetStats | None]) -> FleetStats:
-        """A node's GPUs as peers; their spread is at least what healthy GPUs show: the class's GPUs'
-        relative spread (a handful of values can agree by chance; one GPU's noise is no fault)."""
-        stats = small_stats(values, peers=f"this node's {len(values)} GPUs")
-        pooled = self._fleet(self.node_class(node), fkey, now, cache)
-        rel = pooled.spread / abs(pooled.median) if pooled is not None and pooled.median else 0.0
-        floor = max(rel, self.class_noise(self.node_class(node), fkey) or 0.0) * abs(stats.median)
-        return replace(stats, spread=floor) if floor > stats.spread else stats
 
     def class_noise(self, cls: str, fkey: SeriesKey) -> float | None:
         """The class's typical relative run-to-run noise of a series (GPUs pooled), from its nodes'
@@ -474,57 +347,6 @@ class Judge:
                         unbiased(abs(spread / baseline), count))
             self._class_noise = {k: typical(v) for k, v in spreads.items()}
         return self._class_noise.get((cls, fkey))
-
-    @staticmethod
-    def _transport_findings(run: RunInput, ev: _RunEval) -> None:
-        """The daemon-side transport check (``parsers.nccl_transport``) found NCCL on the wrong network:
-        on the nodes it names (``... (on node2, node3)``), else on every node of the run."""
-        named = re.search(r"\(on ([^)]*)\)\s*$", run.reason)
-        nodes = [n.strip() for n in named.group(1).split(",")] if named else list(run.nodes)
-        key = SeriesKey.of(run.probe, "check:nccl_transport", {})
-        for node in (n for n in nodes if n in run.nodes):
-            ev.node_findings.setdefault(node, []).append(
-                Finding(ReasonCode.NCCL_TRANSPORT, Severity.DEGRADED, key, 0.0, 1.0, 1.0, run.reason,
-                        switch_proof=True))
-
-    def _check_findings(self, run: RunInput, ev: _RunEval) -> None:
-        fault = parse_reason(run.reason) if not run.failed_checks else None
-        if fault is not None:
-            self._fault_findings(run, fault, ev)
-            return
-        checks = list(run.failed_checks) or [CheckInput(name="probe", detail=run.reason or "the probe failed")]
-        for c in checks:
-            labels = {"gpu": str(c.gpu)} if c.gpu is not None else {}
-            if labels and c.gpu_uuid:
-                labels["gpu_uuid"] = c.gpu_uuid
-            key = SeriesKey.of(run.probe, f"check:{c.name}", labels)
-            where = f"gpu {c.gpu}{f' ({c.gpu_uuid})' if c.gpu_uuid else ''} " if c.gpu is not None else ""
-            missing = c.name == GPU_COUNT_CHECK
-            f = Finding(ReasonCode.GPUS_MISSING if missing else ReasonCode.CHECK_FAILED, Severity.FAIL, key, 0.0,
-                        1.0, 1.0, f"{where}check {c.name} failed: {c.detail}".strip(), event_proof=not missing,
-                        switch_proof=True)
-            self._place(run, c.node, f, ev)
-
-    def _fault_findings(self, run: RunInput, fault: HardFault, ev: _RunEval) -> None:
-        """A hard fault (``healthd.judge.hardfault``) on the nodes it names, or on the group. Not
-        event-proof: many nodes of a class failing the same way at once is a fleet event."""
-        key = SeriesKey.of(run.probe, f"fault:{fault.code.value}", {})
-        f = Finding(fault.code, Severity.FAIL, key, 0.0, 1.0, 1.0, f"{fault.code.value}: {fault.detail}",
-                    switch_proof=fault.code in (ReasonCode.GPUS_MISSING, ReasonCode.CUDA_ERROR))
-        named = [n for n in fault.nodes if n in run.nodes]
-        for node in named:
-            ev.node_findings.setdefault(node, []).append(f)
-        if not named:
-            self._place(run, None, f, ev)
-
-    @staticmethod
-    def _place(run: RunInput, node: str | None, f: Finding, ev: _RunEval) -> None:
-        if node is not None and node in run.nodes:
-            ev.node_findings.setdefault(node, []).append(f)
-        elif len(run.nodes) == 1:
-            ev.node_findings.setdefault(run.nodes[0], []).append(f)
-        else:
-            ev.group_findings.append(f)
 
     # -- fleet events -------------------------------------------------------------------------
     def _update_events(self, keys: set[tuple[str, str]], now: float, out: JudgeOutput) -> set[tuple[str, str]]:
@@ -576,7 +398,7 @@ class Judge:
         return {(n, p) for n, p in self.verdicts if p in keys and n in moved}
 
     # -- recording ----------------------------------------------------------------------------
-    def _record(self, run: RunInput, ev: _RunEval, out: JudgeOutput) -> None:
+    def _record(self, run: RunInput, ev: RunFindings, out: JudgeOutput) -> None:
         probe = run.probe
         suspects = tuple(n for n in run.nodes if self._under_suspicion(n, probe, run.at))
         kept_group = [f for f in ev.group_findings if not any(self._suppressed(n, probe, f, run.at) for n in run.nodes)]
@@ -636,7 +458,7 @@ class Judge:
         window = self.settings.baseline.window
         oldest = run.at - self.settings.baseline.max_age_s
         for node, key, value, _ in ev.values:
-            st = self._state(node, key)
+            st = self.state(node, key)
             if (node, key) not in flagged_keys:
                 history = [(a, v) for a, v in st.accepted if a >= oldest][-(window - 1):] if window > 1 else []
                 history.append((run.at, value))
@@ -903,7 +725,7 @@ class Judge:
         self.verdicts[(node, probe)] = verdict
         if recommend:
             out.recommendations.append(RecommendationCandidate(
-                node, probe, verdict.outcome, ReasonCode(verdict.reason_code), verdict.reason,
+                node, probe, verdict.outcome, verdict.reason_code, verdict.reason,
                 {"run_ids": list(verdict.run_ids), **evidence}, at))
 
     def _evidence(self, node: str, findings: Sequence[Finding], run_ids: Sequence[str],
@@ -989,6 +811,10 @@ class Judge:
         out: list[PriorityRequest] = []
         pools: dict[str, dict[str, tuple[str, ...]]] = {}
         for (probe, nodes), req in sorted(groups.items(), key=lambda item: (item[1].requested_at, item[0])):
+            if probe == passive.PROBE:
+                out.extend(PriorityRequest(name, nodes, (), 1, reason=f"{req.kind}: passive: {req.reason}"[:200])
+                           for name, ps in sorted(probes.items()) if ps.enabled and ps.nodes_per_job == 1)
+                continue
             settings = probes.get(probe)
             if settings is None or not settings.enabled:
                 continue
@@ -1095,6 +921,106 @@ class Judge:
         with self._lock:
             return sorted(self.events.values(), key=lambda e: (e.node_class, e.probe))
 
+    # -- passive signals ------------------------------------------------------------------------
+    def observe_passive(self, poll: PassivePoll, nodes: Sequence[Node] = (), *, now: float) -> JudgeOutput:
+        """Judge one poll of the site's Prometheus (``healthd.passive.source``): new and repeated signals
+        update their tracks, fault-class signals ask for a re-probe, a signal on a large share of a class
+        is a fleet event. A poll that is not ``up`` changes nothing (could not check is no evidence). Thread-safe."""
+        with self._lock:
+            out = JudgeOutput(at=now)
+            self._sizes = None
+            for node in nodes:
+                self.classes[node.name] = class_of(node)
+            if nodes:
+                self.drained = {n.name for n in nodes if n.drained}
+            if not poll.up:
+                return out
+            known = set(self.classes)
+            signals = tuple(s for s in poll.signals if not known or s.node in known)
+            window = self.settings.passive.window_s
+            self.passive, changed = passive.observe(self.passive, replace(poll, signals=signals), window)
+            self.passive, ended = passive.expire(self.passive, now, window)
+            touched = changed | ended | {n for (n, p) in self.verdicts if p == passive.PROBE and n in ended}
+            self._passive_samples(poll, now)
+            classes = {self.node_class(n) for n in poll.covered}
+            self._update_events({(c, passive.PROBE) for c in classes}, now, out)
+            if any(e.probe == passive.PROBE for e in out.fleet_events):
+                touched |= {n for (n, p) in self.verdicts if p == passive.PROBE}
+                touched |= {t.node for t in self.passive.values()}
+            for name in sorted(touched):
+                self._conclude_passive(name, now, out, ask=name in changed)
+            return out
+
+    def _passive_samples(self, poll: PassivePoll, now: float) -> None:
+        """Each covered node's sample for the fleet rule: flagged while a fault track of it is live in the
+        event window (at its start), else the poll's time."""
+        cutoff = now - self.settings.fleet.event_window_s
+        faults: dict[str, float] = {}
+        for t in self.passive.values():
+            if t.strength is Strength.FAULT and t.last_at >= cutoff:
+                faults[t.node] = min(faults.get(t.node, t.first_at), t.first_at)
+        for node in poll.covered:
+            if node in self.classes:
+                first = faults.get(node)
+                self.samples[(self.node_class(node), passive.PROBE)][node] = \
+                    (first, True) if first is not None else (poll.at, False)
+
+    def _passive_after_runs(self, judged: Sequence[RunInput], out: JudgeOutput, now: float) -> None:
+        """Judged probe runs answer the passive tracks of their nodes: a failure confirms, a pass makes
+        suspect (``sources.passive.probed``); a pending passive re-probe is satisfied by any of them."""
+        touched: set[str] = set()
+        for run in judged:
+            for n in run.nodes:
+                pending = self.pending.get((n, passive.PROBE))
+                if pending is not None and pending.requested_at <= run.at:
+                    del self.pending[(n, passive.PROBE)]
+                    out.satisfied.append((n, passive.PROBE))
+                if not any(t.node == n for t in self.passive.values()):
+                    continue
+                mark = next((mk for mk in reversed(self.marks.get((n, run.probe), ())) if mk.run_id == run.run_id),
+                            None)
+                failed = run.outcome is Outcome.FAIL or (mark is not None and mark.severity is Severity.FAIL)
+                clean = not failed and mark is not None and mark.severity is Severity.NONE and \
+                    mark.code is ReasonCode.OK
+                self.passive, changed = passive.probed(self.passive, n, run.run_id, run.at, failed=failed, clean=clean)
+                if changed:
+                    touched.add(n)
+        self.passive, ended = passive.expire(self.passive, now, self.settings.passive.window_s)
+        touched |= {n for n in ended if (n, passive.PROBE) in self.verdicts}
+        for node in sorted(touched):
+            self._conclude_passive(node, now, out, ask=False)
+
+    def _conclude_passive(self, node: str, now: float, out: JudgeOutput, *, ask: bool) -> None:
+        tracks = [t for t in self.passive.values() if t.node == node]
+        event = self.events.get((self.node_class(node), passive.PROBE))
+        explained = event.text if event is not None and tracks and \
+            all(t.first_at >= event.started_at for t in tracks if t.strength is Strength.FAULT) else None
+        c = passive.conclude(tracks, self.settings.passive.window_s, in_event=explained)
+        evidence = passive.evidence(c)
+        run_ids = (c.top.failed_run,) if c.top is not None and c.top.failed_run else ()
+        at = c.top.last_at if c.top is not None else now
+        verdict = Verdict(node, passive.PROBE, c.outcome, c.text, c.code, run_ids, evidence, at)
+        out.evaluated.add((node, passive.PROBE))
+        old = self.verdicts.get((node, passive.PROBE))
+        if old is None or (old.outcome, old.reason_code, old.reason) != (verdict.outcome, verdict.reason_code,
+                                                                          verdict.reason):
+            out.verdicts.append(verdict)
+        self.verdicts[(node, passive.PROBE)] = verdict
+        if c.recommend and c.top is not None:
+            out.recommendations.append(RecommendationCandidate(
+                node, passive.PROBE, c.outcome, c.code, c.text,
+                {"run_ids": list(run_ids), "summary": c.top.summary, **evidence}, at))
+        if (ask or c.stage == passive.PENDING) and c.reprobe and node not in self.drained \
+                and (node, passive.PROBE) not in self.pending:
+            req = Request("reprobe", passive.PROBE, (node,), now, c.text[:200])
+            self.pending[(node, passive.PROBE)] = req
+            out.requests.append(req)
+
+    def passive_signals(self) -> list[passive.Track]:
+        """The passive tracks followed now (``healthd_node_passive_signal``, the API, ``healthd status``)."""
+        with self._lock:
+            return sorted(self.passive.values(), key=lambda t: t.key)
+
     # -- persistence --------------------------------------------------------------------------
     def restore(self, state: JudgeState, nodes: Sequence[Node], *, now: float) -> None:
         """Rebuild the state from what the store kept (``Store.load_judgement``; a daemon restart). The
@@ -1127,6 +1053,10 @@ class Judge:
                 self.pending[(name, req.probe)] = req
             for verdict in state.verdicts:
                 self.verdicts[(verdict.node, verdict.probe)] = verdict
+                if verdict.probe == passive.PROBE and verdict.evidence:
+                    track = passive.restore(verdict.node, verdict.reason_code, verdict.evidence)
+                    if track is not None:
+                        self.passive[track.key] = track
                 if verdict.evidence.get("stage") == HELD:
                     self.held.add((verdict.node, verdict.probe))
             for name, at in state.resets:

@@ -294,7 +294,8 @@ class RecommendationCandidate:
     node: str
     probe: str
     outcome: Outcome
-    reason_code: ReasonCode
+    reason_code: str
+    """A ``ReasonCode``, or a passive signal's own code (``xid_79``, ``row_remap_failure``, ...)."""
     text: str
     evidence: dict[str, object]
     at: float

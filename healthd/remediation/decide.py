@@ -18,6 +18,7 @@ from typing import Any, Literal
 from healthd.config import RemediationSettings
 from healthd.judge.hardfault import HARD_FAULTS
 from healthd.judge.model import JudgeOutput, ReasonCode
+from healthd.judge.sources.passive import PROBE as PASSIVE
 from healthd.model import Node, Outcome
 from healthd.node_class import class_of
 from healthd.store.rows import (
@@ -112,7 +113,11 @@ HARD_FAULT_CODES = frozenset(c.value for c in HARD_FAULTS)
 
 
 def drain_reason(prefix: str, rec: RecommendationRow) -> str:
-    """``healthd: below_floor gemm gpu 3 flop_per_second{dtype=bf16} 343.8 TFLOP/s<525 TFLOP/s run 0042..``"""
+    """``healthd: below_floor gemm gpu 3 flop_per_second{dtype=bf16} 343.8 TFLOP/s<525 TFLOP/s run 0042..``; a
+    passive finding: ``healthd: xid 79 gpu 3 (GPU-…) (passive: xid)``."""
+    summary = rec.evidence.get("summary")
+    if rec.probe == PASSIVE and isinstance(summary, str) and summary:
+        return one_line_reason(f"{prefix} {summary} (passive: {rec.evidence.get('signal', rec.reason_code)})")
     parts = [prefix, rec.reason_code, rec.probe]
     findings = rec.evidence.get("findings")
     top = findings[0] if isinstance(findings, list) and findings and isinstance(findings[0], dict) else None
@@ -186,18 +191,18 @@ def _sync(b: _Builder, snap: RemediationSnapshot, output: JudgeOutput, settings:
     act_on = set(settings.act_on)
     wanted = {(c.node, c.probe): c for c in output.recommendations if c.outcome.value in act_on}
     for (node, probe), cand in sorted(wanted.items()):
-        b.write(UpsertRecommendation(node, probe, cand.outcome.value, cand.reason_code.value, cand.text,
+        b.write(UpsertRecommendation(node, probe, cand.outcome.value, str(cand.reason_code), cand.text,
                                      dict(cand.evidence)))
         old = active.get((node, probe))
         base = old or RecommendationRow(next_id, node, probe, "", "", "", {}, since=now, updated_at=now,
                                         state="active", closed_at=None, close_reason="", escalated=False,
                                         last_refusal="")
-        active[(node, probe)] = replace(base, outcome=cand.outcome.value, reason_code=cand.reason_code.value,
+        active[(node, probe)] = replace(base, outcome=cand.outcome.value, reason_code=str(cand.reason_code),
                                         text=cand.text, evidence=dict(cand.evidence), updated_at=now)
         if old is not None:
             continue
         next_id += 1
-        b.audit("recommend", node, "info", f"{cand.reason_code.value}: {cand.text}",
+        b.audit("recommend", node, "info", f"{cand.reason_code!s}: {cand.text}",
                 detail={"probe": probe, "outcome": cand.outcome.value})
     verdicts = {(v.node, v.probe): v for v in output.verdicts}
     for key in sorted(output.evaluated):

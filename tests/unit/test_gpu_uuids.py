@@ -162,7 +162,7 @@ def test_a_slow_gpu_is_named_by_its_uuid_in_the_finding_verdict_and_drain_reason
     assert verdict.evidence["gpu"] == "0" and verdict.evidence["gpu_uuid"] == H100_UUID
     (rec,) = recommended
     assert rec.text == verdict.reason
-    row = RecommendationRow(1, "vm", "gemm", rec.outcome.value, rec.reason_code.value, rec.text, dict(rec.evidence),
+    row = RecommendationRow(1, "vm", "gemm", rec.outcome.value, str(rec.reason_code), rec.text, dict(rec.evidence),
                             rec.at, rec.at, "active", None, "", False, "")
     text = drain_reason("healthd:", row)
     assert f"gpu 0 ({H100_UUID}) flop_per_second" in text and text.startswith("healthd: below_floor gemm"), text

@@ -44,7 +44,7 @@ def test_ingested_runs_are_judged_once_and_the_watermark_survives_a_restart(tmp_
     out = judge_ingested(restarted, store, now=1600.0)
     assert out is not None
     (rec,) = out.recommendations
-    assert (rec.node, rec.outcome, rec.reason_code.value) == ("n1", Outcome.FAIL, "check_failed")
+    assert (rec.node, rec.outcome, str(rec.reason_code)) == ("n1", Outcome.FAIL, "check_failed")
 
 
 def test_a_batch_judged_again_after_a_crash_counts_once(tmp_path: Path) -> None:
