@@ -41,7 +41,7 @@ from healthd.errors import BackendError, ConfigError, HealthdError, SlurmError, 
 from healthd.http import HttpApp, HttpServer
 from healthd.judge.persist import judge_ingested, judge_runs, load_judge, run_from_collected
 from healthd.logging import get_logger, setup_logging
-from healthd.metrics import DaemonMetrics, Exposition
+from healthd.metrics import DaemonMetrics, Exposition, PassiveSignalCollector
 from healthd.model import Node, ProbeJob, RunKind
 from healthd.planning import (
     DAY_S,
@@ -108,6 +108,7 @@ class Daemon:
         self.registry.register(self.coverage)
         self.judge = load_judge(self.store, settings.judge, now=time.time())
         self._judge_stale = False
+        self.registry.register(PassiveSignalCollector(lambda: self.judge.passive_signals()))
         self.topology: Topology | None = None
         self._topology_read = False
         """Whether a topology read has succeeded yet (until then ``/healthz`` says none was read)."""

@@ -28,6 +28,8 @@ from sys import intern
 from typing import Any, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 import healthd
 from healthd.judge.metrics import (
@@ -38,9 +40,11 @@ from healthd.judge.metrics import (
     drain_reason,
     finding_samples,
     fleet_samples,
+    passive_samples,
     series_samples,
 )
 from healthd.judge.peaks import mfu
+from healthd.judge.sources.passive import Track
 from healthd.model import Node, Outcome, Verdict
 from healthd.store import Store
 from healthd.store.db import collector_paused
@@ -753,6 +757,24 @@ def render_text(store: Store, backend: str = "slurm", detail: Detail = "summary"
     exposition.refresh()
     head = generate_latest(registry).decode() if registry is not None else ""
     return head + exposition.body().decode()
+
+
+class PassiveSignalCollector(Collector):
+    """``healthd_node_passive_signal`` from the judge's passive tracks at scrape time (a handful: only the
+    signals followed now)."""
+
+    def __init__(self, tracks: Callable[[], Iterable[Track]]) -> None:
+        self._tracks = tracks
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily("healthd_node_passive_signal", JUDGE_FAMILIES["healthd_node_passive_signal"][1],
+                                   labels=["node", "gpu", "gpu_uuid", "signal", "code", "strength", "stage"])
+        for _, labels, value in passive_samples(self._tracks()):
+            family.add_metric([v for _, v in labels], value)
+        yield family
 
 
 class DaemonMetrics:

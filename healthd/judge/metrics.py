@@ -13,6 +13,8 @@ from typing import Any
 
 from healthd.judge.model import CONFIRMED, EVIDENCE_LABELS, ReasonCode
 from healthd.judge.series import direction_of
+from healthd.judge.sources.passive import PROBE as PASSIVE
+from healthd.judge.sources.passive import Track
 from healthd.model import Outcome, Verdict
 from healthd.store.rows import JudgedSeries, RecommendationRow
 
@@ -23,7 +25,7 @@ Labels = tuple[tuple[str, str], ...]
 Sample = tuple[str, Labels, float]
 """(family, labels in order, value)."""
 
-FINDING_LABELS = ("node", "probe", "reason_code", "reference", *EVIDENCE_LABELS)
+FINDING_LABELS = ("node", "probe", "source", "reason_code", "reference", *EVIDENCE_LABELS)
 REFERENCE_OF = {ReasonCode.BELOW_FLOOR.value: "floor", ReasonCode.BASELINE_DRIFT.value: "baseline",
                 ReasonCode.FLEET_OUTLIER.value: "peers"}
 """The reference a finding's layer compares with: the class's floor, the node's own baseline, the median of its
@@ -31,7 +33,11 @@ peers (its class, or its own GPUs for a per-GPU figure)."""
 
 JUDGE_FAMILIES: dict[str, tuple[str, str]] = {
     "healthd_node_finding": ("gauge", "1 while the judge's confirmed finding on the node and probe stands (reason,"
-                             " the reference it broke: floor, baseline or peers; empty for a failed check)"),
+                             " the reference it broke: floor, baseline or peers; empty for a failed check; source:"
+                             " probe, or passive for the site's dcgm-exporter signals)"),
+    "healthd_node_passive_signal": ("gauge", "1 for each passive signal (dcgm-exporter: XID, row remap, ECC,"
+                                    " throttling, health) healthd follows on the node and GPU now, with its code,"
+                                    " strength (fault or hint) and stage"),
     "healthd_node_finding_value": ("gauge", "The figure of the confirmed finding (its unit is the measurement's)"),
     "healthd_node_finding_reference": ("gauge", "The reference the figure of the confirmed finding was compared"
                                        " with: the floor, the node's baseline or the median of its peers"),
@@ -74,7 +80,8 @@ def confirmed_finding(v: Verdict) -> ConfirmedFinding | None:
         return None
     e = v.evidence
     reference_kind = REFERENCE_OF.get(str(e.get("layer", "")), "")
-    labels = (v.node, v.probe, v.reason_code, reference_kind, *(str(e.get(k, "")) for k in EVIDENCE_LABELS))
+    source = "passive" if v.probe == PASSIVE else "probe"
+    labels = (v.node, v.probe, source, v.reason_code, reference_kind, *(str(e.get(k, "")) for k in EVIDENCE_LABELS))
     value, reference = e.get("value"), e.get("reference")
     if not reference_kind or not isinstance(value, float | int) or not isinstance(reference, float | int):
         return ConfirmedFinding(labels, None, None, None)
@@ -96,6 +103,15 @@ def finding_samples(verdicts: Iterable[Verdict]) -> Iterator[Sample]:
             yield "healthd_node_finding_reference", labels, f.reference
         if f.drop is not None:
             yield "healthd_node_finding_drop_ratio", labels, f.drop
+
+
+def passive_samples(tracks: Iterable[Track]) -> Iterator[Sample]:
+    """``healthd_node_passive_signal``: one series per signal followed now (bounded: a firing signal, not
+    every XID ever seen; a signal that ended has no series)."""
+    for t in sorted(tracks, key=lambda t: t.key):
+        yield ("healthd_node_passive_signal", (("node", t.node), ("gpu", t.gpu or ""), ("gpu_uuid", t.gpu_uuid or ""),
+                                               ("signal", t.signal), ("code", t.code),
+                                               ("strength", t.strength.value), ("stage", t.stage())), 1.0)
 
 
 def reference_family(kind: str, probe: str, name: str) -> str:
@@ -167,4 +183,4 @@ def fleet_samples(*, breaker_open: bool, fleet_events: Iterable[Mapping[str, Any
 
 
 __all__ = ["FINDING_LABELS", "JUDGE_FAMILIES", "ConfirmedFinding", "ReasonCode", "Sample", "confirmed_finding",
-           "drain_reason", "finding_samples", "fleet_samples", "series_samples"]
+           "drain_reason", "finding_samples", "fleet_samples", "passive_samples", "series_samples"]

@@ -149,7 +149,7 @@ def test_a_confirmed_finding_is_exported_from_confirmation_until_it_clears(tmp_p
     fleet.feed([fleet.gemm("n3", {5: 350e12}, priority=True)])
     found = finding_samples(fleet.store)
     labels = (("collective", ""), ("dtype", "bf16"), ("gpu", "5"), ("gpu_uuid", ""), ("node", "n3"), ("probe", "gemm"),
-              ("reason_code", "fleet_outlier"), ("reference", "peers"))  # the node's other GPUs
+              ("reason_code", "fleet_outlier"), ("reference", "peers"), ("source", "probe"))  # the node's other GPUs
     assert found["healthd_node_finding"] == {labels: 1.0}
     value, reference = found["healthd_node_finding_value"][labels], found["healthd_node_finding_reference"][labels]
     assert value < 351e12 and abs(reference - 700e12) < 10e12
@@ -168,7 +168,7 @@ def test_a_failed_check_is_a_finding_without_a_figure() -> None:
     f = confirmed_finding(v)
     assert f is not None and (f.value, f.reference, f.drop) == (None, None, None)
     assert dict(zip(FINDING_LABELS, f.labels, strict=True)) == {
-        "node": "n1", "probe": "env", "reason_code": "check_failed", "reference": "", "gpu": "", "dtype": "",
-        "collective": "", "gpu_uuid": ""}
+        "node": "n1", "probe": "env", "source": "probe", "reason_code": "check_failed", "reference": "", "gpu": "",
+        "dtype": "", "collective": "", "gpu_uuid": ""}
     assert confirmed_finding(Verdict("n1", "env", Outcome.FAIL, "x", "check_failed", ("a",), {})) is None
     assert confirmed_finding(Verdict("n1", "env", Outcome.PASS, "ok", "ok", ("a",), {"stage": "confirmed"})) is None

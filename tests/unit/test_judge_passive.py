@@ -166,3 +166,25 @@ def test_the_passive_state_survives_a_restart(tmp_path: Path) -> None:
     out = observe(fleet, xid("n2", fleet.t))  # the repeat after the restart still confirms
     assert passive_verdict(fleet, "n2") == ("fail", "xid_79", "confirmed")
     assert [r.probe for r in out.recommendations] == ["passive"]
+
+
+def test_the_signals_and_the_confirmed_finding_are_exported_with_their_source() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from healthd.judge.metrics import finding_samples
+    from healthd.metrics import PassiveSignalCollector
+
+    fleet = Fleet([f"n{i}" for i in range(8)])
+    observe(fleet, xid("n1", fleet.t, 48), throttle("n2", fleet.t))
+    observe(fleet, xid("n1", fleet.t, 48), throttle("n2", fleet.t))
+    registry = CollectorRegistry()
+    registry.register(PassiveSignalCollector(fleet.judge.passive_signals))
+    text = generate_latest(registry).decode()
+    assert (f'healthd_node_passive_signal{{code="xid_48",gpu="3",gpu_uuid="{UUID}",node="n1",signal="xid",'
+            'stage="confirmed",strength="fault"} 1.0') in text
+    assert ('healthd_node_passive_signal{code="throttle_thermal",gpu="1",gpu_uuid="",node="n2",signal="throttle",'
+            'stage="hint",strength="hint"} 1.0') in text
+    assert text.count("healthd_node_passive_signal{") == 2
+    samples = list(finding_samples(fleet.judge.verdicts.values()))
+    assert [(dict(labels)["node"], dict(labels)["source"], dict(labels)["reason_code"], dict(labels)["gpu_uuid"])
+            for _, labels, _ in samples] == [("n1", "passive", "xid_48", UUID)]
