@@ -125,7 +125,8 @@ class Daemon:
         routes = {"/api/v1/recommendations": lambda: recommendations_document(self.store, self.settings.remediation)}
         self.http = HttpServer(
             HttpApp(self.registry, self.store, self.healthy, routes, auth=BasicAuth(web.users) if web.users else None,
-                    exposition=self.exposition, refresh_on_scrape=False, topology=lambda: self.topology),
+                    exposition=self.exposition, refresh_on_scrape=False, topology=lambda: self.topology,
+                    passive=lambda: self.judge.passive_signals()),
             settings.http.host, settings.http.port, tls=web.tls.context() if web.tls else None,
             workers=settings.http.workers, request_timeout_s=settings.http.request_timeout_s,
             max_connections=settings.http.max_connections,

@@ -22,7 +22,7 @@ import ssl
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -34,6 +34,7 @@ from prometheus_client.exposition import gzip_accepted
 
 from healthd.errors import HealthdError, InvalidNodeName
 from healthd.judge.metrics import FINDING_LABELS, confirmed_finding
+from healthd.judge.sources.passive import Track
 from healthd.logging import get_logger
 from healthd.metrics import (
     CONTENT_TYPE,
@@ -77,13 +78,15 @@ class ApiError(Exception):
         self.status = status
 
 
-def node_document(view: NodeView, *, detail: bool = False, topology: Topology | None = None) -> dict[str, Any]:
+def node_document(view: NodeView, *, detail: bool = False, topology: Topology | None = None,
+                  passive: Sequence[Track] = ()) -> dict[str, Any]:
     """One node of the ``/api/v1/nodes`` documents: its last result per probe with its headline measurements
     (``healthd.metrics.HEADLINES``) and its verdicts; with ``detail``, every measurement, the verdicts'
     evidence, the judged series (baseline, floor) and the confirmed findings. ``gpu_inventory``: the node's GPUs as
     the probes last reported them (``Store.gpu_inventory``); a per-GPU measurement carries its GPU's ``gpu_uuid``.
     ``switch_path``: the switches from the node's leaf (or block) up to the root in ``topology``; empty
-    without topology or for a node outside it."""
+    without topology or for a node outside it. ``passive_signals``: the passive signals the judge follows on the
+    node now (``passive``: the daemon's, ``healthd.judge.engine.Judge.passive_signals``)."""
     node = view.node
     uuids = gpu_uuids(view.gpus)
     latest: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -113,6 +116,11 @@ def node_document(view: NodeView, *, detail: bool = False, topology: Topology | 
         },
         "drain_recommended": view.drain_reason,
         "switch_path": list(topology.path(view.name)) if topology is not None else [],
+        "passive_signals": [
+            {"signal": t.signal, "code": t.code, "strength": t.strength.value, "stage": t.stage(), "gpu": t.gpu,
+             "gpu_uuid": t.gpu_uuid, "detail": t.detail, "first_at": t.first_at, "last_at": t.last_at, "seen": t.seen,
+             "confirmed_by": t.failed_run or ("repeat" if t.confirmed_at is not None else None)}
+            for t in passive if t.node == view.name],
     }
     if detail:
         doc["series"] = [{"probe": s.probe, "name": s.name, "labels": s.labels, "last_value": s.last_value,
@@ -173,7 +181,8 @@ def nodes_page(store: Store, query_string: str, topology: Topology | None = None
     }
 
 
-def node_detail(store: Store, name: str, topology: Topology | None = None) -> dict[str, Any]:
+def node_detail(store: Store, name: str, topology: Topology | None = None,
+                passive: Sequence[Track] = ()) -> dict[str, Any]:
     """``/api/v1/nodes/<name>``: everything the store holds on the node's current state and its recent runs."""
     try:
         validate_node_name(name)
@@ -183,7 +192,8 @@ def node_detail(store: Store, name: str, topology: Topology | None = None) -> di
     if view is None or view.empty:
         raise ApiError("404 Not Found", f"no node {name!r} known to healthd")
     runs = store.recent_runs(node=name, limit=20)
-    return {**node_document(view, detail=True, topology=topology), "recent_runs": [_run(r) for r in runs]}
+    return {**node_document(view, detail=True, topology=topology, passive=passive),
+            "recent_runs": [_run(r) for r in runs]}
 
 
 def _run(r: RunRow) -> dict[str, Any]:
@@ -259,6 +269,7 @@ class HttpApp:
         exposition: Exposition | None = None,
         refresh_on_scrape: bool = True,
         topology: Callable[[], Topology | None] = lambda: None,
+        passive: Callable[[], Sequence[Track]] = lambda: (),
     ) -> None:
         self._exposition = ExpositionCache(registry, version=store.data_version, exposition=exposition,
                                            refresh=refresh_on_scrape)
@@ -266,6 +277,7 @@ class HttpApp:
         self._store = store
         self._healthy = healthy
         self._topology = topology
+        self._passive = passive
         self._auth = auth
         self._routes: dict[str, Callable[[], Any]] = {
             "/api/v1/runs": self._runs,
@@ -300,7 +312,7 @@ class HttpApp:
             route = lambda: nodes_page(self._store, query, self._topology())  # noqa: E731
         elif path.startswith("/api/v1/nodes/"):
             name = unquote(path.removeprefix("/api/v1/nodes/"))
-            route = lambda: node_detail(self._store, name, self._topology())  # noqa: E731
+            route = lambda: node_detail(self._store, name, self._topology(), self._passive())  # noqa: E731
         if route is None:
             return _reply(start_response, "404 Not Found", "not found: try /metrics, /healthz, /api/v1/nodes\n",
                           "text/plain")

@@ -188,3 +188,16 @@ def test_the_signals_and_the_confirmed_finding_are_exported_with_their_source() 
     samples = list(finding_samples(fleet.judge.verdicts.values()))
     assert [(dict(labels)["node"], dict(labels)["source"], dict(labels)["reason_code"], dict(labels)["gpu_uuid"])
             for _, labels, _ in samples] == [("n1", "passive", "xid_48", UUID)]
+
+
+def test_the_node_document_lists_the_signals_followed_on_the_node() -> None:
+    from healthd.http import node_document
+    from healthd.metrics import NodeView
+
+    fleet = Fleet([f"n{i}" for i in range(8)])
+    observe(fleet, xid("n1", fleet.t), throttle("n2", fleet.t))
+    doc = node_document(NodeView("n1"), detail=True, passive=fleet.judge.passive_signals())
+    (signal,) = doc["passive_signals"]
+    assert (signal["code"], signal["stage"], signal["gpu"], signal["gpu_uuid"], signal["confirmed_by"]) == \
+        ("xid_79", "awaiting confirmation", "3", UUID, None)
+    assert node_document(NodeView("n3"), passive=fleet.judge.passive_signals())["passive_signals"] == []
