@@ -422,6 +422,19 @@ def node_detail() -> dash.Dashboard:
         "Drain recommended", "When healthd recommended draining this node, by reason code.",
         query(f"healthd_drain_recommended{{{n}}}", "{{reason_code}}"), "drain", w=24, h=4))
 
+    d = d.with_row(row("Passive signals (dcgm-exporter)"))
+    d = d.with_panel(table_panel(
+        "Passive signals followed now",
+        "The site's dcgm-exporter signals healthd follows on this node (healthd_node_passive_signal): XID, row "
+        "remap, ECC, throttling, health; per GPU and UUID, with their strength (fault or hint) and stage (awaiting "
+        "confirmation, confirmed, suspect, hint). Empty while none fires.",
+        [query(f"healthd_node_passive_signal{{{n}}} == 1", instant=True, table_format=True)],
+        hide=("Time", "__name__", "job", "Value", "instance", "node"), w=12, h=6))
+    d = d.with_panel(flag_timeline(
+        "Passive signals over time", "When each passive signal was followed on this node, by code and GPU.",
+        query(f"max by (code, gpu) (healthd_node_passive_signal{{{n}}})", "{{code}} gpu {{gpu}}"), "signal",
+        w=12, h=6))
+
     d = d.with_row(row("NCCL"))
     d = d.with_panel(measured_vs_reference(
         "NCCL bus bandwidth vs baseline and floor",

@@ -51,6 +51,8 @@ ALLOWED_EMPTY_METRICS: dict[str, str] = {
     **{name: "a healthy machine has no confirmed finding (the e2e alert test makes one: test_alerts_e2e.py)"
        for name in ("healthd_node_finding", "healthd_node_finding_value", "healthd_node_finding_reference",
                     "healthd_node_finding_drop_ratio")},
+    "healthd_node_passive_signal": "passive signals are off without [passive] prometheus_url, and a healthy node has "
+                                   "none (test_passive_prometheus.py makes them)",
     "healthd_scaling_busbw_bytes_per_second": "the scaling sweep needs two or more nodes; this test has one",
     "healthd_drain_recommended": "no drain is recommended on a healthy machine (and no 0 rows with detail = summary)",
     "healthd_node_probe_baseline_ratio": "a baseline needs several passing runs of the node; this test sees one",
