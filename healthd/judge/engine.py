@@ -433,8 +433,12 @@ class Judge:
             self.error_streak.pop((n, probe), None)
             pending = self.pending.get((n, probe))
             if pending is not None and pending.requested_at <= run.at:
-                del self.pending[(n, probe)]
-                out.satisfied.append((n, probe))
+                rest = self._other_side(pending, n, run)
+                if rest is not None:
+                    self.pending[(n, probe)] = rest
+                else:
+                    del self.pending[(n, probe)]
+                    out.satisfied.append((n, probe))
         if len(run.nodes) > 1 and (ev.group_findings or any(g for *_, g in ev.values)):
             top = worst(kept_group)
             if top is not None:
@@ -824,10 +828,50 @@ class Judge:
                 cls = self.node_class(nodes[0])
                 if probe not in pools:
                     pools[probe] = self._partner_pools(probe, busy)
-                partners = pick_partners(nodes[0], pools[probe].get(cls, ()), self.settings.confirm.partners
-                                         + size - len(nodes) - 1)
+                pool = pools[probe].get(cls, ())
+                k = self.settings.confirm.partners + size - len(nodes) - 1
+                split_by_leaf = self._by_leaf(nodes, pool, k) if req.kind in ("reprobe", "localise") else None
+                if split_by_leaf is not None:
+                    for where, chosen in split_by_leaf:
+                        if req.side and where != req.side:
+                            continue
+                        out.append(PriorityRequest(probe, nodes, chosen, size,
+                                                   reason=f"{req.kind} ({where}): {req.reason}"[:200]))
+                    continue
+                partners = pick_partners(nodes[0], pool, k)
             out.append(PriorityRequest(probe, nodes, partners, size, reason=f"{req.kind}: {req.reason}"[:200]))
         return out
+
+    def _other_side(self, pending: Request, node: str, run: RunInput) -> Request | None:
+        """The half of a re-probe split by leaf (``_by_leaf``) still to run after ``run`` ran one side;
+        ``None``: the request is answered."""
+        topology = self.switches.topology
+        if topology is None or pending.side or pending.nodes != (node,) or len(run.nodes) < 2 \
+                or pending.kind not in ("reprobe", "localise"):
+            return None
+        partners = [p for p in run.nodes if p != node]
+        same = [topology.same_leaf(node, p) for p in partners]
+        if all(same):
+            return replace(pending, side="other leaf", requested_at=run.at)
+        if not any(same):
+            return replace(pending, side="same leaf", requested_at=run.at)
+        return None
+
+    def _by_leaf(self, nodes: tuple[str, ...], pool: tuple[str, ...], k: int
+                 ) -> tuple[tuple[str, tuple[str, ...]], ...] | None:
+        """With a topology, a suspect node's multi-node re-probe twice: with partners under its own leaf and
+        with partners under other leaves, so that a node fault (both fail) is told from a fault of its leaf's
+        uplink (only the cross-leaf one fails). ``None``: no topology, several suspects, or no partner on one
+        side (the one plain request then)."""
+        topology = self.switches.topology
+        if topology is None or len(nodes) != 1 or nodes[0] not in topology.leaf_of:
+            return None
+        node = nodes[0]
+        same = tuple(p for p in pool if topology.same_leaf(node, p))
+        other = tuple(p for p in pool if p in topology.leaf_of and not topology.same_leaf(node, p))
+        if not same or not other:
+            return None
+        return (("same leaf", pick_partners(node, same, k)), ("other leaf", pick_partners(node, other, k)))
 
     def partners(self, node: str, probe: str, k: int, *, exclude: Iterable[str] = ()) -> tuple[str, ...]:
         """Up to ``k`` known-good partners for ``node``: same class, latest verdict for ``probe`` a

@@ -287,6 +287,9 @@ class Request:
     nodes: tuple[str, ...]
     requested_at: float
     reason: str
+    side: Literal["", "same leaf", "other leaf"] = ""
+    """With a topology, a multi-node re-probe of one node runs with partners under its own leaf and under
+    others: the side still to run once the first one did (empty: either)."""
 
 
 @dataclass(frozen=True)
