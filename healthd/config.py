@@ -12,11 +12,13 @@ The documented reference for every key is ``healthd.example.toml`` at the top of
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
@@ -496,6 +498,160 @@ class TopologySettings(_Section):
         return self
 
 
+DEFAULT_PASSIVE_QUERIES: dict[str, str] = {
+    "xid": "DCGM_FI_DEV_XID_ERRORS or DCGM_EXP_XID_ERRORS_COUNT",
+    "row_remap_failure": "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+    "row_remap_pending": "DCGM_FI_DEV_ROW_REMAP_PENDING",
+    "uncorrectable_remapped_rows": "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+    "ecc_dbe": "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+    "pcie_replay": "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+    "nvlink_errors": (
+        '{__name__=~"DCGM_FI_DEV_NVLINK_(CRC_FLIT|CRC_DATA|REPLAY|RECOVERY)_ERROR_COUNT_TOTAL"}'
+    ),
+    "throttle": "DCGM_FI_DEV_CLOCKS_EVENT_REASONS or DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
+    "health": "DCGM_EXP_GPU_HEALTH_STATUS",
+}
+"""dcgm-exporter's names (``etc/default-counters.csv``; the remap-pending and clock-event fields are DCGM
+fields a site adds to its CSV). ``healthd.passive.signals`` reads each answer."""
+
+PromQL = Annotated[str, Field(min_length=1, max_length=10_000)]
+
+
+class PassiveQueries(_Section):
+    """``[passive.queries]``: the PromQL instant query of each signal (healthd.passive.signals reads its
+    answer: the labels ``gpu``, ``UUID``/``uuid``/``gpu_uuid`` and a host label on every series)."""
+
+    xid: PromQL = DEFAULT_PASSIVE_QUERIES["xid"]
+    row_remap_failure: PromQL = DEFAULT_PASSIVE_QUERIES["row_remap_failure"]
+    row_remap_pending: PromQL = DEFAULT_PASSIVE_QUERIES["row_remap_pending"]
+    uncorrectable_remapped_rows: PromQL = DEFAULT_PASSIVE_QUERIES["uncorrectable_remapped_rows"]
+    ecc_dbe: PromQL = DEFAULT_PASSIVE_QUERIES["ecc_dbe"]
+    pcie_replay: PromQL = DEFAULT_PASSIVE_QUERIES["pcie_replay"]
+    nvlink_errors: PromQL = DEFAULT_PASSIVE_QUERIES["nvlink_errors"]
+    throttle: PromQL = DEFAULT_PASSIVE_QUERIES["throttle"]
+    health: PromQL = DEFAULT_PASSIVE_QUERIES["health"]
+
+
+Xid = Annotated[int, Field(ge=0, le=100_000)]
+
+
+class XidClasses(_Section):
+    """``[passive.xid]``: what an XID means for its node. Defaults from NVIDIA's XID catalog
+    (docs.nvidia.com/deploy/xid-errors, its "Resolution Bucket (Immediate Action)": RESET_GPU, RESTART_BM,
+    WORKFLOW_XID_48 and the NVLink workflow are faults; RESTART_APP and IGNORE are the application's), as
+    NVSentinel, the Kubernetes device plugin and GCM read it. Any other XID is a hint."""
+
+    fault: list[Xid] = Field(default_factory=lambda: [48, 62, 64, 74, 79, 95, 109, 119, 120, 140])
+    """A fault of the GPU or node: a ``fail`` finding (confirmed by a re-probe or a repeat)."""
+    application: list[Xid] = Field(default_factory=lambda: [13, 31, 43, 45])
+    """The application's error: never counted against the node (kept for display)."""
+    contained: list[Xid] = Field(default_factory=lambda: [94])
+    """A contained ECC error (the application was stopped, the GPU goes on): a hint."""
+
+    @model_validator(mode="after")
+    def _disjoint(self) -> XidClasses:
+        lists = {"fault": set(self.fault), "application": set(self.application), "contained": set(self.contained)}
+        names = list(lists)
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                both = sorted(lists[a] & lists[b])
+                if both:
+                    raise ValueError(f"XID(s) {both} in both passive.xid.{a} and passive.xid.{b}")
+        return self
+
+
+LabelName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=200)]
+
+
+class PassiveTls(_Section):
+    """``[passive.tls]``: as Prometheus's own ``tls_config``."""
+
+    ca_file: Path | None = None
+    """CA bundle that signs the server's certificate (default: the system's)."""
+    cert_file: Path | None = None
+    """Client certificate (mutual TLS), with ``key_file``."""
+    key_file: Path | None = None
+    insecure_skip_verify: bool = False
+
+    @model_validator(mode="after")
+    def _pair(self) -> PassiveTls:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("passive.tls.cert_file and passive.tls.key_file go together")
+        return self
+
+
+class PassiveSettings(_Section):
+    """``[passive]``: passive signals from the site's Prometheus (dcgm-exporter's series): off unless
+    ``prometheus_url`` is set (``healthd.passive.source``)."""
+
+    prometheus_url: str | None = Field(default=None, max_length=2000)
+    """The Prometheus (or compatible) base URL, e.g. ``https://prometheus.example:9090`` or with a path
+    prefix; healthd asks ``<url>/api/v1/query``."""
+    interval_s: PositiveSeconds = 60.0
+    timeout_s: PositiveSeconds = 10.0
+    """Each query's limit (also sent to Prometheus as its ``timeout``)."""
+    max_response_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, le=1 << 34)
+    """A longer answer is an error of its query (counted once), not read further."""
+    max_series: Count = 100_000
+    """A query answering more series is an error (counted once)."""
+    host_labels: list[LabelName] = Field(default_factory=lambda: ["Hostname", "hostname", "instance"],
+                                         min_length=1)
+    """The first of these labels a series has names its host (``instance``: without its port)."""
+    node_regex: str | None = Field(default=None, max_length=1000)
+    """Where host names differ from Slurm's: a host matching this (whole) becomes ``node_replacement``
+    (e.g. ``'^([^.]+)\\..*$'`` with ``'\\1'``: FQDN to short name); a host that does not match is kept."""
+    node_replacement: str = Field(default="\\1", max_length=1000)
+    username: str | None = Field(default=None, max_length=1000)
+    """Basic auth, with ``password_file`` (read at each poll)."""
+    password_file: Path | None = None
+    bearer_token_file: Path | None = None
+    """``Authorization: Bearer <the file's content>`` (read at each poll); not with basic auth."""
+    tls: PassiveTls = PassiveTls()
+    queries: PassiveQueries = PassiveQueries()
+    xid: XidClasses = XidClasses()
+
+    @field_validator("prometheus_url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https"):
+            raise ValueError(f"passive.prometheus_url needs the scheme http:// or https:// (got {value!r})")
+        if not parts.hostname:
+            raise ValueError(f"passive.prometheus_url has no host (got {value!r})")
+        if parts.query or parts.fragment:
+            raise ValueError("passive.prometheus_url takes no query or fragment")
+        return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _check(self) -> PassiveSettings:
+        if self.node_regex is not None:
+            try:
+                pattern = re.compile(self.node_regex)
+            except re.error as exc:
+                raise ValueError(f"passive.node_regex is not a regular expression: {exc}") from None
+            for number, name in re.findall(r"\\(?:(\d+)|g<(\w+)>)", self.node_replacement):
+                if (number and int(number) > pattern.groups) or (name and not name.isdigit()
+                                                                  and name not in pattern.groupindex) or (
+                        name.isdigit() and int(name) > pattern.groups):
+                    ref = number or name
+                    raise ValueError(f"passive.node_replacement refers to group {ref}, which "
+                                     f"passive.node_regex {self.node_regex!r} does not have")
+        if self.bearer_token_file is not None and (self.username is not None or self.password_file is not None):
+            raise ValueError("passive: basic auth (username, password_file) and bearer_token_file exclude each other")
+        if (self.username is None) != (self.password_file is None):
+            raise ValueError("passive.username and passive.password_file go together")
+        if self.timeout_s > self.interval_s:
+            raise ValueError(f"passive.timeout_s ({self.timeout_s}) is longer than passive.interval_s "
+                             f"({self.interval_s})")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.prometheus_url is not None
+
+
 class LoggingSettings(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["auto", "json", "console"] = "auto"
@@ -527,6 +683,7 @@ class Settings(BaseSettings):
     judge: JudgeSettings = JudgeSettings()
     node_check: NodeCheckSettings = NodeCheckSettings()
     topology: TopologySettings = TopologySettings()
+    passive: PassiveSettings = PassiveSettings()
     logging: LoggingSettings = LoggingSettings()
 
     @field_validator("probes", mode="before")
