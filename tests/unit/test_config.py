@@ -196,3 +196,29 @@ def test_check_config_prints_the_documented_probe_defaults_for_a_partial_table(
     out = capsys.readouterr().out
     assert "probe nccl: enabled, every 60 s, timeout 180 s" in out
     assert "probe gemm: enabled, every 900 s, timeout 180 s" in out
+
+
+@pytest.mark.parametrize(("text", "key", "message"), [
+    ('[passive]\nprometheus_url = "prometheus:9090"\n', "passive.prometheus_url", "needs the scheme http:// or https://"),
+    ('[passive]\nprometheus_url = "http://"\n', "passive.prometheus_url", "has no host"),
+    ("[passive]\nnode_regex = '^(['\n", "passive", "passive.node_regex is not a regular expression"),
+    ("[passive]\nnode_regex = '^(a)$'\nnode_replacement = '\\2'\n", "passive", "refers to group 2"),
+    ('[passive]\nusername = "u"\npassword_file = "/p"\nbearer_token_file = "/t"\n', "passive", "exclude each other"),
+    ('[passive]\nusername = "u"\n', "passive", "username and passive.password_file go together"),
+    ("[passive]\ntimeout_s = 120\n", "passive", "longer than passive.interval_s"),
+    ("[passive.xid]\nfault = [79, 13]\n", "passive.xid", "XID(s) [13] in both passive.xid.fault and"),
+    ('[passive.tls]\ncert_file = "/c"\n', "passive.tls", "cert_file and passive.tls.key_file go together"),
+    ("[passive.queries]\nxid = ''\n", "passive.queries.xid", "at least 1 character"),
+    ("[passive]\nhost_labels = ['bad-label']\n", "passive.host_labels.0", "should match pattern"),
+])
+def test_bad_passive_settings_are_named(tmp_path: Path, text: str, key: str, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_settings(write(tmp_path, text))
+    assert f"  {key}: " in str(err.value)
+    assert message in str(err.value)
+
+
+def test_passive_is_off_unless_a_url_is_set(tmp_path: Path) -> None:
+    assert not load_settings(None)[0].passive.enabled
+    settings, _ = load_settings(write(tmp_path, '[passive]\nprometheus_url = "https://prom.example:9090/"\n'))
+    assert settings.passive.enabled and settings.passive.prometheus_url == "https://prom.example:9090"
