@@ -2,9 +2,10 @@
 
 Scheduler jobs (APScheduler 3, in-memory job store, rebuilt from the settings at start):
 ``discover`` (node states from the backend), ``plan`` (planner → launches), ``collect``
-(finished runs → store → verdicts), ``housekeeping`` (retention) and ``topology`` (the network
-topology, ``[topology]``: read at start and every ``refresh_interval_s``; handed to the judge). A job that raises is
-logged once with its context, counted, and the next tick runs as usual.
+(finished runs → store → verdicts), ``housekeeping`` (retention), ``topology`` (the network
+topology, ``[topology]``: read at start and every ``refresh_interval_s``; handed to the judge) and, with
+``[passive] prometheus_url`` set, ``passive`` (one poll of the site's Prometheus, handed to the judge). A job
+that raises is logged once with its context, counted, and the next tick runs as usual.
 """
 
 from __future__ import annotations
@@ -35,14 +36,16 @@ from healthd.collector import (
     prune_boundary_files,
     results_dir_problem,
 )
-from healthd.config import Settings, load_settings
+from healthd.config import PassiveSettings, Settings, load_settings
 from healthd.coverage import CoverageCollector, CoverageInputs
 from healthd.errors import BackendError, ConfigError, HealthdError, SlurmError, StoreError
 from healthd.http import HttpApp, HttpServer
 from healthd.judge.persist import judge_ingested, judge_runs, load_judge, run_from_collected
 from healthd.logging import get_logger, setup_logging
-from healthd.metrics import DaemonMetrics, Exposition, PassiveSignalCollector
+from healthd.metrics import DaemonMetrics, Exposition, PassiveMetrics, PassiveSignalCollector
 from healthd.model import Node, ProbeJob, RunKind
+from healthd.passive.model import PassivePoll
+from healthd.passive.source import PassiveSource
 from healthd.planning import (
     DAY_S,
     PlanLimits,
@@ -116,6 +119,10 @@ class Daemon:
         """The last read's error, logged once until a read works or the error changes."""
         self._expectations: dict[str, str] = {}
         """The expectation files (``healthd.boundary``) this daemon wrote, by node."""
+        self.passive: PassiveSource | None = PassiveSource(settings.passive) if settings.passive.enabled else None
+        self.passive_metrics = PassiveMetrics(self.registry) if self.passive is not None else None
+        self.passive_poll: PassivePoll | None = None
+        """The last poll of the site's Prometheus (``/healthz`` says whether it answered)."""
         self.remediator = Remediator(self.store, self.backend, settings.remediation)
         self.collector = Collector(
             self.store, self.observed, settings.results_dir,
@@ -165,7 +172,7 @@ class Daemon:
         own (a backend that does not answer is reported, not counted: it is not healthd's fault). The
         text ends with the topology in use (:meth:`topology_text`)."""
         ok, text = self._health()
-        return ok, f"{text}; {self.topology_text()}"
+        return ok, f"{text}; {self.topology_text()}; {self.passive_text()}"
 
     def _health(self) -> tuple[bool, str]:
         ok, text = self.alive()
@@ -190,6 +197,23 @@ class Daemon:
         if self._topology_error is not None:
             text += f" (the last read failed, {'the previous one kept' if self.topology else 'none in use'}: "
             text += f"{self._topology_error})"
+        return text
+
+    def passive_text(self) -> str:
+        """What ``/healthz`` says of the passive source: off, not polled yet, up (with the signals the site
+        does not export) or down with the error; never a reason for 503 (a site's Prometheus is not healthd)."""
+        poll = self.passive_poll
+        if self.passive is None:
+            return "passive signals: off"
+        if poll is None:
+            return "passive signals: not polled yet"
+        if not poll.up:
+            return f"passive signals down: {poll.errors[0] if poll.errors else 'no answer'}"
+        text = f"passive signals up: {len(poll.covered)} nodes covered"
+        if poll.unavailable:
+            text += f", unavailable: {', '.join(poll.unavailable)}"
+        if poll.errors:
+            text += f"; {len(poll.errors)} query error(s), first: {poll.errors[0]}"
         return text
 
     def _on_missed(self, event: JobExecutionEvent) -> None:
@@ -435,6 +459,35 @@ class Daemon:
             self.metrics.topology_nodes.set(len(topology.leaf_of) if topology else 0)
             log.info("topology", topology=describe(topology), source=self.settings.topology.source)
 
+    def poll_passive(self) -> None:
+        """One poll of the site's Prometheus (``[passive]``) with the nodes the store knows: its metrics,
+        its line in ``/healthz``, then the judge (:meth:`judge_passive`). A Prometheus that does not answer
+        is logged once per change of error, counted and shown; never a tick failure, never a node fault."""
+        if self.passive is None:
+            return
+        poll = self.passive.poll([n.name for n in self.store.nodes()], time.time())
+        before = self.passive_poll
+        self.passive_poll = poll
+        if self.passive_metrics is not None:
+            self.passive_metrics.record(poll)
+        if not poll.up:
+            if before is None or before.up or before.errors[:1] != poll.errors[:1]:
+                log.error("passive_down", url=self.settings.passive.prometheus_url, error=poll.errors[:1])
+        elif before is not None and not before.up:
+            log.warning("passive_back", url=self.settings.passive.prometheus_url)
+        if poll.up and (before is None or before.unavailable != poll.unavailable):
+            log.info("passive_signals", unavailable=list(poll.unavailable), covered=len(poll.covered))
+        seen = {(x.node, x.gpu_uuid or x.gpu or "", x.code) for x in before.signals} if before is not None else set()
+        for fired in poll.signals:
+            if fired.kind == "level" and (fired.node, fired.gpu_uuid or fired.gpu or "", fired.code) in seen:
+                continue  # a level still holding: said when it started
+            log.info("passive_signal", node=fired.node, gpu=fired.gpu, gpu_uuid=fired.gpu_uuid, code=fired.code,
+                     strength=str(fired.strength), kind=fired.kind, detail=fired.detail)
+        self.judge_passive(poll)
+
+    def judge_passive(self, poll: PassivePoll) -> None:
+        """The lead wires the judge here."""
+
     def housekeeping(self) -> None:
         now = time.time()
         cutoff = now - self.settings.store.retention_days * 86400
@@ -482,10 +535,12 @@ class Daemon:
             ("collect", self.collect, s.collect_interval_s),
             ("housekeeping", self.housekeeping, s.housekeeping_interval_s),
             ("topology", self.refresh_topology, self.settings.topology.refresh_interval_s),
-        )
+        ) + ((("passive", self.poll_passive, self.settings.passive.interval_s),) if self.passive else ())
         now = time.time()
         for name, fn, interval in jobs:
             first = now + (interval if name in ("discover", "housekeeping", "topology") else 0.5)
+            if name == "passive":
+                first = now + 1.0
             self.scheduler.add_job(
                 self._tick(name, fn), "interval", seconds=interval, id=name, name=name,
                 next_run_time=_utc(first), replace_existing=True,
@@ -552,6 +607,7 @@ class Daemon:
 
     def _apply(self, new: Settings) -> None:
         topology_changed = new.topology != self.settings.topology
+        old_passive = self.settings.passive
         self.settings = new
         self.collector.pending_timeout_s = new.slurm.pending_timeout_s
         self.judge.reconfigure(new.judge)
@@ -566,6 +622,21 @@ class Daemon:
         if topology_changed:
             self._topology_error = None
             self.refresh_topology()
+        self._apply_passive(old_passive)
+
+    def _apply_passive(self, old: PassiveSettings) -> None:
+        """A changed ``[passive]``: a new source (its previous values start again from a baseline) at the
+        new interval; switching it on or off takes a restart (its job and metrics are made at start)."""
+        new = self.settings.passive
+        if new == old:
+            return
+        if new.enabled != (self.passive is not None):
+            log.warning("config_change_needs_restart", key="passive.prometheus_url")
+            return
+        if self.passive is not None:
+            self.passive = PassiveSource(new)
+            self.passive_poll = None
+            self.scheduler.reschedule_job("passive", trigger="interval", seconds=new.interval_s)
 
     def _reload_refused(self, error: str) -> None:
         self.metrics.errors.labels("config_reload").inc()

@@ -46,6 +46,8 @@ from healthd.judge.metrics import (
 from healthd.judge.peaks import mfu
 from healthd.judge.sources.passive import Track
 from healthd.model import Node, Outcome, Verdict
+from healthd.passive.model import SIGNALS, PassivePoll
+from healthd.passive.source import error_signals
 from healthd.store import Store
 from healthd.store.db import collector_paused
 from healthd.store.latest import ChangeCursor, Changes
@@ -805,3 +807,34 @@ class DaemonMetrics:
             self.ticks.labels(task)
             self.tick_errors.labels(task)
             self.missed.labels(task)
+
+
+class PassiveMetrics:
+    """The passive source's own health (``[passive]``; registered only while it is on)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.up = Gauge("healthd_passive_up", "1 if the last poll of the site's Prometheus got an answer",
+                        registry=registry)
+        self.query_errors = Counter("healthd_passive_query_errors", "Passive-signal queries that failed or "
+                                    "answered bad values, by signal", ["signal"], registry=registry)
+        self.unknown_series = Counter("healthd_passive_unknown_series", "Passive-signal series naming a host "
+                                      "healthd does not know (ignored)", registry=registry)
+        self.available = Gauge("healthd_passive_signal_available", "1 if the site's Prometheus has series of "
+                               "the signal, 0 if it has none (unavailable, never healthy)", ["signal"],
+                               registry=registry)
+        self.last_poll = Gauge("healthd_passive_last_poll_timestamp_seconds",
+                               "When the passive source last polled the site's Prometheus", registry=registry)
+        for signal in SIGNALS:
+            self.query_errors.labels(signal)
+
+    def record(self, poll: PassivePoll) -> None:
+        self.up.set(1 if poll.up else 0)
+        self.last_poll.set(poll.at)
+        for signal, n in error_signals(poll).items():
+            self.query_errors.labels(signal).inc(n)
+        self.unknown_series.inc(poll.unknown_series)
+        for signal in SIGNALS:
+            if signal in poll.unavailable:
+                self.available.labels(signal).set(0)
+            elif signal not in poll.failed:
+                self.available.labels(signal).set(1)

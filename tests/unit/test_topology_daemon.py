@@ -122,7 +122,7 @@ def _healthz(d: Daemon) -> str:
     """``/healthz``'s text after the liveness part (the scheduler is not started here)."""
     ok, text = d.healthy()
     assert not ok and text.startswith("scheduler not running; ")
-    return text.removeprefix("scheduler not running; ")
+    return text.removeprefix("scheduler not running; ").removesuffix("; passive signals: off")
 
 
 def test_the_daemon_reads_keeps_and_says(daemon: Daemon, fake: FakeSlurmClient) -> None:
