@@ -40,4 +40,10 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     for name, probe in sorted(settings.probes.items()):
         state = "enabled" if probe.enabled else "disabled"
         print(f"  probe {name}: {state}, every {probe.interval_s:g} s, timeout {probe.timeout_s:g} s")
+    passive = settings.passive
+    if passive.prometheus_url is None:
+        print("  passive signals: off ([passive] prometheus_url not set)")
+    else:
+        print(f"  passive signals: {passive.prometheus_url} every {passive.interval_s:g} s, timeout "
+              f"{passive.timeout_s:g} s; fault XIDs {passive.xid.fault}, application XIDs {passive.xid.application}")
     return EXIT_OK

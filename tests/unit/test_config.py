@@ -218,7 +218,11 @@ def test_bad_passive_settings_are_named(tmp_path: Path, text: str, key: str, mes
     assert message in str(err.value)
 
 
-def test_passive_is_off_unless_a_url_is_set(tmp_path: Path) -> None:
+def test_passive_is_off_unless_a_url_is_set(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert not load_settings(None)[0].passive.enabled
-    settings, _ = load_settings(write(tmp_path, '[passive]\nprometheus_url = "https://prom.example:9090/"\n'))
+    path = write(tmp_path, '[passive]\nprometheus_url = "https://prom.example:9090/"\n')
+    settings, _ = load_settings(path)
     assert settings.passive.enabled and settings.passive.prometheus_url == "https://prom.example:9090"
+    assert main(["check-config", "--config", str(path)]) == 0
+    assert "passive signals: https://prom.example:9090 every 60 s, timeout 10 s; fault XIDs [48," in (
+        capsys.readouterr().out)

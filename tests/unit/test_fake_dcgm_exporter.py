@@ -1,4 +1,4 @@
-"""The fake dcgm-exporter as a subprocess: its exposition parses as Prometheus text, and ``POST /control`` changes it."""
+"""The fake dcgm-exporter: its exposition parses as Prometheus text; as a subprocess, ``POST /control`` changes it."""
 
 from __future__ import annotations
 
