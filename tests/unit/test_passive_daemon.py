@@ -124,3 +124,14 @@ def test_the_passive_job_is_scheduled_at_its_interval(daemon: tuple[Daemon, Fake
     finally:
         d.scheduler.shutdown(wait=False)
         d.http.stop()
+
+
+def test_every_passive_family_is_in_the_metrics_catalogue(
+        daemon: tuple[Daemon, FakePrometheus, list[PassivePoll]]) -> None:
+    d, _, _ = daemon
+    d.poll_passive()
+    catalogue = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+    families = {line.split()[2] for line in scrape(d).splitlines()
+                if line.startswith("# TYPE healthd_passive") and not line.split()[2].endswith("_created")}
+    assert len(families) == 5
+    assert {f for f in families if f"`{f}`" not in catalogue} == set()
