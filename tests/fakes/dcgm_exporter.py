@@ -25,7 +25,7 @@ import hashlib
 import json
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -96,11 +96,13 @@ class FakeDcgmExporter:
 
     def __init__(self, nodes: Sequence[str], *, gpus: int = 2, host_label: str | None = "Hostname",
                  model: str = "NVIDIA H100 80GB HBM3", driver: str = "550.127.05",
-                 extra_fields: bool = True, xid_count: bool = False, health: bool = False,
+                 extra_fields: bool = True, xid_count: bool | Collection[str] = False, health: bool = False,
                  xid_window_ms: int = 300_000, host: str = "127.0.0.1", port: int = 0) -> None:
         self.model, self.driver = model, driver
         self.fields = DEFAULT_FIELDS + (EXTRA_FIELDS if extra_fields else ())
-        self.xid_count, self.health = xid_count, health
+        self.xid_count = set(nodes) if xid_count is True else set(xid_count or ())
+        """The nodes whose exporter has ``DCGM_EXP_XID_ERRORS_COUNT`` in its CSV."""
+        self.health = health
         self.xid_window_ms = xid_window_ms
         self.lock = threading.Lock()
         self.up = True
@@ -224,12 +226,12 @@ class FakeDcgmExporter:
                             code = int(float(value))
                             extra = {"err_code": str(code), "err_msg": XID_TEXT.get(code, "Unknown Error")}
                         lines.append(f"{name}{{{self._labels(node, g, extra)}}} {value}")
-            if self.xid_count:
+            if self.xid_count & {n.name for n in nodes}:
                 lines += ["# HELP DCGM_EXP_XID_ERRORS_COUNT reported XIDs during last window",
                           "# TYPE DCGM_EXP_XID_ERRORS_COUNT counter"]
                 since = time.time() - self.xid_window_ms / 1000
                 window = {"window_size_in_ms": str(self.xid_window_ms)}
-                for node in nodes:
+                for node in (n for n in nodes if n.name in self.xid_count):
                     for g in node.gpus:
                         counts: dict[int, int] = {}
                         for at, xid in g.xids:

@@ -2,13 +2,14 @@
 
 The fake (``tests/fakes/dcgm_exporter.py``: dcgm-exporter's exposition, no GPUs) serves three nodes of two
 GPUs, each as its own scrape target: ``pa`` labelled ``Hostname`` (dcgm-exporter up to 4.8), ``pb``
-``hostname`` (newer), ``pc`` with no host label (``--no-hostname``: only the target's ``instance``).
-Prometheus scrapes every second; ``healthd.passive.source.PassiveSource`` polls Prometheus's HTTP API
-(healthd talks only to the real Prometheus). Checked: an XID present before healthd's first poll is
-nothing; XID 79 on one GPU is one fault signal naming node, GPU and UUID, once; XID 13 is the
-application's (ignored); a row-remap failure holds; Prometheus stopped is ``up`` False with the error,
-and the source is back when Prometheus is. Root only, like the alert tests (``scripts/test.sh`` runs the
-integration suites as root); skips with the reason otherwise. About 20 s.
+``hostname`` (newer), ``pc`` with no host label (``--no-hostname``: only the target's ``instance``) and
+``DCGM_EXP_XID_ERRORS_COUNT`` (the default query asks for both XID series with ``or``).
+Prometheus scrapes every second; ``healthd.passive.source.PassiveSource`` polls Prometheus's HTTP API (healthd
+talks only to the real Prometheus). Checked: an XID present before healthd's first poll is nothing; XID 79 on
+one GPU is one fault signal naming node, GPU and UUID, once; XID 13 is the application's (ignored); the same
+XID twice is two events where the count series exist; a row-remap failure holds; Prometheus stopped is ``up``
+False with the error, and the source is back when Prometheus is. Root only, like the alert tests
+(``scripts/test.sh`` runs the integration suites as root); skips with the reason otherwise. About 20 s.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
     missing = _missing()
     if missing:
         pytest.skip(missing)
-    exporter = FakeDcgmExporter(NODES, gpus=2).start()
+    exporter = FakeDcgmExporter(NODES, gpus=2, xid_count=["pc"]).start()
     exporter.set_host_label("pb", "hostname")
     exporter.set_host_label("pc", None)
     targets = "\n".join(f"""      - targets: ["{exporter.address}"]
@@ -131,9 +132,14 @@ def test_xids_levels_and_an_outage_through_a_real_prometheus(stack: Stack) -> No
     assert fired.kind == "event" and fired.detail.startswith("xid 79 (GPU has fallen off the bus) on gpu 1 (GPU-")
     assert stack.poll().signals == () and stack.poll().signals == ()  # once
 
-    stack.exporter.xid("pc", 0, 13)  # pc: no host label, named by its instance
+    stack.exporter.xid("pc", 0, 13)  # pc: no host label, named by its instance; its XID count series too
     seen = stack.until("xid 13", lambda p: bool(p.signals))
     assert [(x.node, x.code, x.strength) for x in seen[-1].signals] == [("pc", "xid_13", Strength.IGNORED)]
+    for n in (1, 2):  # the same XID twice: the gauge cannot tell, the count series can
+        stack.exporter.xid("pc", 1, 79)
+        seen = stack.until(f"xid 79 number {n} on pc", lambda p: bool(p.signals))
+        assert faults(seen[-1]) == [("pc", "1", fake_uuid("pc", 1), "xid_79")]
+        assert "more in the exporter's window" in seen[-1].signals[0].detail
 
     stack.exporter.set("pa", 0, "DCGM_FI_DEV_ROW_REMAP_FAILURE", 1)  # pa: labelled Hostname
     seen = stack.until("row remap failure", lambda p: bool(p.signals))
