@@ -40,7 +40,7 @@ from healthd.config import PassiveSettings, Settings, load_settings
 from healthd.coverage import CoverageCollector, CoverageInputs
 from healthd.errors import BackendError, ConfigError, HealthdError, SlurmError, StoreError
 from healthd.http import HttpApp, HttpServer
-from healthd.judge.persist import judge_ingested, judge_runs, load_judge, run_from_collected
+from healthd.judge.persist import judge_ingested, judge_passive_poll, judge_runs, load_judge, run_from_collected
 from healthd.logging import get_logger, setup_logging
 from healthd.metrics import DaemonMetrics, Exposition, PassiveMetrics, PassiveSignalCollector
 from healthd.model import Node, ProbeJob, RunKind
@@ -486,7 +486,10 @@ class Daemon:
         self.judge_passive(poll)
 
     def judge_passive(self, poll: PassivePoll) -> None:
-        """The lead wires the judge here."""
+        """The poll judged with everything else (``Judge.observe_passive``), the judgement saved, then
+        remediation: a confirmed passive fault is recommended (and drained, in ``enforce``) like a probe's."""
+        self.remediator.apply(self._saving_judgement(
+            lambda: judge_passive_poll(self.judge, self.store, poll, now=time.time())))
 
     def housekeeping(self) -> None:
         now = time.time()

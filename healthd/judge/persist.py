@@ -13,6 +13,7 @@ from healthd.config import JudgeSettings
 from healthd.judge.engine import Judge
 from healthd.judge.model import CheckInput, JudgeOutput, MeasurementInput, RunInput
 from healthd.model import Node, devices_by_node
+from healthd.passive.model import PassivePoll
 
 if TYPE_CHECKING:
     from healthd.collector import Collected
@@ -55,6 +56,14 @@ def judge_runs(judge: Judge, store: Store, runs: Sequence[RunInput], *, now: flo
     """Judge ``runs`` and save the judgement, with the runs marked judged in the same transaction."""
     output = judge.evaluate(runs, store.nodes() if nodes is None else nodes, now=now, resets=store.judge_resets())
     store.save_judgement(output, keep_s=keep_seconds(judge.settings), judged=[r.run_id for r in runs])
+    return output
+
+
+def judge_passive_poll(judge: Judge, store: Store, poll: PassivePoll, *, now: float,
+                       nodes: Sequence[Node] | None = None) -> JudgeOutput:
+    """Judge one poll of the site's Prometheus (``healthd.passive.source``) and save the judgement."""
+    output = judge.observe_passive(poll, store.nodes() if nodes is None else nodes, now=now)
+    store.save_judgement(output, keep_s=keep_seconds(judge.settings))
     return output
 
 
