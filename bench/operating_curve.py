@@ -15,6 +15,11 @@ many rounds, the nodes drained under faulty switches, false switch findings, and
 found and falsely drained:
 
     .venv/bin/python bench/operating_curve.py --scenario bench/scenarios/fabric-512.toml --noise 1 --seeds 5,6
+
+A scenario with passive signals (``[[passive]]``, issue 29) adds the passive columns: recommendations from
+passive signals, those on nodes without a fault of their own, and fleet events:
+
+    .venv/bin/python bench/operating_curve.py --scenario bench/scenarios/passive-320.toml --noise 1,2,3,4,6
 """
 
 from __future__ import annotations
@@ -35,6 +40,18 @@ SWITCH_HEADER = ("| noise | seed | topology | switch faults named | rounds to na
                  "| false drains |")
 HEADER = ("| noise | faults found | -20% or worse within 2 rounds | rounds to find (median / max) | named right "
           "| false recommendations | false drains | drift found at (drop, noise units) |")
+
+
+PASSIVE_COLUMN = " passive recommendations (on nodes without a fault) | fleet events |"
+
+
+def passive_cell(report: Mapping[str, Any], faulty: set[str]) -> str:
+    """The passive columns (issue 29): recommendations from passive signals, those on nodes the scenario
+    gave no fault (spurious signals: should be none), and the fleet events raised."""
+    recs = report.get("passive_recommendations", [])
+    spurious = [r for r in recs if r["node"] not in faulty]
+    codes = ", ".join(sorted({r["reason_code"] for r in recs}))
+    return f" {len(recs)}{f' ({codes})' if codes else ''} ({len(spurious)}) | {len(report['fleet_events'])} |"
 
 
 def row(noise_pct: float, report: Mapping[str, Any], faults: Sequence[Mapping[str, Any]]) -> str:
@@ -104,15 +121,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     base = scenario.classes[0].noise * 100
     faults = [f.model_dump() for f in scenario.faults]
-    print(HEADER)
-    print("|" + "---|" * HEADER.count(" | ") + "---|")
+    passive = bool(scenario.passive)
+    header = HEADER + (PASSIVE_COLUMN if passive else "")
+    print(header)
+    print("|" + "---|" * header.count(" | ") + "---|")
     for text in args.noise.split(","):
         factor = float(text)
         if args.reports is not None:
             report = json.loads((args.reports / f"n{text}.json").read_text())
         else:
             report = simulate(scale_noise(scenario, factor), echo=False).to_dict()
-        print(row(base * factor, report, faults), flush=True)
+        line = row(base * factor, report, faults)
+        if passive:
+            line += passive_cell(report, {f["node"] for f in faults if f["kind"] != "error"})
+        print(line, flush=True)
     return 0
 
 

@@ -34,10 +34,12 @@ from healthd.config import Settings
 from healthd.errors import BackendError, ConfigError, PolicyRefused, TopologyError
 from healthd.judge.engine import Judge
 from healthd.judge.model import JudgeOutput
-from healthd.judge.persist import judge_collected
+from healthd.judge.persist import judge_collected, judge_passive_poll
 from healthd.model import JobState, JobStatus, Node, Outcome, ProbeJob, validate_node_name
+from healthd.passive.source import PassiveSource
 from healthd.planning import PlanLimits, plan
 from healthd.remediation import Action, Remediator
+from healthd.simulate_passive import PassiveSpec, SimPrometheus, nodes_of
 from healthd.store import Store
 from healthd.topology import SwitchRecord, Topology, build_topology
 from probes.result import Check, DeviceInfo, Environment, Measurement, ProbeResult, RankInfo
@@ -246,6 +248,8 @@ class Scenario(_Model):
     switch_faults: list[SwitchFaultSpec] = Field(default_factory=list)
     use_topology: bool = True
     """Give the judge the fabric (``Judge.set_topology``); false: judged as without a topology plugin."""
+    passive: list[PassiveSpec] = Field(default_factory=list)
+    """Passive signals of the site's dcgm-exporter (``healthd.simulate_passive``), polled every tick."""
 
     def node_names(self) -> list[str]:
         return [f"{c.prefix}{i:0{len(str(c.count - 1))}d}" for c in self.classes for i in range(c.count)]
@@ -290,6 +294,11 @@ class Scenario(_Model):
         for f in self.switch_faults:
             if topology is None or f.switch not in topology.switches:
                 raise ValueError(f"switch_faults: no switch {f.switch!r} in the scenario's fabric")
+        for node in sorted(nodes_of(self.passive) - names):
+            raise ValueError(f"passive: no node {node!r} in the scenario's classes")
+        for p in self.passive:
+            if p.node_class is not None and p.node_class not in classes:
+                raise ValueError(f"passive: no class {p.node_class!r}")
         return self
 
 
@@ -670,6 +679,8 @@ class SimReport:
     """(round, switch, level, probe, text) of every switch finding started."""
     false_switch_findings: list[tuple[int, str, str]] = field(default_factory=list)
     """(round, switch, probe) of findings naming a switch no switch fault explains."""
+    passive_recommendations: list[tuple[int, str, str]] = field(default_factory=list)
+    """(round, node, reason code) of every recommendation from a passive signal."""
 
     @property
     def ok(self) -> bool:
@@ -696,6 +707,8 @@ class SimReport:
                                 for r, sw, lv, p, t in self.switch_findings],
             "false_switch_findings": [{"round": r, "switch": sw, "probe": p}
                                       for r, sw, p in self.false_switch_findings],
+            "passive_recommendations": [{"round": r, "node": n, "reason_code": c}
+                                        for r, n, c in self.passive_recommendations],
             "foreign_drains_touched": self.foreign_touched,
             "rounds": [{"round": r.round, "runs": dict(r.runs), "recommended": r.recommended, "drained": r.drained,
                         "undrained": r.undrained, "refused": dict(r.refused), "events": r.events,
@@ -742,6 +755,16 @@ class Simulation:
         self.switch_findings: list[tuple[int, str, int, str, str]] = []
         self.false_switch_findings: list[tuple[int, str, str]] = []
         self._named_now: set[tuple[str, str]] = set()
+        self.passive_recs: list[tuple[int, str, str]] = []
+        self.prometheus: SimPrometheus | None = None
+        self.passive: PassiveSource | None = None
+        if scenario.passive:
+            gpus = {n.name: n.gpus for n in self.nodes}
+            classes: dict[str, list[str]] = {}
+            for n in self.nodes:
+                classes.setdefault(n.node_class or "", []).append(n.name)
+            self.prometheus = SimPrometheus(gpus, scenario.passive, classes)
+            self.passive = PassiveSource(self.settings.passive, client=self.prometheus)
         self.jobs = 0
         self.admin = {d.node: d for d in scenario.admin_drains}
         rng = random.Random(scenario.seed + 1)
@@ -769,7 +792,7 @@ class Simulation:
                 print(format_round(line), flush=True)
         return SimReport(s, lines, self.outcomes, self.false_recs, self.false_drains, self.fleet_events,
                          self.event_drains, self._foreign_touched(), time.perf_counter() - started, self.jobs,
-                         self.switch_outcomes, self.switch_findings, self.false_switch_findings)
+                         self.switch_outcomes, self.switch_findings, self.false_switch_findings, self.passive_recs)
 
     def play_round(self, rnd: int) -> RoundLine:
         """Every tick of round ``rnd`` (``run`` plays them all; a benchmark plays them one by one)."""
@@ -790,6 +813,8 @@ class Simulation:
         for d in self.scenario.admin_drains:
             if d.from_round == rnd:
                 self.cluster.nodes[d.node].drain_reason = d.reason
+        if self.prometheus is not None:
+            self.prometheus.round_start(rnd)
 
     def _tick(self, rnd: int, line: RoundLine) -> None:
         now = self.cluster.now
@@ -806,6 +831,10 @@ class Simulation:
             self._account(rnd, line, out, actions, done)
         self.nodes = self.cluster.list_nodes()
         self.store.upsert_nodes(self.nodes, now)
+        if self.passive is not None:
+            poll = self.passive.poll([n.name for n in self.nodes], now)
+            out = judge_passive_poll(self.judge, self.store, poll, now=now, nodes=self.nodes)
+            self._account(rnd, line, out, self.remediator.apply(out), [])
         probes = self.settings.probes
         clock = time.perf_counter()
         runs = self.store.unfinished_runs()
@@ -829,6 +858,9 @@ class Simulation:
             if e.active:
                 self.fleet_events.append((rnd, e.node_class, e.probe, e.text))
         self._account_switches(rnd, line, out, actions)
+        for c in out.recommendations:
+            if c.probe == "passive" and (rnd, c.node, str(c.reason_code)) not in self.passive_recs:
+                self.passive_recs.append((rnd, c.node, str(c.reason_code)))
         for a in actions:
             if a.action == "recommend":
                 line.recommended.append(a.node or "?")
@@ -851,7 +883,9 @@ class Simulation:
             for fo in self.outcomes:
                 if not fo.fault.active(rnd) or fo.fault.kind == "error":
                     continue
-                recs = [r for r in active if r.node == fo.fault.node and fo.fault.hits(r.probe)]
+                recs = sorted((r for r in active if r.node == fo.fault.node and (fo.fault.hits(r.probe)
+                                                                                    or r.probe == "passive")),
+                              key=lambda r: r.probe == "passive")
                 if fo.found_round is None and recs:
                     fo.found_round = rnd
                     fo.named_right, fo.detail = self._named_right(fo.fault, recs, active)
@@ -895,6 +929,8 @@ class Simulation:
     @staticmethod
     def _named_right(fault: FaultSpec, recs: Sequence[Any], active: Sequence[Any]) -> tuple[bool, str]:
         rec = recs[0]
+        if rec.probe == "passive":
+            return True, f"passive {rec.reason_code} {rec.evidence.get('summary', '')}".strip()
         if fault.kind == "gpu":
             gpus = {str(f.get("gpu")) for f in rec.evidence.get("findings", []) if isinstance(f, dict)}
             return gpus == {str(fault.gpu)}, f"gpu {','.join(sorted(gpus)) or '?'}"
@@ -979,6 +1015,11 @@ def format_report(report: SimReport) -> str:
                      + ("" if report.scenario.use_topology else " (judged without the topology)"))
         for r, sw, p in report.false_switch_findings[:10]:
             lines.append(f"  false switch finding, round {r}: {sw} {p}")
+    if report.scenario.passive:
+        lines.append(f"passive signals {len(report.scenario.passive)} ("
+                     + "; ".join(p.describe() for p in report.scenario.passive[:6]) + "); passive recommendations "
+                     f"{len(report.passive_recommendations)}: "
+                     + (", ".join(f"{n} {c} (round {r})" for r, n, c in report.passive_recommendations[:10]) or "none"))
     for r, n, why in report.false_recommendations[:10]:
         lines.append(f"  false recommendation, round {r}: {n}: {why}")
     for r, n, why in report.false_drains[:10]:

@@ -991,9 +991,23 @@ class Judge:
             if any(e.probe == passive.PROBE for e in out.fleet_events):
                 touched |= {n for (n, p) in self.verdicts if p == passive.PROBE}
                 touched |= {t.node for t in self.passive.values()}
+            crowded = self._crowded_hints(poll)
             for name in sorted(touched):
-                self._conclude_passive(name, now, out, ask=name in changed)
+                self._conclude_passive(name, now, out, ask=name in changed and self.node_class(name) not in crowded)
             return out
+
+    def _crowded_hints(self, poll: PassivePoll) -> set[str]:
+        """Classes with a hint on ``fleet.event_share`` of their covered nodes or more (a hot machine room,
+        a firmware default): a condition of the class, not a reason to probe each of its nodes at once."""
+        covered: dict[str, int] = defaultdict(int)
+        for node in poll.covered:
+            covered[self.node_class(node)] += 1
+        hinted: dict[str, set[str]] = defaultdict(set)
+        for t in self.passive.values():
+            if t.strength is Strength.HINT:
+                hinted[self.node_class(t.node)].add(t.node)
+        share = self.settings.fleet.event_share
+        return {cls for cls, nodes in hinted.items() if covered.get(cls) and len(nodes) >= share * covered[cls]}
 
     def _passive_samples(self, poll: PassivePoll, now: float) -> None:
         """Each covered node's sample for the fleet rule: flagged while a fault track of it is live in the

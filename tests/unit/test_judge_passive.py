@@ -201,3 +201,12 @@ def test_the_node_document_lists_the_signals_followed_on_the_node() -> None:
     assert (signal["code"], signal["stage"], signal["gpu"], signal["gpu_uuid"], signal["confirmed_by"]) == \
         ("xid_79", "awaiting confirmation", "3", UUID, None)
     assert node_document(NodeView("n3"), passive=fleet.judge.passive_signals())["passive_signals"] == []
+
+
+def test_a_hint_on_a_large_share_of_the_class_asks_for_no_probes() -> None:
+    fleet = Fleet([f"n{i:02d}" for i in range(20)])
+    out = observe(fleet, *(throttle(n, fleet.t) for n in fleet.names[:8]))
+    assert out.requests == [], "40% of the class throttled: a condition of the class, not 8 probes"
+    assert {passive_verdict(fleet, n)[1] for n in fleet.names[:8]} == {"throttle_thermal"}
+    out = observe(fleet, throttle("n15", fleet.t))
+    assert [r.nodes for r in out.requests] == [("n15",)]
