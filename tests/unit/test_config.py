@@ -196,3 +196,12 @@ def test_check_config_prints_the_documented_probe_defaults_for_a_partial_table(
     out = capsys.readouterr().out
     assert "probe nccl: enabled, every 60 s, timeout 180 s" in out
     assert "probe gemm: enabled, every 900 s, timeout 180 s" in out
+
+
+def test_the_pipeline_probe_is_off_by_default_and_keeps_its_own_defaults(tmp_path: Path) -> None:
+    assert "pipeline" not in load_settings(None)[0].probes
+    assert ("probes", "pipeline") in {("probes", n) for n in
+                                      _commented_probe_tables((REPO / "healthd.example.toml").read_text())}
+    settings, _ = load_settings(write(tmp_path, "[probes.pipeline]\nenabled = true\n"))
+    pipeline = settings.probes["pipeline"]
+    assert (pipeline.interval_s, pipeline.timeout_s, pipeline.nodes_per_job) == (21600.0, 300.0, 2)
