@@ -76,3 +76,24 @@ def test_summary_exports_the_slowest_link_per_node_and_full_every_link(tmp_path:
         per_link = [line for line in node_series(full, node) if line.startswith("healthd_pipeline_link_busbw")]
         assert len(per_link) == 4  # the links this node sends on: next and prev of its two ranks
         assert all('direction="' in line and 'gpu_uuid=""' in line for line in per_link)
+
+
+def test_a_configured_pipeline_probe_is_planned_on_an_idle_node_pair_with_its_local_ranks(tmp_path: Path) -> None:
+    from healthd.cluster.local import probe_argv
+    from healthd.config import load_settings
+    from healthd.planning import PlanLimits, plan
+
+    config = tmp_path / "healthd.toml"
+    config.write_text("[probes.pipeline]\nenabled = true\n")
+    settings, _ = load_settings(config)
+    probes = {"pipeline": settings.probes["pipeline"]}
+    nodes = [Node(n, "idle", gpus=8, gpu_type="h100", node_class="h100x8") for n in ("a", "b", "c")]
+    jobs = plan(nodes, probes=probes, last_attempts={}, busy_nodes=(), in_flight=0, now=1000.0,
+                limits=PlanLimits(), make_run_id=lambda: "r1", combine=True)
+    assert [(j.probe, j.nodes, j.timeout_s) for j in jobs] == [("pipeline", ("a", "b"), 300.0)]
+    assert jobs[0].bundle == ()  # a multi-node probe never joins a one-node check
+    argv = probe_argv("python", jobs[0], tmp_path / "r1.json", ranks=2)
+    assert argv[argv.index("--nproc") + 1] == "2" and argv[argv.index("--expect-gpus") + 1] == "8"
+    later = plan(nodes, probes=probes, last_attempts={(n.name, "pipeline"): 1000.0 for n in nodes}, busy_nodes=(),
+                 in_flight=0, now=1000.0 + 3600, limits=PlanLimits(), combine=True)
+    assert later == []  # its own interval: six hours
