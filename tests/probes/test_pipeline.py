@@ -108,20 +108,23 @@ def test_two_ranks_two_stages() -> None:
 
 
 @pytest.mark.slow
-def test_four_ranks_two_stages_two_replicas_1f1b() -> None:
-    run = run_probe(["pipeline", "--nproc", "4", "--schedule", "1f1b", *SHORT])
+def test_four_ranks_four_stages_1f1b() -> None:
+    """Two middle stages (neither embeddings nor head); the 2 stages x 2 replicas layout runs in the
+    slow-link test below."""
+    run = run_probe(["pipeline", "--nproc", "4", "--stages", "4", "--n-layer", "4", "--schedule", "1f1b", *SHORT])
     assert run.returncode == 0, run.stderr[-3000:]
     result = run.result
     assert result.outcome is Outcome.PASS, dump(result)
     p = result.params
-    assert (p["stages"], p["replicas"], p["schedule"]) == (2, 2, "1f1b")
+    assert (p["stages"], p["replicas"], p["schedule"], p["stage_blocks"]) == (
+        4, 1, "1f1b", [[0, 1], [1, 2], [2, 3], [3, 4]])
     assert [(r["rank"], r["stage"], r["replica"]) for r in p["stage_times"]] == [
-        (0, 0, 0), (1, 1, 0), (2, 0, 1), (3, 1, 1)]
+        (0, 0, 0), (1, 1, 0), (2, 2, 0), (3, 3, 0)]
     assert all(r["gradient_error"] < 1e-5 for r in p["stage_times"])
     assert len(_links(result)) == 8
     throughput = next(x for x in result.measurements if x.name == "throughput_samples_per_second")
     p50 = next(x for x in result.measurements if x.name == "step_seconds" and x.labels["quantile"] == "0.5").value
-    assert throughput.value == pytest.approx(2 * ddp.CPU_DEFAULT.batch_size / p50)
+    assert throughput.value == pytest.approx(ddp.CPU_DEFAULT.batch_size / p50)
 
 
 @pytest.mark.slow
@@ -131,6 +134,14 @@ def test_a_slow_link_is_named_and_the_other_node_has_no_slow_link() -> None:
     assert run.returncodes == [0, 0, 0, 0], run.stderrs[0][-3000:]
     result = run.result
     assert result.outcome is Outcome.PASS, dump(result)  # a slow link is for the judge, never a probe failure
+    p = result.params
+    assert (p["stages"], p["replicas"]) == (2, 2)  # two pipelines, their gradients averaged across them
+    assert [(r["node"], r["stage"], r["replica"]) for r in p["stage_times"]] == [
+        ("sim0", 0, 0), ("sim0", 1, 0), ("sim1", 0, 1), ("sim1", 1, 1)]
+    assert all(r["gradient_error"] < 1e-5 for r in p["stage_times"])
+    throughput = next(x for x in result.measurements if x.name == "throughput_samples_per_second")
+    p50 = next(x for x in result.measurements if x.name == "step_seconds" and x.labels["quantile"] == "0.5").value
+    assert throughput.node is None and throughput.value == pytest.approx(2 * ddp.CPU_DEFAULT.batch_size / p50)
     links = _links(result)
     assert len(links) == 8
     slow = links[(0, 1)]
