@@ -156,13 +156,18 @@ class ProbeSettings(_Section):
 PROBE_DEFAULTS: dict[str, dict[str, Any]] = {
     "gemm": {"interval_s": 900.0, "jitter_s": 60.0, "timeout_s": 180.0},
     "nccl": {"interval_s": 900.0, "jitter_s": 60.0, "timeout_s": 180.0},
+    "pipeline": {"interval_s": 21600.0, "jitter_s": 600.0, "timeout_s": 300.0, "nodes_per_job": 2},
 }
-"""The one source of per-probe defaults (over ``ProbeSettings``'s own): the probes that run when no
-``[probes]`` table is given, and what a partial ``[probes.<name>]`` table keeps for the keys it leaves out."""
+"""The one source of per-probe defaults (over ``ProbeSettings``'s own): what a partial
+``[probes.<name>]`` table keeps for the keys it leaves out."""
+
+DEFAULT_PROBES: tuple[str, ...] = ("gemm", "nccl")
+"""The probes that run when no ``[probes]`` table is given (the others, ``pipeline`` included, run only
+where the config has their table)."""
 
 
 def _default_probes() -> dict[str, ProbeSettings]:
-    return {name: ProbeSettings(**values) for name, values in PROBE_DEFAULTS.items()}
+    return {name: ProbeSettings(**PROBE_DEFAULTS[name]) for name in DEFAULT_PROBES}
 
 
 class LocalSettings(_Section):
@@ -270,6 +275,10 @@ def _default_series() -> list[SeriesSelector]:
         SeriesSelector(probe="ddp", name="model_flop_per_second"),
         SeriesSelector(probe="compute", name="mlp_flop_per_second", required=True),
         SeriesSelector(probe="compute", name="embedding_bag_bytes_per_second"),
+        SeriesSelector(probe="pipeline", name="throughput_samples_per_second", required=True),
+        SeriesSelector(probe="pipeline", name="link_min_busbw_bytes_per_second"),
+        SeriesSelector(probe="pipeline", name="link_min_ratio"),
+        SeriesSelector(probe="pipeline", name="p2p_bandwidth_bytes_per_second"),
     ]
 
 

@@ -123,6 +123,8 @@ HEADLINES: dict[tuple[str, str], dict[str, tuple[str, ...]]] = {
     ("param", "compute_flop_per_second"): {"scope": ("node", "total"), "dtype": ("bf16", "fp16", "tf32", "fp32")},
     ("horovod", "throughput_samples_per_second"): {"scope": ("total",)},
     ("ddp_benchmark", "throughput_samples_per_second"): {},
+    ("pipeline", "link_min_busbw_bytes_per_second"): {"scope": ("group", "node")},
+    ("pipeline", "link_min_ratio"): {"scope": ("group", "node")},
 }
 """The measurements a node exports with ``detail = "summary"``, and which of their series: one per GPU (the
 ``gpu`` label) of the preferred value of every other label (the largest ``size_bytes``)."""

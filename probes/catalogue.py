@@ -28,6 +28,7 @@ class ProbeName(StrEnum):
     DDP = "ddp"
     NCCL_TESTS = "nccl_tests"
     COMPUTE = "compute"
+    PIPELINE = "pipeline"
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ CATALOGUE: Mapping[ProbeName, ProbeSpec] = MappingProxyType({spec.name: spec for
     ProbeSpec(ProbeName.DDP, local_ranks=True, check=True),
     ProbeSpec(ProbeName.NCCL_TESTS, torch=False),
     ProbeSpec(ProbeName.COMPUTE, check=True),
+    ProbeSpec(ProbeName.PIPELINE, local_ranks=True, between_gpus=True),
 )})
 
 CHECK_COMMAND = "check"

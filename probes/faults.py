@@ -11,6 +11,10 @@ Kinds:
   or collective would; the probe must end within ``--timeout`` naming the rank.
 - ``crash:<rank>``: the rank exits abruptly (``os._exit``, no cleanup, no report) when the
   measurement phase starts.
+- ``slow_link:<rank>``: the ``pipeline`` probe delays each timed send of that rank to its ``next``
+  neighbour in the ring (``probes.pipeline.SLOW_LINK_DELAY_S``), as a slow link would: that one link
+  (one direction) must be named the slowest, the others not. ``corrupt`` in the ``pipeline`` probe
+  perturbs the rank's stage output in the gradient-checked step.
 - ``raise:<rank>``: the probe body raises ``RuntimeError`` on that rank when the measurement
   phase starts (as a bug in a probe would): the probe's outcome is ``error``.
 
@@ -31,7 +35,7 @@ FAULT_ENV = "HEALTHD_PROBE_FAULT"
 FAULT_PROBES_ENV = "HEALTHD_PROBE_FAULT_PROBES"
 CRASH_EXIT_CODE = 86
 
-FaultKind = Literal["corrupt", "hang", "crash", "raise"]
+FaultKind = Literal["corrupt", "hang", "crash", "raise", "slow_link"]
 
 
 @dataclass(frozen=True)

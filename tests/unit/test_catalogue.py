@@ -24,7 +24,7 @@ def test_every_probe_has_an_entry_and_a_module(name: ProbeName) -> None:
 
 
 def test_names_are_plain_strings_in_catalogue_order() -> None:
-    assert PROBE_NAMES == ("env", "nccl", "gemm", "ddp", "nccl_tests", "compute")
+    assert PROBE_NAMES == ("env", "nccl", "gemm", "ddp", "nccl_tests", "compute", "pipeline")
     assert all(type(n) is str for n in PROBE_NAMES)
     assert probe_spec("gemm") is CATALOGUE[ProbeName.GEMM] and probe_spec("param_comms") is None
 

@@ -226,3 +226,12 @@ def test_passive_is_off_unless_a_url_is_set(tmp_path: Path, capsys: pytest.Captu
     assert main(["check-config", "--config", str(path)]) == 0
     assert "passive signals: https://prom.example:9090 every 60 s, timeout 10 s; fault XIDs [48," in (
         capsys.readouterr().out)
+
+
+def test_the_pipeline_probe_is_off_by_default_and_keeps_its_own_defaults(tmp_path: Path) -> None:
+    assert "pipeline" not in load_settings(None)[0].probes
+    assert ("probes", "pipeline") in {("probes", n) for n in
+                                      _commented_probe_tables((REPO / "healthd.example.toml").read_text())}
+    settings, _ = load_settings(write(tmp_path, "[probes.pipeline]\nenabled = true\n"))
+    pipeline = settings.probes["pipeline"]
+    assert (pipeline.interval_s, pipeline.timeout_s, pipeline.nodes_per_job) == (21600.0, 300.0, 2)

@@ -769,3 +769,51 @@ def test_timeout_line_is_a_tool_error() -> None:
     [result] = to_probe_results(parse_nccl_tests(text), at=1.0)
     assert result.outcome is Outcome.ERROR
     assert result.reason == "Test timeout on node9 at common.cu:432: timeout after 60s"
+
+
+# --------------------------------------------------------------------------- sendrecv_perf
+
+SENDRECV = "synthetic_v2.16_sendrecv_2nodes.txt"
+
+
+def test_sendrecv_between_two_hosts_reads_busbw_as_nccl_tests_defines_it() -> None:
+    """sendrecv's bus factor is 1 (nccl-tests ``SendRecvGetBw``, doc/PERFORMANCE.md): busbw is algbw, and the
+    stored ``busbw_bytes_per_second`` is the printed busbw column, in bytes/s."""
+    run = _single(SENDRECV)
+    assert (run.program, run.collective, run.layout, run.nranks, run.hosts) == (
+        "sendrecv_perf", "sendrecv", "v2.13", 2, ("gpu-b07", "gpu-b08"))
+    assert bus_factor("sendrecv", 2) == bus_factor("sendrecv", 16) == 1.0
+    _check_against_oracle(run, SENDRECV, UNIFIED)
+    assert _check_bandwidth_arithmetic(run, SENDRECV, UNIFIED, "sendrecv", 2) == 12
+    assert all(row.redop == "sum" and row.root == -1 for row in run.rows)
+    assert all(row.in_place is not None and row.in_place.wrong is None for row in run.rows)  # N/A: not checked
+    last = run.rows[-1]
+    assert last.out_of_place == NcclTiming(22471.0, 47.78, 47.78, 0, None)
+    assert run.avg_busbw_gbps == 40.0058
+    [result] = to_probe_results(parse_nccl_tests(_text(SENDRECV)), at=1.0)
+    assert result.outcome is Outcome.PASS and result.nodes == ["gpu-b07", "gpu-b08"]
+    by = {(m.name, m.labels.get("size_bytes"), m.labels.get("placement")): m.value for m in result.measurements}
+    assert by[("busbw_bytes_per_second", "1073741824", "out_of_place")] == pytest.approx(47.78e9)
+    for (name, size, placement), value in by.items():
+        if name == "busbw_bytes_per_second":
+            assert value == by[("algbw_bytes_per_second", size, placement)]
+    assert {m.labels.get("collective") for m in result.measurements} == {"sendrecv"}
+
+
+def test_sendrecv_without_its_binary_name_needs_the_collective() -> None:
+    """A 2.13-2.16 sendrecv table prints ``sum``/``-1`` like all_reduce: without the command line the caller
+    names it (``collective=``), and its busbw is still the printed one."""
+    text = "\n".join(line for line in _text(SENDRECV).splitlines() if not line.startswith("$"))
+    [run] = parse_nccl_tests(text, collective="sendrecv").runs
+    assert (run.program, run.collective) == (None, "sendrecv")
+    named = _single(SENDRECV)
+    assert [(r.size_bytes, r.out_of_place, r.in_place) for r in run.rows] == [
+        (r.size_bytes, r.out_of_place, r.in_place) for r in named.rows]
+
+
+def test_sendrecv_golden(capsys: pytest.CaptureFixture[str]) -> None:
+    from healthd.cli import main
+    from tests.golden_files import assert_golden
+
+    assert main(["parse", "--tool", "nccl-tests", "--time", "2024-05-01T12:00:00Z", str(FIXTURES / SENDRECV)]) == 0
+    assert_golden("parse_nccl_tests_sendrecv.txt", capsys.readouterr().out)
