@@ -84,6 +84,9 @@ _CODE_RANK = {
     ReasonCode.BASELINE_DRIFT: 1,
 }
 PASS_TEXT = "every judged series within its floor, baseline and fleet"
+BY_NODE_PROBES = frozenset({passive.PROBE, "boundary"})
+"""Evidence that is not a probe the planner can run (passive signals, the node check at job boundaries): a
+re-probe asked for it runs the node's single-node probes, and any judged run of the node answers it."""
 
 
 def worst(findings: Iterable[Finding]) -> Finding | None:
@@ -815,8 +818,8 @@ class Judge:
         out: list[PriorityRequest] = []
         pools: dict[str, dict[str, tuple[str, ...]]] = {}
         for (probe, nodes), req in sorted(groups.items(), key=lambda item: (item[1].requested_at, item[0])):
-            if probe == passive.PROBE:
-                out.extend(PriorityRequest(name, nodes, (), 1, reason=f"{req.kind}: passive: {req.reason}"[:200])
+            if probe in BY_NODE_PROBES:
+                out.extend(PriorityRequest(name, nodes, (), 1, reason=f"{req.kind}: {probe}: {req.reason}"[:200])
                            for name, ps in sorted(probes.items()) if ps.enabled and ps.nodes_per_job == 1)
                 continue
             settings = probes.get(probe)
@@ -1029,10 +1032,11 @@ class Judge:
         touched: set[str] = set()
         for run in judged:
             for n in run.nodes:
-                pending = self.pending.get((n, passive.PROBE))
-                if pending is not None and pending.requested_at <= run.at:
-                    del self.pending[(n, passive.PROBE)]
-                    out.satisfied.append((n, passive.PROBE))
+                for pseudo in BY_NODE_PROBES - {run.probe}:
+                    pending = self.pending.get((n, pseudo))
+                    if pending is not None and pending.requested_at <= run.at:
+                        del self.pending[(n, pseudo)]
+                        out.satisfied.append((n, pseudo))
                 if not any(t.node == n for t in self.passive.values()):
                     continue
                 mark = next((mk for mk in reversed(self.marks.get((n, run.probe), ())) if mk.run_id == run.run_id),
