@@ -197,6 +197,10 @@ class RunInput:
     kind: RunKind = RunKind.PROBE
     gpu_uuids: Mapping[tuple[str, str], str] = field(default_factory=dict)
     """The UUID of each GPU of the run by (node, GPU index as its ``gpu`` label): per-GPU findings name it."""
+    links: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    """(node, scope) → the slowest link a run measured there, for people (the pipeline probe's
+    ``slowest_link``: ``rank 0 (node1 gpu 0) -> rank 1 (node2 gpu 0): 1.2 GB/s, 0.05 x the median ...``): a
+    finding on the node's link figures names both ends."""
 
     @property
     def priority(self) -> bool:

@@ -6,7 +6,7 @@ The judge (``healthd.judge.engine``) knows neither; the store maps the judge's t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from healthd.config import JudgeSettings
@@ -33,7 +33,23 @@ def run_from_collected(c: Collected, now: float) -> RunInput:
         failed = tuple(CheckInput(ch.name, ch.detail, ch.node, ch.gpu, ch.gpu_uuid)
                        for ch in result.checks if not ch.ok)
     return RunInput(c.run_id, c.probe, tuple(c.nodes), c.outcome, c.reason,
-                    result.finished_at if result is not None else now, measurements, failed, c.kind, uuids)
+                    result.finished_at if result is not None else now, measurements, failed, c.kind, uuids,
+                    slowest_links(result.params) if result is not None else {})
+
+
+def slowest_links(params: Mapping[str, object]) -> dict[tuple[str, str], str]:
+    """(node, scope) → the text of the slowest link the run measured there (both its ends' nodes)."""
+    out: dict[tuple[str, str], str] = {}
+    slowest = params.get("slowest_link")
+    if not isinstance(slowest, Mapping):
+        return out
+    for scope, link in slowest.items():
+        if isinstance(link, Mapping) and isinstance(link.get("text"), str):
+            for end in ("src_node", "dst_node"):
+                node = link.get(end)
+                if isinstance(node, str):
+                    out[(node, str(scope))] = str(link["text"])[:300]
+    return out
 
 
 def keep_seconds(settings: JudgeSettings) -> float:

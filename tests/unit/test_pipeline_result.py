@@ -97,3 +97,35 @@ def test_a_configured_pipeline_probe_is_planned_on_an_idle_node_pair_with_its_lo
     later = plan(nodes, probes=probes, last_attempts={(n.name, "pipeline"): 1000.0 for n in nodes}, busy_nodes=(),
                  in_flight=0, now=1000.0 + 3600, limits=PlanLimits(), combine=True)
     assert later == []  # its own interval: six hours
+
+
+def test_a_finding_on_a_nodes_slowest_link_names_the_link_with_both_ends() -> None:
+    from healthd.config import JudgeSettings
+    from healthd.judge.engine import Judge
+    from healthd.judge.persist import slowest_links
+
+    assert slowest_links(_result().params)[("sim0", "node")].startswith("rank ")
+    names = [f"p{i}" for i in range(8)]
+    judge = Judge(JudgeSettings())
+    nodes = [Node(n, "idle", gpus=2, gpu_type="h100", node_class="h100x2") for n in names]
+    t, k = 1000.0, 0
+
+    def run(a: str, b: str, ratio_a: float = 0.9, *, link: str = "") -> RunInput:
+        nonlocal k
+        k += 1
+        labels = {"scope": "group", "size_bytes": "1048576"}
+        ms = tuple(MeasurementInput(name, value * (1 + 0.003 * ((k + i) % 3)), labels, node)
+                   for i, node in enumerate((a, b))
+                   for name, value in (("link_min_ratio", ratio_a if node == a else 0.9),
+                                       ("link_min_busbw_bytes_per_second", 20e9 * (ratio_a if node == a else 0.9))))
+        ms += (MeasurementInput("throughput_samples_per_second", 400.0, {}, None),)
+        return RunInput(f"{k:016x}", "pipeline", (a, b), Outcome.PASS, "", t, ms,
+                        links={(a, "group"): link} if link else {})
+
+    for _ in range(4):
+        judge.evaluate([run(names[i], names[i + 1]) for i in range(0, 8, 2)], nodes, now=t)
+        t += 900
+    text = "rank 1 (p2 gpu 1) -> rank 2 (p3 gpu 0): 0.9 GB/s, 0.05 x the median 18 GB/s of 4 inter-node links"
+    out = judge.evaluate([run("p2", "p3", 0.05, link=text)], nodes, now=t)
+    [verdict] = [v for v in out.verdicts if v.node == "p2"]
+    assert verdict.outcome is Outcome.DEGRADED and f"the slowest link: {text}" in verdict.reason, verdict

@@ -169,6 +169,9 @@ def judge(ctx: Context, run: RunInput, selected: Sequence[Selected], cache: Flee
             why = throttled.get((node, m.labels.get("gpu"), m.labels.get("dtype"))) if found else None
             if why:
                 found = [replace(f, detail=f"{f.detail}; {why}") for f in found]
+            link = run.links.get((node, m.labels.get("scope", ""))) if found and m.name.startswith("link_") else None
+            if link:
+                found = [replace(f, detail=f"{f.detail}; the slowest link: {link}") for f in found]
             if m.node:
                 ev.node_findings.setdefault(node, []).extend(found)
             else:
