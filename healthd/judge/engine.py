@@ -995,8 +995,10 @@ class Judge:
                 touched |= {n for (n, p) in self.verdicts if p == passive.PROBE}
                 touched |= {t.node for t in self.passive.values()}
             crowded = self._crowded_hints(poll)
+            by_node = self._passive_by_node()
             for name in sorted(touched):
-                self._conclude_passive(name, now, out, ask=name in changed and self.node_class(name) not in crowded)
+                self._conclude_passive(name, by_node.get(name, []), now, out,
+                                       ask=name in changed and self.node_class(name) not in crowded)
             return out
 
     def _crowded_hints(self, poll: PassivePoll) -> set[str]:
@@ -1030,6 +1032,8 @@ class Judge:
         """Judged probe runs answer the passive tracks of their nodes: a failure confirms, a pass makes
         suspect (``sources.passive.probed``); a pending passive re-probe is satisfied by any of them."""
         touched: set[str] = set()
+        by_node = self._passive_by_node()
+        tracked = set(by_node)
         for run in judged:
             for n in run.nodes:
                 for pseudo in BY_NODE_PROBES - {run.probe}:
@@ -1037,23 +1041,32 @@ class Judge:
                     if pending is not None and pending.requested_at <= run.at:
                         del self.pending[(n, pseudo)]
                         out.satisfied.append((n, pseudo))
-                if not any(t.node == n for t in self.passive.values()):
+                if n not in tracked:
                     continue
                 mark = next((mk for mk in reversed(self.marks.get((n, run.probe), ())) if mk.run_id == run.run_id),
                             None)
                 failed = run.outcome is Outcome.FAIL or (mark is not None and mark.severity is Severity.FAIL)
                 clean = not failed and mark is not None and mark.severity is Severity.NONE and \
                     mark.code is ReasonCode.OK
-                self.passive, changed = passive.probed(self.passive, n, run.run_id, run.at, failed=failed, clean=clean)
-                if changed:
-                    touched.add(n)
+                mine = [self.passive[t.key] for t in by_node.get(n, ()) if t.key in self.passive]
+                for t in passive.probed(mine, run.run_id, run.at, failed=failed, clean=clean):
+                    if t.stage() != self.passive[t.key].stage():
+                        touched.add(n)
+                    self.passive[t.key] = t
         self.passive, ended = passive.expire(self.passive, now, self.settings.passive.window_s)
         touched |= {n for n in ended if (n, passive.PROBE) in self.verdicts}
+        by_node = self._passive_by_node()
         for node in sorted(touched):
-            self._conclude_passive(node, now, out, ask=False)
+            self._conclude_passive(node, by_node.get(node, []), now, out, ask=False)
 
-    def _conclude_passive(self, node: str, now: float, out: JudgeOutput, *, ask: bool) -> None:
-        tracks = [t for t in self.passive.values() if t.node == node]
+    def _passive_by_node(self) -> dict[str, list[passive.Track]]:
+        by_node: dict[str, list[passive.Track]] = defaultdict(list)
+        for t in self.passive.values():
+            by_node[t.node].append(t)
+        return by_node
+
+    def _conclude_passive(self, node: str, tracks: list[passive.Track], now: float, out: JudgeOutput, *,
+                          ask: bool) -> None:
         event = self.events.get((self.node_class(node), passive.PROBE))
         explained = event.text if event is not None and tracks and \
             all(t.first_at >= event.started_at for t in tracks if t.strength is Strength.FAULT) else None

@@ -30,7 +30,8 @@ from typing import Literal
 from healthd.model import Outcome
 from healthd.passive.model import PassivePoll, PassiveSignal, SignalName, Strength
 
-__all__ = ["PROBE", "Conclusion", "Strength", "Track", "conclude", "evidence", "expire", "observe", "probed", "restore"]
+__all__ = ["PROBE", "Conclusion", "Strength", "Track", "conclude", "evidence", "expire", "observe", "probed",
+           "restore"]
 
 PROBE = "passive"
 """The pseudo-probe of passive verdicts, findings and recommendations."""
@@ -152,22 +153,19 @@ def expire(tracks: Mapping[tuple[str, str, str], Track], now: float, window_s: f
     return out, {t.node for k, t in tracks.items() if k not in out}
 
 
-def probed(tracks: Mapping[tuple[str, str, str], Track], node: str, run_id: str, at: float, *, failed: bool,
-           clean: bool) -> tuple[dict[tuple[str, str, str], Track], bool]:
-    """A judged probe run of ``node`` at ``at``: a failure confirms its fault tracks begun before it; a
-    pass makes them suspect (unless they repeat) and is what a confirmed track needs to end."""
-    out = dict(tracks)
-    changed = False
-    for key, t in tracks.items():
-        if t.node != node or t.first_at > at:
+def probed(tracks: Iterable[Track], run_id: str, at: float, *, failed: bool, clean: bool) -> list[Track]:
+    """A judged probe run at ``at`` of the node of ``tracks``: a failure confirms its fault tracks begun
+    before it; a pass makes them suspect (unless they repeat) and is what a confirmed track needs to end.
+    The tracks that changed."""
+    out: list[Track] = []
+    for t in tracks:
+        if t.first_at > at:
             continue
         if failed and t.strength is Strength.FAULT and t.confirmed_at is None:
-            out[key] = replace(t, failed_run=run_id, confirmed_at=at)
-            changed = True
+            out.append(replace(t, failed_run=run_id, confirmed_at=at))
         elif clean and at > t.clean_at:
-            out[key] = replace(t, clean_run=run_id, clean_at=at)
-            changed = changed or t.stage() != out[key].stage()
-    return out, changed
+            out.append(replace(t, clean_run=run_id, clean_at=at))
+    return out
 
 
 @dataclass(frozen=True, slots=True)
