@@ -36,7 +36,7 @@ from healthd.remediation import Remediator
 from healthd.store import Store
 from tests.integration.conftest import CLUSTER_SCRIPT, REPO, SlurmTestCluster, wait_for
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.host_release_only]  # its own cluster: the host's release
+pytestmark = [pytest.mark.slurm, pytest.mark.slurm_release, pytest.mark.slow]
 
 
 @pytest.fixture
