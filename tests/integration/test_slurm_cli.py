@@ -23,6 +23,7 @@ import pytest
 
 from healthd.cluster.slurm_argv import JSON_DIALECTS, JsonDialect
 from healthd.cluster.slurm_cli import SlurmCli, SlurmClient, SlurmCommands
+from healthd.cluster.slurm_parse import Reservation
 from healthd.errors import SlurmError, SlurmTimeout
 from healthd.model import JobState, JobStatus
 from healthd.planning import PlanLimits, why_not_probeable
@@ -272,6 +273,26 @@ def test_busy_drained_and_reserved_nodes_are_not_probeable(cluster: SlurmTestClu
         assert nodes["node2"].drained, (output, nodes["node2"])
         assert (nodes["node2"].reason, nodes["node2"].reason_user) == ("hw: bad PSU ticket 42", "root")
         assert "MAINTENANCE" in nodes["node3"].flags, (output, nodes["node3"])
+
+
+@pytest.mark.slurm
+@pytest.mark.slurm_release
+def test_reservation_created_grown_shrunk_and_deleted(cluster: SlurmTestCluster) -> None:
+    """Every reservation command of healthd's rechecks (``SlurmBackend._reserve``/``_release``), including the
+    update that two overlapping rechecks make, which no other test reaches."""
+    cli = cluster.cli()
+    name = f"healthd_it_{uuid.uuid4().hex[:6]}"
+    assert cli.reservation(name) is None
+    cli.reserve(name, "root", ["node4"])
+    try:
+        assert cli.reservation(name) == Reservation(name, ("node4",), ("root",))
+        cli.set_reservation_nodes(name, ["node4", "node5"])
+        assert cli.reservation(name) == Reservation(name, ("node4", "node5"), ("root",))
+        cli.set_reservation_nodes(name, ["node5"])
+        assert cli.reservation(name) == Reservation(name, ("node5",), ("root",))
+    finally:
+        cli.delete_reservation(name)
+    assert cli.reservation(name) is None
 
 
 @pytest.mark.slurm
