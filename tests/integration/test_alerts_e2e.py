@@ -1,8 +1,7 @@
 """Degraded bandwidth reaches the operator: the daemon on the local backend in a network namespace, a real
 Prometheus and Alertmanager (Debian's packages) with the shipped rule file (only ``for: 2m`` shortened), and a
 webhook receiver. Real slow-downs: ``tc ... tbf`` on the namespace's loopback (the nccl probe's gloo traffic) and a
-CPU quota (a cgroup the gemm probe's ranks join once torch is imported: the GEMM runs slow, the start-up does
-not, as with a slow GPU). Nothing fires and nothing is recommended while healthy; the
+CPU quota (a cgroup the gemm probe's processes join). Nothing fires and nothing is recommended while healthy; the
 probe's own alert reaches the webhook after the slow-down and resolves after recovery, with no recommendation left.
 
 Root only (network namespaces, tc, cgroups), like the Slurm tests; skips with the reason otherwise. A few minutes.
@@ -40,19 +39,6 @@ SLOW_NET = ["tbf", "rate", "200mbit", "burst", "256kb", "limit", "4mb"]
 several times below a healthy run on a loaded CI machine (seen as low as 110 MB/s; a 2gbit limit was not)."""
 CPU_QUOTA_US, CPU_PERIOD_US = 1000, 10000
 """The gemm probe gets 10% of one CPU in 10 ms slices (smooth enough for its short timed section): about -80%."""
-
-THROTTLE_ENV = "HEALTHD_E2E_THROTTLE_PROCS"
-THROTTLE_HOOK = f"""
-# Each rank of the throttled gemm probe (LOCAL_RANK: not its launcher, whose ranks would inherit the cgroup)
-# imports torch at full speed, then joins the cgroup: the probe's measurement runs under the quota, its
-# interpreter start-up does not (at 10% of a CPU that alone took ~25 s a run, as a slow GPU would not).
-import os
-procs = os.environ.get("{THROTTLE_ENV}")
-if procs and "LOCAL_RANK" in os.environ:
-    import torch  # noqa: F401
-    with open(procs, "w") as out:
-        out.write(str(os.getpid()))
-"""
 
 WEBHOOK = """
 import http.server, sys
@@ -217,15 +203,10 @@ def _start(stack: Stack, name: str, argv: list[str]) -> None:
 
 
 def _configs(tmp: Path, cpu: Cpu, flag: Path) -> tuple[Path, Path, Path]:
-    hook = tmp / "throttle-hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(THROTTLE_HOOK)
     python = tmp / "probe-python"
     python.write_text(f"""#!/bin/sh
-# the gemm probe's ranks join the throttled cgroup while {flag} exists (sitecustomize in {hook})
-if [ "$3" = gemm ] && [ -e {flag} ]; then
-    export {THROTTLE_ENV}={cpu.procs} PYTHONPATH={hook}${{PYTHONPATH:+:$PYTHONPATH}}
-fi
+# the gemm probe joins the throttled cgroup while {flag} exists
+if [ "$3" = gemm ] && [ -e {flag} ]; then echo $$ > {cpu.procs}; fi
 exec {sys.executable} "$@"
 """)
     python.chmod(0o755)
