@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The Slurm integration tests (pytest -m slurm) once per Slurm release, each against a real cluster
-# of scripts/slurm-test-cluster.sh: start it, eval its env, pytest, stop it; prints the time per release.
+# The release-sensitive Slurm integration tests (pytest -m "slurm and slurm_release") once per Slurm
+# release, each against a real cluster of scripts/slurm-test-cluster.sh: start it, eval its env,
+# pytest, stop it; prints the time per release.
 #
 #   scripts/slurm-matrix.sh [RELEASE...] [-- PYTEST-ARGS...]   test; default releases: trixie sid,
-#                                                              PYTEST-ARGS instead of the default `tests`
+#                                                              PYTEST-ARGS instead of the default
+#                                                              `tests/integration` (where every slurm test is)
 #   scripts/slurm-matrix.sh build [RELEASE...]                 only build the chroots (in parallel)
 #
 # Releases are Debian suites: bookworm (Slurm 22.05, this host's packages), trixie (24.11) and sid
@@ -11,9 +13,17 @@
 # scripts/test.sh runs the whole suite against bookworm's cluster; this script adds the others. All
 # chroots are built in the background at the start, so one release's build overlaps the tests of the
 # one before; `build` lets a caller start that even earlier (a later test run waits for it).
-# Releases run one after the other (two clusters' tests at once on a 2-core machine time out). Tests
-# marked host_release_only (healthd's own logic over Slurm calls that other tests cover) run only
-# in the main suite, against the host's release.
+# Releases run one after the other (two clusters' tests at once on a 2-core machine time out).
+# Only the release-sensitive subset runs here: the tests marked `slurm_release` (pyproject.toml), those
+# of what a Slurm command's arguments, output, errors or behaviour may change between releases:
+# discovery (nodes busy, drained, in a maintenance reservation; JSON and text), submit, poll and
+# collect (test_slurm_cli, the launchers through the daemon, a held job cancelled), cancel,
+# drain/undrain and reservations (the recheck of an own drain), the topology, the Epilog= boundary
+# check (test_boundary_slurm), the controller down (test_controller_down_is_a_slurm_error) and the
+# scheduler's order (test_slurm_live's nice). Every Slurm command healthd runs is in it. The other
+# slurm tests (healthd's own logic over those same calls: the daemon with its defaults, on-demand
+# probes, adoption after SIGKILL, the controller outage, sweeps, the hang) run in the main suite,
+# against the host's release only.
 # Each cluster gets a fresh directory of its own ($HEALTHD_SLURM_MATRIX_DIR-<suite>, default
 # /tmp/healthd-slurm-matrix-<suite>) and free ports (16900+/17100+), apart from any cluster in use;
 # logs go to $HEALTHD_SLURM_MATRIX_DIR-logs. HEALTHD_SLURM_CHROOT_DIR and HEALTHD_SLURM_MIRROR are
@@ -101,8 +111,8 @@ ports_free() {  # ports_free FIRST COUNT: nothing listens on FIRST..FIRST+COUNT-
     ! ss -Hltn | awk '{ sub(/.*:/, "", $4); print $4 }' | awk -v a="$1" -v b="$(($1 + $2 - 1))" '$1 >= a && $1 <= b { f = 1 } END { exit !f }'
 }
 
-# run_release INDEX SUITE: start that release's cluster (fresh state, free ports), pytest -m slurm (less
-# host_release_only), stop it;
+# run_release INDEX SUITE: start that release's cluster (fresh state, free ports), pytest -m
+# "slurm and slurm_release", stop it;
 # the summary line goes to $LOGS/SUITE.summary. Returns non-zero when anything failed.
 run_release() {
     local i=$1 r=$2 build expected start_s tests_s t0 attempt result=passed
@@ -136,12 +146,12 @@ run_release() {
     fi
     start_s=$(since "$t0")
     log "$r: Slurm $(grep -o 'slurm-wlm [0-9.]*' "$LOGS/$r.start.log" | head -n 1 | cut -d' ' -f2) up in $start_s s" \
-        "(ports $HEALTHD_SLURM_CTLD_PORT, $HEALTHD_SLURM_NODE_PORT+); pytest -m slurm"
+        "(ports $HEALTHD_SLURM_CTLD_PORT, $HEALTHD_SLURM_NODE_PORT+); pytest -m 'slurm and slurm_release'"
     t0=$(now)
     if ! (
         eval "$("$CLUSTER" env)"
         HEALTHD_REQUIRE_SLURM=1 HEALTHD_SLURM_EXPECT_RELEASE=$expected \
-            "$PY" -m pytest -m "slurm and not host_release_only" -p no:cacheprovider -q "${pytest_args[@]}"
+            "$PY" -m pytest -m "slurm and slurm_release" -p no:cacheprovider -q "${pytest_args[@]}"
     ); then
         result=FAILED
     fi
@@ -153,7 +163,7 @@ run_release() {
     [[ $result == passed ]]
 }
 
-((${#pytest_args[@]})) || pytest_args=(tests)
+((${#pytest_args[@]})) || pytest_args=(tests/integration)  # collecting all of tests costs ~15 s a release
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 start_builds

@@ -186,11 +186,13 @@ mount --rbind /tmp "$root/tmp"
 mount --bind /etc/hosts "$root/etc/hosts"
 EOF
         for p in "${binds[@]}"; do printf 'mount --rbind %q "$root"%q\n' "$p" "$p"; done
-        # Inside, PATH without the wrappers (the chroot's own commands), plus the system directories.
+        # Inside, PATH without the wrappers (the chroot's own commands), plus the system directories: without
+        # any cluster's wrappers (a cluster started from another's environment, as test_boundary_slurm does,
+        # would otherwise run the other's wrapper inside the chroot, where its unshare fails).
         cat <<'EOF'
 path=
 IFS=:
-for p in $PATH; do [ "$p" = "$bin" ] || [ -z "$p" ] || path=${path:+$path:}$p; done
+for p in $PATH; do [ "$p" = "$bin" ] || [ -z "$p" ] || [ -e "$p/.enter" ] || path=${path:+$path:}$p; done
 unset IFS
 export PATH="${path:+$path:}/usr/sbin:/usr/bin:/sbin:/bin"
 exec chroot "$root" /bin/sh -c 'cd "$1" 2>/dev/null || cd /; shift; exec "$@"' enter "$PWD" "$@"

@@ -7,9 +7,10 @@
 # installed first, in one go, and the Slurm test cluster is started and stopped here. Otherwise the
 # tests that need them skip, saying why.
 # Extra arguments go to pytest (e.g. scripts/test.sh -k store -x).
-# HEALTHD_TEST_SLURM=0 skips starting the Slurm cluster. As root, the Slurm integration tests
-# also run against Slurm 24.11 (trixie) and 26.05 (sid) in chroots after the main suite
-# (scripts/slurm-matrix.sh; about 10 minutes); HEALTHD_TEST_SLURM_MATRIX=0 skips that.
+# HEALTHD_TEST_SLURM=0 skips starting the Slurm cluster. As root, the release-sensitive Slurm
+# integration tests (marked slurm_release) also run against Slurm 24.11 (trixie) and 26.05 (sid) in
+# chroots after the main suite (scripts/slurm-matrix.sh; about 3 minutes a release);
+# HEALTHD_TEST_SLURM_MATRIX=0 skips that.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh dev

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -32,3 +33,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         and "no Slurm test cluster" in str(report.longrepr)
     ):
         report.outcome = "failed"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every ``slurm`` test lives under tests/integration (``scripts/slurm-matrix.sh`` collects only there)
+    and ``slurm_release`` marks ``slurm`` tests only."""
+    integration = Path(__file__).resolve().parent / "integration"
+    misplaced = [item.nodeid for item in items if (
+        item.get_closest_marker("slurm_release") is not None and item.get_closest_marker("slurm") is None
+    ) or (item.get_closest_marker("slurm") is not None and integration not in item.path.resolve().parents)]
+    if misplaced:
+        raise pytest.UsageError(f"slurm tests must be under tests/integration and slurm_release ones slurm too: "
+                                f"{misplaced}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -36,7 +37,11 @@ from healthd.remediation import Remediator
 from healthd.store import Store
 from tests.integration.conftest import CLUSTER_SCRIPT, REPO, SlurmTestCluster, wait_for
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.host_release_only]  # its own cluster: the host's release
+pytestmark = [pytest.mark.slurm, pytest.mark.slurm_release, pytest.mark.slow]
+
+
+NOBODY = pwd.getpwnam("nobody").pw_uid
+"""By number: 26.05's ``sbatch --uid=nobody`` says ``Invalid --uid specification`` (22.05 and 24.11 take either)."""
 
 
 @pytest.fixture
@@ -73,7 +78,7 @@ def epilog_cluster(slurm_cluster: SlurmTestCluster) -> Iterator[tuple[dict[str, 
 
 
 def submit(env: dict[str, str], node: str, script: str) -> str:
-    done = subprocess.run(["sbatch", "--parsable", "--uid=nobody", "-w", node, "-D", "/tmp", "-o", "/dev/null",
+    done = subprocess.run(["sbatch", "--parsable", f"--uid={NOBODY}", "-w", node, "-D", "/tmp", "-o", "/dev/null",
                            "--wrap", script], env=env, capture_output=True, text=True, timeout=30, check=False)
     assert done.returncode == 0, done.stderr
     return done.stdout.strip().split(";")[0]

@@ -174,6 +174,7 @@ def test_pair_all_reduce_across_two_nodes(tmp_path: Path, cluster: SlurmTestClus
         daemon.kill()
 
 
+@pytest.mark.slurm_release  # a held job (extra_sbatch_args) seen pending, then scancel'ed
 def test_pending_too_long_is_cancelled_as_skipped(tmp_path: Path, cluster: SlurmTestCluster) -> None:
     port = free_port()
     extra = ('pending_timeout_s = 3\nextra_sbatch_args = ["--hold"]\n'
@@ -214,7 +215,6 @@ def test_sigkill_and_restart_adopts_running_jobs_without_duplicates(tmp_path: Pa
         again.kill()
 
 
-@pytest.mark.host_release_only
 def test_controller_outage_reports_slurm_down_and_recovers(tmp_path: Path, cluster: SlurmTestCluster) -> None:
     """slurmctld stops while a probe runs: slurm_up goes 0 within one discover interval, nothing is planned
     or submitted, /healthz says the daemon is fine and Slurm is not; back within one interval of its return,
@@ -273,7 +273,6 @@ timeout_s = 180
 """
 
 
-@pytest.mark.host_release_only
 def test_scaling_sweep_over_two_then_four_nodes(tmp_path: Path, cluster: SlurmTestCluster) -> None:
     port = free_port()
     daemon = start(tmp_path, write_config(tmp_path, port, probes=SWEEP), port, cluster.env)
@@ -294,7 +293,6 @@ def test_scaling_sweep_over_two_then_four_nodes(tmp_path: Path, cluster: SlurmTe
         daemon.kill()
 
 
-@pytest.mark.host_release_only
 def test_scaling_sweep_needs_two_idle_nodes(tmp_path: Path, cluster: SlurmTestCluster) -> None:
     for node in cluster.nodes[:-1]:
         done = cluster.command("sbatch", "-J", "user-job", "-w", node, "--exclusive", "-o", "/dev/null",

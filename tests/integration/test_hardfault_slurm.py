@@ -84,7 +84,6 @@ class Rig:
         return n.drained, n.reason
 
 
-@pytest.mark.host_release_only
 def test_a_hang_on_one_node_is_confirmed_and_drained_with_its_reason(cluster: SlurmTestCluster,
                                                                       tmp_path: Path) -> None:
     rig = Rig(cluster, tmp_path, fault="hang@node2")

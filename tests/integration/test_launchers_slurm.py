@@ -27,7 +27,7 @@ from probes.result import Outcome
 from tests.integration.conftest import SlurmTestCluster
 from tests.integration.daemons import DaemonProc, free_port, get
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = [pytest.mark.slurm, pytest.mark.slurm_release, pytest.mark.slow]
 
 
 @pytest.fixture

@@ -129,6 +129,7 @@ def reservation(cluster: SlurmTestCluster) -> str:
     return shown.stdout.strip() if shown.returncode == 0 else ""
 
 
+@pytest.mark.slurm_release  # drain, reservation create/delete, lift and re-drain, undrain: every scontrol path
 def test_own_drain_rechecked_in_healthds_reservation_then_undrained_after_passes(
     cluster: SlurmTestCluster, tmp_path: Path
 ) -> None:

@@ -23,8 +23,11 @@ import pytest
 
 from healthd.cluster.slurm_argv import JSON_DIALECTS, JsonDialect
 from healthd.cluster.slurm_cli import SlurmCli, SlurmClient, SlurmCommands
+from healthd.cluster.slurm_parse import Reservation
 from healthd.errors import SlurmError, SlurmTimeout
 from healthd.model import JobState, JobStatus
+from healthd.planning import PlanLimits, why_not_probeable
+from tests.integration.conftest import wait_for as wait_until
 
 if TYPE_CHECKING:
     from tests.integration.conftest import SlurmTestCluster
@@ -106,6 +109,7 @@ def test_the_client_satisfies_its_protocol() -> None:
 
 
 @pytest.mark.slurm
+@pytest.mark.slurm_release
 def test_version(slurm_cluster: SlurmTestCluster) -> None:
     major, minor, micro = slurm_cluster.cli().version()
     assert f" {major}.{minor:02d}.{micro}" in slurm_cluster.command("scontrol", "--version").stdout
@@ -116,6 +120,7 @@ def test_version(slurm_cluster: SlurmTestCluster) -> None:
 
 
 @pytest.mark.slurm
+@pytest.mark.slurm_release
 def test_nodes_with_gres_partitions_and_features(slurm_cluster: SlurmTestCluster) -> None:
     calls = Calls()
     nodes = slurm_cluster.cli(observer=calls).nodes()
@@ -138,6 +143,7 @@ def test_nodes_with_gres_partitions_and_features(slurm_cluster: SlurmTestCluster
 
 
 @pytest.mark.slurm
+@pytest.mark.slurm_release
 @pytest.mark.parametrize("output", ["json", "text"])
 def test_job_seen_pending_or_running_then_completed(
     slurm_cluster: SlurmTestCluster, tmp_path: Path, output: str
@@ -159,6 +165,7 @@ def test_job_seen_pending_or_running_then_completed(
 
 
 @pytest.mark.slurm
+@pytest.mark.slurm_release
 def test_failing_job_exit_code(slurm_cluster: SlurmTestCluster, tmp_path: Path) -> None:
     cli = slurm_cluster.cli()
     p = prefix()
@@ -168,6 +175,7 @@ def test_failing_job_exit_code(slurm_cluster: SlurmTestCluster, tmp_path: Path) 
 
 
 @pytest.mark.slurm
+@pytest.mark.slurm_release
 def test_one_jobs_call_sees_pending_running_and_finished(slurm_cluster: SlurmTestCluster, tmp_path: Path) -> None:
     cli = slurm_cluster.cli()
     p = prefix()
@@ -197,6 +205,7 @@ def test_one_jobs_call_sees_pending_running_and_finished(slurm_cluster: SlurmTes
 
 
 @pytest.mark.slurm
+@pytest.mark.slurm_release
 def test_cancel(slurm_cluster: SlurmTestCluster, tmp_path: Path) -> None:
     cli = slurm_cluster.cli()
     p = prefix()
@@ -211,6 +220,7 @@ def test_cancel(slurm_cluster: SlurmTestCluster, tmp_path: Path) -> None:
 
 
 @pytest.mark.slurm
+@pytest.mark.slurm_release
 def test_drain_and_undrain(slurm_cluster: SlurmTestCluster) -> None:
     cli = slurm_cluster.cli()
     before = cli.node("node4")
@@ -238,6 +248,55 @@ def test_drain_and_undrain(slurm_cluster: SlurmTestCluster) -> None:
 
 
 @pytest.mark.slurm
+@pytest.mark.slurm_release
+def test_busy_drained_and_reserved_nodes_are_not_probeable(cluster: SlurmTestCluster) -> None:
+    """The cluster of the daemon's defaults test (``test_daemon_slurm``, host release only) as each release
+    reports it: a node running a user's job, one drained by someone else, one in a maintenance reservation
+    and two idle. In JSON and in text, only the two idle nodes are probeable, and the drain's reason is read."""
+    user = cluster.command("sbatch", "--parsable", "-J", "user-training", "-w", "node1", "--exclusive",
+                           "-o", "/dev/null", "--wrap", "sleep 300")
+    assert user.returncode == 0, user.stderr
+    assert cluster.command("scontrol", "update", "nodename=node2", "state=drain",
+                           "reason=hw: bad PSU ticket 42").returncode == 0
+    reserve = cluster.command("scontrol", "create", "reservation", "reservationname=hd_test", "nodes=node3",
+                              "users=root", "starttime=now", "duration=60", "flags=maint,ignore_jobs")
+    assert reserve.returncode == 0, reserve.stderr
+    wait_until(lambda: "alloc" in cluster.command("sinfo", "-h", "-n", "node1", "-o", "%t").stdout, 30,
+               "the user job running")
+    wait_until(lambda: "maint" in cluster.command("sinfo", "-h", "-n", "node3", "-o", "%t").stdout, 30,
+               "node3 reserved")
+    for output in ("json", "text"):
+        nodes = {n.name: n for n in cluster.cli(output=output).nodes()}
+        why = {name: why_not_probeable(node, PlanLimits()) for name, node in nodes.items()}
+        assert [name for name, reason in why.items() if reason is None] == ["node4", "node5"], (output, why)
+        assert nodes["node1"].state in {"allocated", "mixed"}, (output, nodes["node1"])
+        assert nodes["node2"].drained, (output, nodes["node2"])
+        assert (nodes["node2"].reason, nodes["node2"].reason_user) == ("hw: bad PSU ticket 42", "root")
+        assert "MAINTENANCE" in nodes["node3"].flags, (output, nodes["node3"])
+
+
+@pytest.mark.slurm
+@pytest.mark.slurm_release
+def test_reservation_created_grown_shrunk_and_deleted(cluster: SlurmTestCluster) -> None:
+    """Every reservation command of healthd's rechecks (``SlurmBackend._reserve``/``_release``), including the
+    update that two overlapping rechecks make, which no other test reaches."""
+    cli = cluster.cli()
+    name = f"healthd_it_{uuid.uuid4().hex[:6]}"
+    assert cli.reservation(name) is None
+    cli.reserve(name, "root", ["node4"])
+    try:
+        assert cli.reservation(name) == Reservation(name, ("node4",), ("root",))
+        cli.set_reservation_nodes(name, ["node4", "node5"])
+        assert cli.reservation(name) == Reservation(name, ("node4", "node5"), ("root",))
+        cli.set_reservation_nodes(name, ["node5"])
+        assert cli.reservation(name) == Reservation(name, ("node5",), ("root",))
+    finally:
+        cli.delete_reservation(name)
+    assert cli.reservation(name) is None
+
+
+@pytest.mark.slurm
+@pytest.mark.slurm_release
 def test_command_errors_are_slurm_errors(slurm_cluster: SlurmTestCluster, tmp_path: Path) -> None:
     cli = slurm_cluster.cli()
     with pytest.raises(SlurmError, match=r"sbatch exited 1: .*Invalid partition name specified"):
@@ -261,6 +320,7 @@ def commands_with(name: str, argv: tuple[str, ...]) -> SlurmCommands:
 
 
 @pytest.mark.slurm
+@pytest.mark.slurm_release
 def test_unreadable_json_falls_back_to_text_for_good(
     slurm_cluster: SlurmTestCluster, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -284,6 +344,7 @@ def test_unreadable_json_falls_back_to_text_for_good(
 
 
 @pytest.mark.slurm
+@pytest.mark.slurm_release
 def test_json_failing_once_is_retried_next_time(
     slurm_cluster: SlurmTestCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -314,6 +375,7 @@ def test_json_failing_once_is_retried_next_time(
 
 
 @pytest.mark.slurm
+@pytest.mark.slurm_release
 @pytest.mark.slow
 def test_a_job_runs_the_probes_of_this_virtualenv(slurm_cluster: SlurmTestCluster, tmp_path: Path) -> None:
     """Batch scripts, result paths and this Python are visible to the job (in a chroot: bind mounts)."""
@@ -330,6 +392,7 @@ def test_a_job_runs_the_probes_of_this_virtualenv(slurm_cluster: SlurmTestCluste
 
 
 @pytest.mark.slurm
+@pytest.mark.slurm_release
 @pytest.mark.slow
 def test_controller_down_is_a_slurm_error(slurm_cluster: SlurmTestCluster) -> None:
     """Both JSON commands exit 0 with an ``errors`` array after about 9 s: that must be an error."""

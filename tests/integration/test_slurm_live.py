@@ -46,6 +46,7 @@ def user_job(cluster: SlurmTestCluster, node: str, seconds: int, name: str) -> s
     return done.stdout.strip().split(";")[0]
 
 
+@pytest.mark.slurm_release  # the scheduler's own order: priority/basic and nice differ between releases
 @pytest.mark.parametrize("nice", [DEFAULT_NICE, 0], ids=["healthd-nice", "control-without-nice"])
 def test_a_pending_probe_never_starts_before_a_later_user_job(tmp_path: Path, cluster: SlurmTestCluster,
                                                              nice: int) -> None:

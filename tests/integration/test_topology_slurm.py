@@ -43,6 +43,7 @@ def _shape(topology: Topology | None) -> object:
 
 
 @pytest.mark.slurm
+@pytest.mark.slurm_release
 def test_the_slurm_backend_reads_the_clusters_topology(slurm_cluster: SlurmTestCluster, tmp_path: Path) -> None:
     backend = SlurmBackend(slurm_cluster.cli(), LaunchSettings(python=sys.executable, results_dir=tmp_path))
     topology = read_topology(TopologySettings(), backend)
@@ -71,6 +72,7 @@ def test_the_slurm_backend_reads_the_clusters_topology(slurm_cluster: SlurmTestC
 
 
 @pytest.mark.slurm
+@pytest.mark.slurm_release
 def test_named_topologies(slurm_cluster: SlurmTestCluster) -> None:
     """25.05+: ``scontrol show topology NAME`` reads one of topology.yaml's; before, NAME would be a
     switch's name, so healthd refuses to ask."""
