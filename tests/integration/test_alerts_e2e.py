@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from healthd.store import Store
+from tests.integration.alerting import WEBHOOK, write_alertmanager_config, write_prometheus_config
 
 pytestmark = pytest.mark.slow
 
@@ -40,19 +41,6 @@ several times below a healthy run on a loaded CI machine (seen as low as 110 MB/
 CPU_QUOTA_US, CPU_PERIOD_US = 1000, 10000
 """The gemm probe gets 10% of one CPU in 10 ms slices (smooth enough for its short timed section): about -80%."""
 
-WEBHOOK = """
-import http.server, sys
-class Hook(http.server.BaseHTTPRequestHandler):
-    def do_POST(self):
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        with open(sys.argv[2], "ab") as out:
-            out.write(body.replace(b"\\n", b" ") + b"\\n")
-        self.send_response(200)
-        self.end_headers()
-    def log_message(self, *args):
-        pass
-http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Hook).serve_forever()
-"""
 
 
 def _missing() -> str | None:
@@ -253,28 +241,9 @@ format = "json"
     shortened, count = re.subn(r"^(\s+)for: 2m$", rf"\1for: {TEST_FOR}", shipped, flags=re.MULTILINE)
     assert count == 7, "the per-node alerts' for: changed: update the replacement"
     rules.write_text(shortened)
-    prometheus = tmp / "prometheus.yml"
-    prometheus.write_text(f"""
-global: {{scrape_interval: 2s, evaluation_interval: 2s}}
-rule_files: ["{rules}"]
-alerting:
-  alertmanagers: [{{static_configs: [{{targets: ["127.0.0.1:{AM_PORT}"]}}]}}]
-scrape_configs:
-  - job_name: healthd
-    static_configs: [{{targets: ["127.0.0.1:{DAEMON_PORT}"]}}]
-""")
-    alertmanager = tmp / "alertmanager.yml"
-    alertmanager.write_text(f"""
-route:
-  receiver: hook
-  group_by: [alertname, node]
-  group_wait: 1s
-  group_interval: 2s
-  repeat_interval: 1h
-receivers:
-  - name: hook
-    webhook_configs: [{{url: "http://127.0.0.1:{HOOK_PORT}/", send_resolved: true}}]
-""")
+    prometheus = write_prometheus_config(tmp / "prometheus.yml", rules=rules, alertmanager_port=AM_PORT,
+                                         targets={"healthd": DAEMON_PORT}, interval="2s")
+    alertmanager = write_alertmanager_config(tmp / "alertmanager.yml", hook_port=HOOK_PORT)
     return daemon, prometheus, alertmanager
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 import pytest
 
 from healthd.store import Store
+from tests.integration.alerting import WEBHOOK, write_alertmanager_config, write_prometheus_config
 
 pytestmark = pytest.mark.slow
 
@@ -40,19 +41,6 @@ RULES = ROOT / "grafana" / "alerts" / "healthd.rules.yml"
 NODE = "pnode"
 DAEMON_PORT, PROM_PORT, AM_PORT, HOOK_PORT, EXPORTER_PORT = 9479, 9291, 9294, 9297, 9298
 
-WEBHOOK = """
-import http.server, sys
-class Hook(http.server.BaseHTTPRequestHandler):
-    def do_POST(self):
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        with open(sys.argv[2], "ab") as out:
-            out.write(body.replace(b"\\n", b" ") + b"\\n")
-        self.send_response(200)
-        self.end_headers()
-    def log_message(self, *args):
-        pass
-http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Hook).serve_forever()
-"""
 
 
 def _missing() -> str | None:
@@ -196,30 +184,10 @@ format = "json"
     rules = tmp / "healthd.rules.yml"
     shortened = re.sub(r"^(\s+)for: (2m|1m)$", r"\1for: 2s", RULES.read_text(), flags=re.MULTILINE)
     rules.write_text(shortened)
-    prometheus = tmp / "prometheus.yml"
-    prometheus.write_text(f"""
-global: {{scrape_interval: 1s, evaluation_interval: 1s}}
-rule_files: ["{rules}"]
-alerting:
-  alertmanagers: [{{static_configs: [{{targets: ["127.0.0.1:{AM_PORT}"]}}]}}]
-scrape_configs:
-  - job_name: healthd
-    static_configs: [{{targets: ["127.0.0.1:{DAEMON_PORT}"]}}]
-  - job_name: dcgm-exporter
-    static_configs: [{{targets: ["127.0.0.1:{EXPORTER_PORT}"]}}]
-""")
-    alertmanager = tmp / "alertmanager.yml"
-    alertmanager.write_text(f"""
-route:
-  receiver: hook
-  group_by: [alertname, node]
-  group_wait: 1s
-  group_interval: 2s
-  repeat_interval: 1h
-receivers:
-  - name: hook
-    webhook_configs: [{{url: "http://127.0.0.1:{HOOK_PORT}/", send_resolved: true}}]
-""")
+    prometheus = write_prometheus_config(tmp / "prometheus.yml", rules=rules, alertmanager_port=AM_PORT,
+                                         targets={"healthd": DAEMON_PORT, "dcgm-exporter": EXPORTER_PORT},
+                                         interval="1s")
+    alertmanager = write_alertmanager_config(tmp / "alertmanager.yml", hook_port=HOOK_PORT)
     return daemon, prometheus, alertmanager
 
 

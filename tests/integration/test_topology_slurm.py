@@ -65,7 +65,7 @@ def test_the_slurm_backend_reads_the_clusters_topology(slurm_cluster: SlurmTestC
         daemon.discover()
         daemon.refresh_topology()
         assert _shape(daemon.topology) == _shape(topology) and daemon.judge.topology is daemon.topology
-        assert daemon.healthy()[1].endswith(describe(topology))
+        assert f"; {describe(topology)}; passive signals: off" in daemon.healthy()[1]
     finally:
         daemon.http._server.server_close()
         daemon.store.close()
