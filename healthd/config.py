@@ -278,6 +278,7 @@ def _default_series() -> list[SeriesSelector]:
         SeriesSelector(probe="pipeline", name="throughput_samples_per_second", required=True),
         SeriesSelector(probe="pipeline", name="link_min_busbw_bytes_per_second"),
         SeriesSelector(probe="pipeline", name="link_min_ratio"),
+        SeriesSelector(probe="pipeline", name="stage_skew_ratio"),
         SeriesSelector(probe="pipeline", name="p2p_bandwidth_bytes_per_second"),
     ]
 

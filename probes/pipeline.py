@@ -32,6 +32,9 @@ Three parts, one rank session:
    - ``stage_bubble_seconds`` (``gpu``): the rank's p50 pipelined step less its compute: waiting for its
      neighbours (the schedule's bubble, ``(S-1)/(M+S-1)`` of the step for GPipe), the transfers and DDP's
      all-reduce. A slow GPU shows as its stage's compute time; the others' bubbles grow with it;
+   - ``stage_skew_ratio`` (``gpu``; with 2 replicas or more): the median compute time of the rank's stage
+     over the replicas divided by its own (below 1: slower than the same stage on the other GPUs);
+     ``params.slowest_stage`` names the slowest GPU;
    - check ``pipeline.gradients_match``: before any optimizer step, one pipelined step (fp32, no
      autocast) on a fixed batch gives the same gradients as the unpipelined model on the same batch
      (every rank computes the whole model on its replica's batch; averaged over the replicas as DDP
@@ -721,6 +724,24 @@ def link_measurements(links: Sequence[Link], size: int) -> list[Measurement]:
     return out
 
 
+def stage_skew(rows: Sequence[dict[str, Any]]) -> dict[int, float]:
+    """Rank → the median compute time of its stage over the replicas divided by its own (1: like its stage's
+    other GPUs; 0.5: twice as slow). The same stage does the same work on every replica, so a slow GPU is
+    its own stage's outlier; different stages differ in work and are never compared. Only with 2 replicas
+    or more."""
+    by_stage: dict[int, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_stage.setdefault(row["stage"], []).append(row)
+    out: dict[int, float] = {}
+    for group in by_stage.values():
+        if len(group) < 2:
+            continue
+        mid = median([row["compute_seconds"] for row in group])
+        for row in group:
+            out[row["rank"]] = mid / row["compute_seconds"] if row["compute_seconds"] > 0 else 0.0
+    return out
+
+
 def summarize(ctx: ProbeContext, cfg: ddp.ModelConfig, layout: Layout, parameters: int, dtype: str,
               gathered: list[dict[str, Any]], link_size: int, out: ProbeOutput) -> ProbeOutput:
     world = len(gathered)
@@ -756,6 +777,21 @@ def summarize(ctx: ProbeContext, cfg: ddp.ModelConfig, layout: Layout, parameter
                            "compute_seconds": compute, "step_seconds": step,
                            "bubble_seconds": max(0.0, step - compute), "gradient_error": g["error"]})
     out.params["stage_times"] = stage_rows
+    skew = stage_skew(stage_rows)
+    for row in stage_rows:
+        ratio = skew.get(row["rank"])
+        if ratio is not None:
+            row["skew_ratio"] = ratio
+            out.measurements.append(Measurement(name="stage_skew_ratio", value=ratio, node=row["node"],
+                                                labels={"gpu": str(row["gpu"])}))
+    if skew:
+        slow = min((row for row in stage_rows if row["rank"] in skew), key=lambda row: skew[row["rank"]])
+        uuid = f", {slow['gpu_uuid']}" if slow["gpu_uuid"] else ""
+        out.params["slowest_stage"] = {
+            **{k: slow[k] for k in ("rank", "stage", "replica", "node", "gpu", "gpu_uuid")},
+            "ratio": skew[slow["rank"]],
+            "text": f"stage {slow['stage']} on rank {slow['rank']} ({slow['node']} gpu {slow['gpu']}{uuid}): "
+                    f"{1 / skew[slow['rank']]:.2f} x its stage's median compute time over {layout.replicas} replicas"}
 
     bad = [row for row in stage_rows if not row["gradient_error"] <= ctx.args.tolerance]
     detail = "largest relative L2 difference of a stage's gradients from the unpipelined step: " + \

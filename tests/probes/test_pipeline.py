@@ -58,6 +58,15 @@ def test_the_ring_holds_every_neighbour_pair_both_ways_once() -> None:
     assert all(abs(a - b) in (1, 4) for a, b, _ in links)
 
 
+def test_stage_skew_compares_a_stage_with_itself_on_the_other_replicas_only() -> None:
+    from probes.pipeline import stage_skew
+
+    rows = [{"rank": 0, "stage": 0, "compute_seconds": 1.0}, {"rank": 1, "stage": 1, "compute_seconds": 3.0},
+            {"rank": 2, "stage": 0, "compute_seconds": 2.0}, {"rank": 3, "stage": 1, "compute_seconds": 3.0}]
+    assert stage_skew(rows) == {0: 1.5, 1: 1.0, 2: 0.75, 3: 1.0}  # stage 1's work is heavier: no finding
+    assert stage_skew(rows[:2]) == {}  # one replica: nothing to compare a stage with
+
+
 def test_slow_link_is_a_fault_kind() -> None:
     assert [(f.kind, f.rank) for f in parse_faults("slow_link:3,corrupt:1")] == [("slow_link", 3), ("corrupt", 1)]
 
@@ -139,6 +148,10 @@ def test_a_slow_link_is_named_and_the_other_node_has_no_slow_link() -> None:
     assert [(r["node"], r["stage"], r["replica"]) for r in p["stage_times"]] == [
         ("sim0", 0, 0), ("sim0", 1, 0), ("sim1", 0, 1), ("sim1", 1, 1)]
     assert all(r["gradient_error"] < 1e-5 for r in p["stage_times"])
+    skew = {(x.node, x.labels["gpu"]): x.value for x in result.measurements if x.name == "stage_skew_ratio"}
+    assert set(skew) == {("sim0", "0"), ("sim0", "1"), ("sim1", "0"), ("sim1", "1")} and min(skew.values()) > 0
+    assert p["slowest_stage"]["ratio"] == min(skew.values()) and "median compute time over 2 replicas" in \
+        p["slowest_stage"]["text"]
     throughput = next(x for x in result.measurements if x.name == "throughput_samples_per_second")
     p50 = next(x for x in result.measurements if x.name == "step_seconds" and x.labels["quantile"] == "0.5").value
     assert throughput.node is None and throughput.value == pytest.approx(2 * ddp.CPU_DEFAULT.batch_size / p50)

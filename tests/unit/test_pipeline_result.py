@@ -129,3 +129,32 @@ def test_a_finding_on_a_nodes_slowest_link_names_the_link_with_both_ends() -> No
     out = judge.evaluate([run("p2", "p3", 0.05, link=text)], nodes, now=t)
     [verdict] = [v for v in out.verdicts if v.node == "p2"]
     assert verdict.outcome is Outcome.DEGRADED and f"the slowest link: {text}" in verdict.reason, verdict
+
+
+def test_a_gpu_slower_than_its_stage_on_the_other_replicas_is_a_finding_on_that_gpu() -> None:
+    from healthd.config import JudgeSettings
+    from healthd.judge.engine import Judge
+
+    names = [f"p{i}" for i in range(8)]
+    judge = Judge(JudgeSettings())
+    nodes = [Node(n, "idle", gpus=2, gpu_type="h100", node_class="h100x2") for n in names]
+    t, k = 1000.0, 0
+
+    def run(a: str, b: str, slow: float = 1.0) -> RunInput:
+        nonlocal k
+        k += 1
+        ms = tuple(MeasurementInput("stage_skew_ratio", (slow if (node, gpu) == ("p4", 1) else 1.0)
+                                    * (1 + 0.004 * ((k + gpu) % 3 - 1)), {"gpu": str(gpu)}, node)
+                   for node in (a, b) for gpu in (0, 1))
+        ms += (MeasurementInput("throughput_samples_per_second", 400.0, {}, None),)
+        uuids = {(node, str(gpu)): f"GPU-{node}-{gpu}" for node in (a, b) for gpu in (0, 1)}
+        return RunInput(f"{k:016x}", "pipeline", (a, b), Outcome.PASS, "", t, ms, gpu_uuids=uuids)
+
+    for _ in range(4):
+        judge.evaluate([run(names[i], names[i + 1]) for i in range(0, 8, 2)], nodes, now=t)
+        t += 900
+    out = judge.evaluate([run("p4", "p5", 0.5)], nodes, now=t)
+    [verdict] = [v for v in out.verdicts if v.node == "p4"]
+    assert verdict.outcome is Outcome.DEGRADED and verdict.evidence["gpu"] == "1", verdict
+    assert verdict.evidence["gpu_uuid"] == "GPU-p4-1" and "stage_skew_ratio" in verdict.reason, verdict
+    assert not [v for v in out.verdicts if v.node == "p5" and v.outcome is not Outcome.PASS]
