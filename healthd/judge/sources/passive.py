@@ -22,6 +22,7 @@ at once is a fleet event (the judge applies the fleet rule to ``samples``): one 
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -220,9 +221,7 @@ def _order(t: Track) -> int:
 
 
 def _clock(at: float) -> str:
-    import datetime as _dt
-
-    return _dt.datetime.fromtimestamp(at, _dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def evidence(c: Conclusion) -> dict[str, float | str]:
