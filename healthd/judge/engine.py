@@ -66,7 +66,7 @@ from healthd.judge.noise import (
     typical,
     unbiased,
 )
-from healthd.judge.rounds import HELD, Hold, cold_retests, event_hold
+from healthd.judge.rounds import HELD, Hold, cold_retests, event_hold, leaf_hold
 from healthd.judge.series import key_of, missing_required, select
 from healthd.judge.sources import RunFindings, checks, measurements, passive
 from healthd.judge.sources.measurements import FleetCache, Selected
@@ -396,9 +396,21 @@ class Judge:
                 samples[probe].update((n, s) for n, s in sample.items() if s[0] >= cutoff and not (
                     s[1] and (n, probe) not in self.switches.held and self.switches.explains(n, probe)))
         changes, moved = self.switches.update(probes, samples, self.classes, self.settings.switch, now)
+        changes = [self._backdated(e) for e in changes]
         out.switch_findings.extend(changes)
         keys = {e.probe for e in changes}
         return {(n, p) for n, p in self.verdicts if p in keys and n in moved}
+
+    def _backdated(self, event: FleetEvent) -> FleetEvent:
+        """A switch finding named while findings of nodes it holds wait for it (``rounds.leaf_hold``,
+        ``rounds.event_hold``) starts when the first of them began: they are the switch's."""
+        if event.ended_at is not None or not event.switch:
+            return event
+        starts = [float(v.evidence.get("held_since") or event.started_at)
+                  for (n, p), v in self.verdicts.items()
+                  if p == event.probe and (n, p) in self.held and self.switches.holding(n, p) is event]
+        earliest = min(starts, default=event.started_at)
+        return self.switches.backdate(event, earliest) if earliest < event.started_at else event
 
     # -- recording ----------------------------------------------------------------------------
     def _record(self, run: RunInput, ev: RunFindings, out: JudgeOutput) -> None:
@@ -582,24 +594,44 @@ class Judge:
 
     def _event_hold(self, node: str, probe: str, findings: Sequence[Finding], run_ids: Sequence[str],
                     now: float) -> Hold | None:
-        """A new recommendation waits while the event rule has not seen its window (``rounds.event_hold``);
-        one already made, or one an event would not explain (event-proof findings), does not."""
+        """A new recommendation waits while the event rule has not seen its window (``rounds.event_hold``),
+        or the switch rule its leaf (``rounds.leaf_hold``); one already made, or one an event (a switch)
+        would not explain (event-proof, switch-proof findings), does not wait for it."""
         old = self.verdicts.get((node, probe))
         if old is not None and old.evidence.get("stage") == CONFIRMED:
-            return None
-        if findings and all(f.event_proof for f in findings):
             return None
         ids = set(run_ids)
         times = [mk.at for mk in self.marks.get((node, probe), ()) if mk.run_id in ids]
         times += [r.at for r in self.group_history.get((node, probe), ()) if r.run_id in ids]
         if not times:
             return None
-        cls = self.node_class(node)
-        cutoff = now - self.settings.fleet.event_window_s
-        sample = [(n, at, bad) for n, (at, bad) in self.samples.get((cls, probe), {}).items() if at >= cutoff]
         partners = {m for r in self.group_history.get((node, probe), ()) if r.run_id in ids for m in r.members}
-        sample = [row for row in sample if row[0] not in partners or row[0] == node]
-        return event_hold(sample, min(times), node, now, self.settings.fleet)
+        if not (findings and all(f.event_proof for f in findings)):
+            cls = self.node_class(node)
+            cutoff = now - self.settings.fleet.event_window_s
+            sample = [(n, at, bad) for n, (at, bad) in self.samples.get((cls, probe), {}).items()
+                      if at >= cutoff and (n not in partners or n == node)]
+            hold = event_hold(sample, min(times), node, now, self.settings.fleet)
+            if hold is not None:
+                return hold
+        if findings and all(f.switch_proof for f in findings):
+            return None
+        return self._leaf_hold(node, probe, min(times), partners | {node}, now)
+
+    def _leaf_hold(self, node: str, probe: str, since: float, exclude: set[str], now: float) -> Hold | None:
+        """``rounds.leaf_hold`` for the node's leaf (none without a topology, or for a node under none)."""
+        topology = self.switches.topology
+        leaf = topology.leaf_of.get(node) if topology is not None else None
+        if topology is None or leaf is None:
+            return None
+        cutoff = now - self.settings.fleet.event_window_s
+        mates = []
+        for mate in sorted(topology.nodes_under(leaf) - exclude):
+            sample = self.samples.get((self.node_class(mate), probe), {}).get(mate)
+            if sample is not None and sample[0] >= cutoff:
+                mates.append((mate, sample[0], sample[1]))
+        return leaf_hold(mates, since, now, min_nodes=self.settings.switch.min_nodes,
+                         window_s=self.settings.fleet.event_window_s, switch=leaf)
 
     def _error_shares(self, keys: set[tuple[str, str]]) -> dict[tuple[str, str], float]:
         """(class, probe) → the share of the class's nodes whose latest run of the probe is an error."""
@@ -682,7 +714,7 @@ class Judge:
             evidence["stage"] = CONFIRMED
             hold = self._event_hold(node, probe, findings, run_ids, now)
             if hold is not None:
-                text, evidence["stage"] = f"{text}; {hold.text}", HELD
+                text, evidence["stage"], evidence["held_since"] = f"{text}; {hold.text}", HELD, hold.since
             verdict = Verdict(node, probe, outcome, text, code.value, run_ids, _flat(evidence, top), at)
             recommend = hold is None
         elif status is not None and status.kind != "judged" and (latest is None or status.at >= latest.at):
@@ -1160,7 +1192,7 @@ def _flat(evidence: Mapping[str, object], top: Finding | None) -> dict[str, floa
     out: dict[str, float | str] = {}
     if top is not None:
         out.update(top.evidence())
-    for key in ("confirmed", "floor", "baseline", "stage"):
+    for key in ("confirmed", "floor", "baseline", "stage", "held_since"):
         value = evidence.get(key)
         if isinstance(value, int | float | str):
             out[key] = value

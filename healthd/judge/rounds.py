@@ -13,6 +13,20 @@ share of those fresh results that is flagged is at least half the event rule's
 is declared, the finding is the event's. A finding is held at most ``fleet.event_window_s`` after
 it began (the event rule has then seen its whole window).
 
+*The leaf barrier.* The same race per switch: with a topology, a node's finding can be localised
+(its re-probes, with a partner under its leaf and one under another, both bad) before its leafmates'
+regular results of the window are in, and so before the switch rule (``healthd.judge.switches``)
+could name a failing leaf: its first node would be drained for its switch (seen on the real Slurm
+test cluster when a round of pair jobs took longer than a localisation). So a new recommendation
+whose finding a switch would explain (not ``switch_proof``) also waits, for at most
+``fleet.event_window_s``, until as many of its leaf's other nodes have a regular result since the
+finding began as the switch rule needs beside it (``switch.min_nodes`` - 1, or all of the leaf's
+nodes sampled in the window if fewer), and, while any of those fresh results is flagged, until every
+node of the leaf sampled in the window has one: by then the switch rule has named the leaf (the
+finding is the switch's) or has not (the node's own fault: released). An independent fault under a
+healthy leaf waits for two of its leafmates' regular results: the same round, on a fleet whose
+round covers the leaf.
+
 *Cold start.* How many retests confirm a finding follows the class's chance flag rate
 (``noise.retests_for``). Before the judge has counted ``noise.MIN_RATE_SAMPLE`` regular results of
 a class, the rate is not known; taking ``confirm.n`` then (as a quiet fleet would need) lets a
@@ -90,9 +104,20 @@ class Hold:
     flagged: int
     need: int
     forming: bool
+    switch: str = ""
+    """The leaf whose switch rule it waits for (``leaf_hold``); empty: the class's event rule."""
+    since: float = 0.0
+    """When the held finding began: a switch named while it waits is dated back to it (its finding is
+    the switch's, not the node's)."""
 
     @property
     def text(self) -> str:
+        if self.switch and self.forming:
+            return (f"held: {self.switch} may be failing ({self.flagged} of its other nodes' {self.fresh} results "
+                    "since this finding began are flagged)")
+        if self.switch:
+            return (f"held until the switch rule has seen {self.switch} ({self.fresh} of {self.need} results of its "
+                    "other nodes since this finding began)")
         if self.forming:
             return (f"held: the class may show a fleet event forming ({self.flagged} of its {self.fresh} results "
                     "since this finding began are flagged)")
@@ -140,7 +165,40 @@ def event_hold(samples: Iterable[tuple[str, float, bool]], since: float, node: s
     need = min(max(settings.event_recent, math.ceil(settings.event_recent_fraction * len(rows))),
                sum(1 for name, _, _ in rows if name != node))
     if fresh < need:
-        return Hold(fresh, flagged, need, False)
+        return Hold(fresh, flagged, need, False, since=since)
     if flagged >= max(settings.event_min_nodes, settings.event_recent_share / 2 * fresh):
-        return Hold(fresh, flagged, need, True)
+        return Hold(fresh, flagged, need, True, since=since)
+    return None
+
+
+def leaf_hold(leafmates: Iterable[tuple[str, float, bool]], since: float, now: float, *, min_nodes: int,
+              window_s: float, switch: str) -> Hold | None:
+    """Whether a new recommendation waits for the switch rule to see its leaf (module docstring);
+    ``leafmates``: the latest regular ``(node, at, flagged)`` within the window of the leaf's other nodes
+    (the node and its partners in the finding's runs left out).
+
+    >>> mates = [("b", 90.0, False), ("c", 95.0, False), ("d", 80.0, False)]
+    >>> leaf_hold(mates, 100.0, 110.0, min_nodes=3, window_s=3600, switch="leaf1").text
+    'held until the switch rule has seen leaf1 (0 of 2 results of its other nodes since this finding began)'
+    >>> leaf_hold([("b", 101.0, False), ("c", 102.0, False), ("d", 80.0, False)], 100.0, 110.0, min_nodes=3,
+    ...           window_s=3600, switch="leaf1") is None
+    True
+    >>> leaf_hold([("b", 101.0, True), ("c", 102.0, False), ("d", 80.0, False)], 100.0, 110.0, min_nodes=3,
+    ...           window_s=3600, switch="leaf1").forming
+    True
+    >>> leaf_hold(mates, 100.0, 100.0 + 3600, min_nodes=3, window_s=3600, switch="leaf1") is None
+    True
+    >>> leaf_hold([], 100.0, 110.0, min_nodes=3, window_s=3600, switch="leaf1") is None
+    True
+    """
+    if now - since >= window_s:
+        return None
+    rows = list(leafmates)
+    fresh = [bad for _, at, bad in rows if at >= since]
+    flagged = sum(fresh)
+    need = min(min_nodes - 1, len(rows))
+    if len(fresh) < need:
+        return Hold(len(fresh), flagged, need, False, switch, since)
+    if flagged and len(fresh) < len(rows):
+        return Hold(len(fresh), flagged, len(rows), True, switch, since)
     return None

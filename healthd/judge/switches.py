@@ -320,6 +320,15 @@ class SwitchFindings:
         self._index()
         return changes, moved
 
+    def backdate(self, event: FleetEvent, at: float) -> FleetEvent:
+        """``event`` (active) starting at ``at`` instead: findings of its nodes from then on are its."""
+        key = (event.switch, event.probe)
+        if self.active.get(key) is not event:
+            return event
+        self.active[key] = moved = replace(event, started_at=at)
+        self._index()
+        return moved
+
     def _end(self, key: tuple[str, str], event: FleetEvent, now: float, why: str) -> FleetEvent:
         del self.active[key]
         return replace(event, ended_at=now, text=f"{event.text}; {why}")
