@@ -10,9 +10,10 @@ Budget
 Each context has a hard time budget counted from the process's start (``DEFAULT_BUDGET_S``;
 ``--budget`` or ``[node_check]`` in healthd.toml). A check runs only when its nominal cost fits in
 what is left (less ``WRITE_RESERVE_S`` kept for the document); each tool call's timeout is what is
-left; the short GEMM runs in a child process killed at the budget; and a watchdog timer ends the
-process with exit 0 at the budget, whatever hangs. What does not fit is listed in the document's
-``params.skipped`` with the reason.
+left; every tool and the short GEMM run in a process group of their own, killed whole at their
+timeout; and a watchdog timer ends the process with exit 0 at the budget, whatever hangs, killing
+those groups first (as does Slurm's SIGTERM when it ends the script: nothing of the check is
+left). What does not fit is listed in the document's ``params.skipped`` with the reason.
 
 Checks, cheapest first
 ----------------------
@@ -151,16 +152,47 @@ class ToolTimeout(Exception):
     pass
 
 
+_groups: set[int] = set()
+"""Process groups of the children running now (each child leads its own): the watchdog and a
+termination signal kill them whole, so a stuck tool leaves nothing behind, its own children included."""
+
+
+def kill_groups() -> None:
+    """SIGKILL every child's process group still running (the watchdog's and a signal's last act)."""
+    for pgid in list(_groups):
+        with contextlib.suppress(OSError):
+            os.killpg(pgid, signal.SIGKILL)
+
+
+def run_group(argv: Sequence[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """``argv`` in a process group of its own, its output captured; at ``timeout`` the whole group is
+    killed (a tool's children too, which would otherwise hold its pipes open and outlive the check)
+    and ``subprocess.TimeoutExpired`` raised."""
+    proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, process_group=0)
+    _groups.add(proc.pid)
+    try:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the leader is not reaped yet: its group id is still ours
+            proc.communicate()
+            raise
+    finally:
+        _groups.discard(proc.pid)
+    return subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
+
+
 def run_tool(argv: Sequence[str], timeout: float) -> Tool | None:
-    """``argv`` with ``timeout``; ``None`` when the program is not on ``PATH``."""
+    """``argv`` with ``timeout`` (``run_group``); ``None`` when the program is not on ``PATH``."""
     exe = shutil.which(argv[0])
     if exe is None:
         return None
     if timeout <= 0:
         raise ToolTimeout(f"{argv[0]}: no time left")
     try:
-        done = subprocess.run([exe, *argv[1:]], capture_output=True, text=True, timeout=timeout, check=False,
-                              stdin=subprocess.DEVNULL)
+        done = run_group([exe, *argv[1:]], timeout)
     except subprocess.TimeoutExpired:
         raise ToolTimeout(f"{argv[0]} did not answer within {timeout:.1f} s") from None
     return Tool(done.returncode, done.stdout, done.stderr)
@@ -524,9 +556,8 @@ def check_gemm(s: Setup, budget: Budget, f: Findings, gpus: list[NodeGpu] | None
         return
     left = budget.left()
     try:
-        done = subprocess.run([sys.executable, "-c", GEMM_CODE % {"seconds": GEMM_SECONDS}, f"{left - 0.5:.2f}"],
-                              capture_output=True, text=True, timeout=max(0.1, left), check=False,
-                              stdin=subprocess.DEVNULL)
+        done = run_group([sys.executable, "-c", GEMM_CODE % {"seconds": GEMM_SECONDS}, f"{left - 0.5:.2f}"],
+                         max(0.1, left))
     except subprocess.TimeoutExpired:
         f.errors["gemm"] = f"killed at the budget after {left:.1f} s"
         return
@@ -558,6 +589,7 @@ def run_checks(s: Setup, budget: Budget) -> Findings:
     f = Findings()
     gpus: list[NodeGpu] | None = None
     if budget.fits(COST_S["gpus"]):
+        _current[0] = "gpus"
         try:
             gpus = check_gpus(s, budget, f)
         except ToolTimeout as exc:
@@ -762,7 +794,16 @@ _current = ["start-up"]
 
 
 def _watchdog(signum: int, frame: FrameType | None) -> None:
+    kill_groups()
     os.write(2, f"healthd node-check: budget exhausted in {_current[0]}; nothing more checked (exit 0)\n".encode())
+    os._exit(EXIT_OK)
+
+
+def _terminated(signum: int, frame: FrameType | None) -> None:
+    """Slurm ends a script past its limit with SIGTERM to its process group, then SIGKILL: the tools,
+    in groups of their own, go with the check."""
+    kill_groups()
+    os.write(2, f"healthd node-check: ended by signal {signum} in {_current[0]}; no document (exit 0)\n".encode())
     os._exit(EXIT_OK)
 
 
@@ -778,6 +819,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     if budget.deadline - time.monotonic() <= 0:
         print("healthd node-check: the budget was spent before the check started (exit 0)", file=sys.stderr)
         return EXIT_OK
+    previous = {sig: signal.signal(sig, _terminated) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     signal.signal(signal.SIGALRM, _watchdog)
     signal.setitimer(signal.ITIMER_REAL, max(0.01, budget.deadline - time.monotonic()))
     try:
@@ -803,6 +845,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         return EXIT_OK
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 if __name__ == "__main__":
