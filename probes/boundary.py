@@ -35,8 +35,10 @@ Exit status (what Slurm acts on: non-zero drains the node)
 ``1`` only when the node is certainly broken: GPUs missing, a leftover process of the ended job
 (holding GPU memory, or of the job's user), a hard XID, a row-remapping failure. ``0`` otherwise,
 including every check that could not run (a missing tool, its own exception, bad options, a results
-directory that cannot be written): the reason is printed on stderr and, where possible, written in
-the document. A broken health check never drains a healthy cluster.
+directory that cannot be written) and a check ended by a signal (Slurm's time limit for the script:
+its document, when there is time to write it, is ``error`` with what was found so far dropped): the
+reason is printed on stderr and, where possible, written in the document. A broken health check
+never drains a healthy cluster.
 
 The document
 ------------
@@ -587,6 +589,7 @@ def run_checks(s: Setup, budget: Budget) -> Findings:
     """Every check of ``s.context`` that fits in ``budget``, cheapest first; one that raises is recorded
     in ``errors`` and the next goes on."""
     f = Findings()
+    _findings[0] = f
     gpus: list[NodeGpu] | None = None
     if budget.fits(COST_S["gpus"]):
         _current[0] = "gpus"
@@ -799,12 +802,50 @@ def _watchdog(signum: int, frame: FrameType | None) -> None:
     os._exit(EXIT_OK)
 
 
+@dataclass(frozen=True)
+class _Run:
+    """What a termination signal needs to report the check it ends."""
+
+    opts: Options
+    budget: Budget
+    started_at: float
+
+
+_findings: list[Findings | None] = [None]
+_run: list[_Run | None] = [None]
+
+
+def terminated_document(run: _Run, partial: Findings | None, signum: int, where: str) -> ProbeResult:
+    """The document of a check ended by a signal (Slurm's time limit for the script): ``error``, could
+    not check, whatever the checks had found so far (a partial check never drains, not even by healthd:
+    only its ``skipped`` and ``errors`` are kept)."""
+    f = Findings(skipped=dict(partial.skipped) if partial else {}, errors=dict(partial.errors) if partial else {})
+    f.errors[where] = (f"ended by signal {signum} after {run.budget.elapsed():.1f} s (Slurm's time limit for the "
+                       "script, or a stop): not checked")
+    return result_of(run.opts.setup, f, run.budget, run_id=doc_name(run), started_at=run.started_at)
+
+
 def _terminated(signum: int, frame: FrameType | None) -> None:
     """Slurm ends a script past its limit with SIGTERM to its process group, then SIGKILL: the tools,
-    in groups of their own, go with the check."""
+    in groups of their own, go with the check, which writes an ``error`` document if it still can."""
     kill_groups()
-    os.write(2, f"healthd node-check: ended by signal {signum} in {_current[0]}; no document (exit 0)\n".encode())
+    where, said = _current[0], "no document"
+    run = _run[0]
+    if run is not None:
+        with contextlib.suppress(Exception):
+            doc = terminated_document(run, _findings[0], signum, where).to_json() + "\n"
+            if run.opts.stdout or run.opts.results_dir is None:
+                os.write(1, doc.encode())
+                said = "an error document printed"
+            else:
+                said = f"error document {write_document(run.opts.results_dir, doc_name(run), doc)}"
+    os.write(2, f"healthd node-check: ended by signal {signum} in {where}; {said} (exit 0)\n".encode())
     os._exit(EXIT_OK)
+
+
+def doc_name(run: _Run) -> str:
+    s = run.opts.setup
+    return document_name(s.node, s.context, s.job_id, run.started_at)
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
@@ -819,6 +860,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     if budget.deadline - time.monotonic() <= 0:
         print("healthd node-check: the budget was spent before the check started (exit 0)", file=sys.stderr)
         return EXIT_OK
+    _run[0], _findings[0] = _Run(opts, budget, started_at), None
     previous = {sig: signal.signal(sig, _terminated) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     signal.signal(signal.SIGALRM, _watchdog)
     signal.setitimer(signal.ITIMER_REAL, max(0.01, budget.deadline - time.monotonic()))
@@ -847,6 +889,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         signal.setitimer(signal.ITIMER_REAL, 0)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        _run[0] = None
 
 
 if __name__ == "__main__":

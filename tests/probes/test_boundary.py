@@ -405,13 +405,15 @@ def test_short_gemm_on_cpu_gives_a_figure(tmp_path: Path, monkeypatch: pytest.Mo
     assert m.labels == {"dtype": "fp32"} and m.value > 1e8
 
 
-def test_slurms_sigterm_ends_the_check_and_its_tools(tmp_path: Path) -> None:
+def test_slurms_sigterm_ends_the_check_and_its_tools_with_an_error_document(tmp_path: Path) -> None:
     """As slurmd ends a script past PrologEpilogTimeout: SIGTERM to the script's process group (the
-    tools, in groups of their own, are not in it)."""
-    env = base_env(tmp_path, make_hanging_smi(tmp_path))
+    tools, in groups of their own, are not in it). The document says ``error`` (never a drain)."""
+    env = {**base_env(tmp_path, make_hanging_smi(tmp_path)), "SLURM_JOB_ID": "88"}
+    out = tmp_path / "results"
+    out.mkdir()
     check = subprocess.Popen([sys.executable, "-m", "probes.boundary", "--context", "epilog", "--budget", "20",
-                              "--stdout", "--expect-gpus", "4"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, process_group=0)
+                              "--results-dir", str(out), "--expect-gpus", "4"], cwd=ROOT, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0)
     try:
         deadline = time.monotonic() + 15
         while len(list((tmp_path / "pids").glob("*"))) < 2 or not all(
@@ -419,11 +421,28 @@ def test_slurms_sigterm_ends_the_check_and_its_tools(tmp_path: Path) -> None:
             assert time.monotonic() < deadline and check.poll() is None, "the fake tool never started"
             time.sleep(0.05)
         os.killpg(check.pid, 15)
-        out, err = check.communicate(timeout=10)
+        _, err = check.communicate(timeout=10)
     finally:
         if check.poll() is None:
             check.kill()
     assert check.returncode == 0, err
-    assert "ended by signal 15 in gpus" in err and out == ""
+    assert "ended by signal 15 in gpus; error document" in err
     pids = tree_of(tmp_path)
     assert gone(pids), [p for p in pids if alive(p)]
+    [doc] = out.glob("boundary-gpu01-epilog-88-*.json")
+    result = ProbeResult.model_validate_json(doc.read_text())
+    assert result.outcome is Outcome.ERROR and result.checks == [] and result.run_id == doc.stem
+    assert result.params["errors"]["gpus"].startswith("ended by signal 15 after ")
+    assert "Slurm's time limit" in result.reason
+
+
+def test_a_signal_after_a_failed_check_is_still_an_error(tmp_path: Path) -> None:
+    """What a check had found before Slurm ended it (here a GPU missing) is not a verdict: Slurm's
+    limit, not the check, decided the exit; the document is ``error``."""
+    opts = b.options(["--context", "epilog", "--stdout", "--expect-gpus", "4"], {"SLURMD_NODENAME": "gpu01"})
+    partial = b.Findings(checks=[b.Check(name="env.gpu_count", ok=False, node="gpu01", detail="3 GPU(s) visible")],
+                         skipped={"gemm": "turned off (--no-gemm)"})
+    result = b.terminated_document(b._Run(opts, b.Budget(30.0), time.time()), partial, 15, "errors")
+    assert result.outcome is Outcome.ERROR and result.checks == []
+    assert result.params["skipped"] == {"gemm": "turned off (--no-gemm)"}
+    assert "errors" in result.params["errors"]
