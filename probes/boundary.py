@@ -826,8 +826,8 @@ def terminated_document(run: _Run, partial: Findings | None, signum: int, where:
 
 
 def _terminated(signum: int, frame: FrameType | None) -> None:
-    """Slurm ends a script past its limit with SIGTERM to its process group, then SIGKILL: the tools,
-    in groups of their own, go with the check, which writes an ``error`` document if it still can."""
+    """The check is stopped (Slurm ended its script: see ``detach_from_script``): its tools' groups are
+    killed and it writes an ``error`` document if it can."""
     kill_groups()
     where, said = _current[0], "no document"
     run = _run[0]
@@ -843,12 +843,41 @@ def _terminated(signum: int, frame: FrameType | None) -> None:
     os._exit(EXIT_OK)
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def detach_from_script() -> None:
+    """Lead a process group of our own and be sent SIGTERM when the script that ran the check dies.
+
+    Slurm ends a prolog or epilog past its time limit with SIGTERM to the script's process group and
+    SIGKILL 10 ms later: in that group, the check would be killed before it could end its tools (in
+    groups of their own) and report. Out of it, the wrapper's death tells the check (Linux's parent-death
+    signal), which kills its tools and writes its ``error`` document in its own time; its watchdog
+    still ends it at the budget. Where this cannot be done (the check is its session's leader, no
+    ``prctl``) it stays as it was."""
+    with contextlib.suppress(OSError):
+        if os.getpgid(0) != os.getpid():
+            os.setpgid(0, 0)
+    parent = os.getppid()
+    try:
+        import ctypes
+
+        if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM) != 0:
+            return
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the script died before the parent-death signal was set
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def doc_name(run: _Run) -> str:
     s = run.opts.setup
     return document_name(s.node, s.context, s.job_id, run.started_at)
 
 
-def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None, *, detach: bool = True) -> int:
+    """The check (``detach``: out of the script's process group, see ``detach_from_script``; off in tests
+    that call this in their own process)."""
     env = os.environ if environ is None else environ
     started_at = process_start_time()
     try:
@@ -863,6 +892,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     _run[0], _findings[0] = _Run(opts, budget, started_at), None
     previous = {sig: signal.signal(sig, _terminated) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     signal.signal(signal.SIGALRM, _watchdog)
+    if detach:
+        detach_from_script()
     signal.setitimer(signal.ITIMER_REAL, max(0.01, budget.deadline - time.monotonic()))
     try:
         s = opts.setup

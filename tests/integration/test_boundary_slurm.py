@@ -56,15 +56,20 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slurm_release, pytest.mark.slow]
 NOBODY = pwd.getpwnam("nobody").pw_uid
 """By number: 26.05's ``sbatch --uid=nobody`` says ``Invalid --uid specification`` (22.05 and 24.11 take either)."""
 HEALTH_INTERVAL_S = 3
-PROLOG_BUDGET_S = 10.0
-"""Twice the default 5 s: on the shared 2-core machine at load 10+, python's start-up alone has taken 4 s
-(the check then skips what no longer fits and reports ``error``). The figures are printed against 5 s."""
+PROLOG_EPILOG_TIMEOUT_S = 10
+"""Slurm's limit for a prolog or epilog (``PrologEpilogTimeout``; 25.05+: ``PrologTimeout``, ``EpilogTimeout``)."""
+PROLOG_BUDGET_S = 8.0
+"""Above the default 5 s (under Slurm's limit): on the shared 2-core machine at load 10+, python's start-up
+alone has taken 4 s (the check then skips what no longer fits and reports ``error``). The figures are printed
+against 5 s."""
 NODES = ("node1", "node2")
 UUIDS = ("GPU-0f1e2d3c-4b5a-6978-8695-a4b3c2d1e0f1", "GPU-1f1e2d3c-4b5a-6978-8695-a4b3c2d1e0f2")
 FAKE_SMI = """#!/bin/sh
-# a fake nvidia-smi (no GPU on the test machine): two GPUs, or one while $FAULTS/$SLURMD_NODENAME exists
+# a fake nvidia-smi (no GPU on the test machine): two GPUs, or one while $FAULTS/$SLURMD_NODENAME exists;
+# stuck while $FAULTS/$SLURMD_NODENAME.hang-<context> exists
 n=2
 [ -e "{faults}/$SLURMD_NODENAME" ] && n=1
+[ -e "{faults}/$SLURMD_NODENAME.hang-$HD_CONTEXT" ] && exec sleep 300  # stuck: never answers
 case "$1" in
   -L) [ "$n" -ge 1 ] && echo "GPU 0: NVIDIA H100 80GB HBM3 (UUID: {u0})"
       [ "$n" -ge 2 ] && echo "GPU 1: NVIDIA H100 80GB HBM3 (UUID: {u1})"
@@ -126,7 +131,8 @@ def boundary_cluster(slurm_cluster: SlurmTestCluster) -> Iterator[BoundaryCluste
                    f'echo "$SLURM_JOB_ID $SLURMD_NODENAME $t0 $(date +%s.%N) $rc" >>{prolog_times}\nexit $rc')
         else:
             run = f"exec {run}"
-        outer.write_text(f"#!/bin/sh\nexport PYTHONPATH={REPO}\nexport PATH={fake_bin}:$PATH\n{run}\n")
+        outer.write_text(f"#!/bin/sh\nexport PYTHONPATH={REPO} HD_CONTEXT={context}\nexport PATH={fake_bin}:$PATH\n"
+                         f"{run}\n")
         scripts[context] = outer
     for p in (*base.glob("node-check-*"), *scripts.values(), fake_bin / "nvidia-smi"):
         p.chmod(0o755)
@@ -138,6 +144,7 @@ def boundary_cluster(slurm_cluster: SlurmTestCluster) -> Iterator[BoundaryCluste
                HEALTHD_SLURM_PROLOG=str(scripts["prolog"]), HEALTHD_SLURM_EPILOG=str(scripts["epilog"]),
                HEALTHD_SLURM_HEALTH_CHECK=str(scripts["health"]),
                HEALTHD_SLURM_HEALTH_CHECK_INTERVAL=str(HEALTH_INTERVAL_S),
+               HEALTHD_SLURM_PROLOG_EPILOG_TIMEOUT=str(PROLOG_EPILOG_TIMEOUT_S),
                SLURM_CONF=str(base / "c" / "etc" / "slurm.conf"))
     t0 = time.monotonic()
     started = subprocess.run([str(CLUSTER_SCRIPT), "start"], env=env, capture_output=True, text=True, timeout=120,
@@ -339,3 +346,59 @@ def take_over_and_lift(env: dict[str, str], results: Path, bad: dict[str, object
         assert not node_state(env, "node2").startswith("drain")
     finally:
         store.close()
+
+
+def test_an_epilog_ended_by_slurms_time_limit_is_an_error_and_no_drain_of_healthds(
+        boundary_cluster: BoundaryCluster, slurm_cluster: SlurmTestCluster, tmp_path: Path) -> None:
+    """An epilog whose tool hangs, with the check's budget (30 s) above Slurm's limit: slurmd ends the
+    script (SIGTERM) at the limit and drains the node with ``Epilog error``; the check kills its tool,
+    writes an ``error`` document and exits; healthd does not take that drain over (no failed check)."""
+    bc = boundary_cluster
+    env, results = bc.env, bc.results
+    bc.reset()
+    (bc.faults / "node1.hang-epilog").touch()  # only the epilog's nvidia-smi hangs
+    t0 = time.monotonic()
+    job = submit(env, "node1", "true")
+    try:
+        doc = wait_for(lambda: document(results, "node1", job), PROLOG_EPILOG_TIMEOUT_S + 30,
+                       "the stuck epilog's document")
+    except AssertionError:
+        log = results.parent / "c" / "log" / "slurmd.node1.log"
+        raise AssertionError(f"no document: node1 {node_state(env, 'node1')}, job {job} {job_state(env, job)}, "
+                             f"{sorted(p.name for p in results.glob('*node1-epilog*'))}, slurmd: "
+                             f"{log.read_text(errors='replace')[-3000:] if log.exists() else '?'}") from None
+    assert isinstance(doc, dict) and doc["outcome"] == "error", (doc["reason"], doc["params"])
+    took = time.monotonic() - t0
+    errors = doc["params"]["errors"]  # type: ignore[index]
+    assert str(errors["gpus"]).startswith("ended by signal 15 after "), errors
+    elapsed = float(doc["params"]["elapsed_s"])  # type: ignore[index]
+    assert PROLOG_EPILOG_TIMEOUT_S - 1 < elapsed < 30.0, elapsed  # Slurm's limit ended it, not the budget
+    wait_for(lambda: "drain" in node_state(env, "node1"), 20, "Slurm draining node1 for its epilog's time limit")
+    state = node_state(env, "node1")
+    print(f"\nepilog stuck past {PROLOG_EPILOG_TIMEOUT_S} s (Slurm {'.'.join(map(str, slurm_cluster.version))}): "
+          f"SIGTERM at elapsed_s {elapsed:.1f}, error document after {took:.1f} s; node1 {state}")
+    assert state.endswith("|Epilog error"), state
+    fake_bin = str(bc.results.parent / "fake-bin").encode()
+    stuck = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
+             if _reads(f"/proc/{pid}/cmdline").startswith(b"sleep\0300") and fake_bin in _reads(f"/proc/{pid}/environ")]
+    assert stuck == [], "the stuck tool outlived the check"
+
+    result = parse_result(json.dumps(doc))
+    collected = Collected(str(doc["run_id"]), "boundary", ("node1",), Outcome.ERROR, str(doc["reason"]), result,
+                          RunKind.BOUNDARY)
+    store = Store(tmp_path / "s.sqlite")
+    try:
+        backend = SlurmBackend(SlurmCli(env=env), LaunchSettings(python=sys.executable, results_dir=results))
+        remediator = Remediator(store, backend, RemediationSettings(mode="enforce"))
+        assert boundary_failures([collected]) == [] and remediator.adopt_boundary_drains([]) == []
+        assert node_state(env, "node1") == state and store.drains(open_only=True) == []  # Slurm's, not healthd's
+    finally:
+        store.close()
+
+
+def _reads(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
