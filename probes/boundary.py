@@ -854,7 +854,11 @@ def detach_from_script() -> None:
     groups of their own) and report. Out of it, the wrapper's death tells the check (Linux's parent-death
     signal), which kills its tools and writes its ``error`` document in its own time; its watchdog
     still ends it at the budget. Where this cannot be done (the check is its session's leader, no
-    ``prctl``) it stays as it was."""
+    ``prctl``) it stays as it was; run from a terminal (stdin a tty: by hand, not by slurmd) it stays
+    too, in the terminal's foreground group, where Ctrl-C reaches it."""
+    with contextlib.suppress(OSError, ValueError):
+        if sys.stdin is not None and sys.stdin.isatty():
+            return
     with contextlib.suppress(OSError):
         if os.getpgid(0) != os.getpid():
             os.setpgid(0, 0)

@@ -416,8 +416,8 @@ def test_slurms_sigterm_then_sigkill_end_the_check_and_its_tools_with_an_error_d
     wrapper.write_text(f"#!/bin/sh\n{sys.executable} -m probes.boundary --context epilog --budget 20 "
                        f"--results-dir {out} --expect-gpus 4\nexit $?\n")
     wrapper.chmod(0o755)
-    script = subprocess.Popen([str(wrapper)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, process_group=0)
+    script = subprocess.Popen([str(wrapper)], cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, process_group=0)  # as slurmd runs it: no terminal
     try:
         deadline = time.monotonic() + 15
         while len(list((tmp_path / "pids").glob("*"))) < 2 or not all(
@@ -452,3 +452,20 @@ def test_a_signal_after_a_failed_check_is_still_an_error(tmp_path: Path) -> None
     assert result.outcome is Outcome.ERROR and result.checks == []
     assert result.params["skipped"] == {"gemm": "turned off (--no-gemm)"}
     assert "errors" in result.params["errors"]
+
+
+def test_the_check_leaves_the_scripts_group_unless_run_from_a_terminal(tmp_path: Path) -> None:
+    import pty
+
+    code = "import os, probes.boundary as b\nb.detach_from_script()\nprint(os.getpgid(0) == os.getpid())\n"
+    slurmd = subprocess.run([sys.executable, "-c", code], cwd=ROOT, stdin=subprocess.DEVNULL, capture_output=True,
+                            text=True, timeout=30, check=True)
+    assert slurmd.stdout.strip() == "True"
+    leader, follower = pty.openpty()
+    try:
+        by_hand = subprocess.run([sys.executable, "-c", code], cwd=ROOT, stdin=follower, capture_output=True,
+                                 text=True, timeout=30, check=True)
+    finally:
+        os.close(leader)
+        os.close(follower)
+    assert by_hand.stdout.strip() == "False"  # in the terminal's group: Ctrl-C reaches it
