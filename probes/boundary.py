@@ -849,9 +849,9 @@ PR_SET_PDEATHSIG = 1
 def detach_from_script() -> None:
     """Lead a process group of our own and be sent SIGTERM when the script that ran the check dies.
 
-    Slurm ends a prolog or epilog past its time limit with SIGTERM to the script's process group and
-    SIGKILL 10 ms later: in that group, the check would be killed before it could end its tools (in
-    groups of their own) and report. Out of it, the wrapper's death tells the check (Linux's parent-death
+    Slurm ends a prolog or epilog past its time limit with SIGTERM to the script's process group (seen
+    on 22.05, 24.11 and 26.05), then SIGKILL: in that group, the check could be killed before it ends
+    its tools (in groups of their own) and reports. Out of it, the wrapper's death tells the check (Linux's parent-death
     signal), which kills its tools and writes its ``error`` document in its own time; its watchdog
     still ends it at the budget. Where this cannot be done (the check is its session's leader, no
     ``prctl``) it stays as it was; run from a terminal (stdin a tty: by hand, not by slurmd) it stays
@@ -870,8 +870,22 @@ def detach_from_script() -> None:
             return
     except (OSError, AttributeError):
         return
+    _pdeathsig[0] = True
     if os.getppid() != parent:  # the script died before the parent-death signal was set
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+_pdeathsig = [False]
+
+
+def _attach_again() -> None:
+    """No parent-death signal any more (``main`` returns to an in-process caller)."""
+    if _pdeathsig[0]:
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, 0)
+        _pdeathsig[0] = False
 
 
 def doc_name(run: _Run) -> str:
@@ -880,8 +894,7 @@ def doc_name(run: _Run) -> str:
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None, *, detach: bool = True) -> int:
-    """The check (``detach``: out of the script's process group, see ``detach_from_script``; off in tests
-    that call this in their own process)."""
+    """The check; ``detach``: leave the script's process group first (``detach_from_script``)."""
     env = os.environ if environ is None else environ
     started_at = process_start_time()
     try:
@@ -922,6 +935,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         return EXIT_OK
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
+        _attach_again()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         _run[0] = None

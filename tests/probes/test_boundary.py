@@ -406,8 +406,8 @@ def test_short_gemm_on_cpu_gives_a_figure(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def test_slurms_sigterm_then_sigkill_end_the_check_and_its_tools_with_an_error_document(tmp_path: Path) -> None:
-    """As slurmd ends a script past PrologEpilogTimeout: SIGTERM to the script's process group, SIGKILL
-    10 ms later (at once here). The check has left that group (``detach_from_script``): the wrapper's death tells it,
+    """As slurmd ends a script past PrologEpilogTimeout: SIGTERM to the script's process group, then
+    SIGKILL (at once here). The check has left that group (``detach_from_script``): the wrapper's death tells it,
     it kills its stuck tool's group and writes an ``error`` document (never a drain)."""
     env = {**base_env(tmp_path, make_hanging_smi(tmp_path)), "SLURM_JOB_ID": "88"}
     out = tmp_path / "results"
@@ -425,7 +425,7 @@ def test_slurms_sigterm_then_sigkill_end_the_check_and_its_tools_with_an_error_d
             assert time.monotonic() < deadline and script.poll() is None, "the fake tool never started"
             time.sleep(0.05)
         os.killpg(script.pid, 15)
-        os.killpg(script.pid, 9)  # slurmd waits 10 ms; none here: the check must not need them
+        os.killpg(script.pid, 9)  # no time between: the check must not need any
         script.communicate(timeout=10)
     finally:
         if script.poll() is None:
