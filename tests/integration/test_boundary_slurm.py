@@ -1,11 +1,12 @@
 """The node check as Slurm's ``Prolog=``, ``Epilog=`` and ``HealthCheckProgram=`` on a real Slurm cluster
 (``scripts/slurm-test-cluster.sh``).
 
-One cluster of its own for the module (two nodes, the release of the session's cluster, ports 40 above
-it) runs healthd's wrappers (``healthd install-files``' text) in all three places, ``HealthCheckInterval``
-3 s. Each node has a fake ``nvidia-smi`` (no GPU here: the output follows the real tool's) listing the two
-GPUs its GRES and expectation file say, or one GPU while the test puts a fault file for the node (a GPU
-gone). Jobs run as ``nobody`` (``sbatch --uid``: root's processes are never a user's leftovers).
+One cluster of its own for the module (two nodes, the release of the session's cluster, ports 40 above it)
+runs healthd's wrappers (``healthd install-files``' text) in all three places, ``HealthCheckInterval`` 3
+s, Slurm's prolog and epilog time limit 10 s. Each node has a fake ``nvidia-smi`` (no GPU here: the output
+follows the real tool's) listing the two GPUs its GRES and expectation file say, or one GPU while the test
+puts a fault file for the node (a GPU gone). Jobs run as ``nobody`` (``sbatch --uid``: root's processes
+are never a user's leftovers).
 
 - epilog: a user job ends, its document reaches the results directory and the node stays idle; a job
   that leaves a process of its user behind makes the epilog exit 1 and Slurm drains the node
@@ -15,7 +16,10 @@ gone). Jobs run as ``nobody`` (``sbatch --uid``: root's processes are never a us
   requeues the job held, not started anywhere;
 - health: slurmd runs the check every interval on every node, within budget; with a GPU gone it exits 1,
   which Slurm ignores (the node stays idle): healthd collects the documents and its own remediation
-  drains the node with a ``healthd:`` reason.
+  drains the node with a ``healthd:`` reason;
+- Slurm's time limit (``PrologEpilogTimeout``, 25.05+ ``EpilogTimeout``: 10 s): an epilog whose tool hangs
+  is ended by slurmd, which drains the node; the check leaves an ``error`` document and nothing running,
+  and healthd does not take that drain over.
 """
 
 from __future__ import annotations
