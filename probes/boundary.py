@@ -10,9 +10,10 @@ Budget
 Each context has a hard time budget counted from the process's start (``DEFAULT_BUDGET_S``;
 ``--budget`` or ``[node_check]`` in healthd.toml). A check runs only when its nominal cost fits in
 what is left (less ``WRITE_RESERVE_S`` kept for the document); each tool call's timeout is what is
-left; the short GEMM runs in a child process killed at the budget; and a watchdog timer ends the
-process with exit 0 at the budget, whatever hangs. What does not fit is listed in the document's
-``params.skipped`` with the reason.
+left; every tool and the short GEMM run in a process group of their own, killed whole at their
+timeout; and a watchdog timer ends the process with exit 0 at the budget, whatever hangs, killing
+those groups first (as does Slurm's SIGTERM when it ends the script: nothing of the check is
+left). What does not fit is listed in the document's ``params.skipped`` with the reason.
 
 Checks, cheapest first
 ----------------------
@@ -34,8 +35,10 @@ Exit status (what Slurm acts on: non-zero drains the node)
 ``1`` only when the node is certainly broken: GPUs missing, a leftover process of the ended job
 (holding GPU memory, or of the job's user), a hard XID, a row-remapping failure. ``0`` otherwise,
 including every check that could not run (a missing tool, its own exception, bad options, a results
-directory that cannot be written): the reason is printed on stderr and, where possible, written in
-the document. A broken health check never drains a healthy cluster.
+directory that cannot be written) and a check ended by a signal (Slurm's time limit for the script:
+its document, when there is time to write it, is ``error`` with what was found so far dropped): the
+reason is printed on stderr and, where possible, written in the document. A broken health check
+never drains a healthy cluster.
 
 The document
 ------------
@@ -151,16 +154,47 @@ class ToolTimeout(Exception):
     pass
 
 
+_groups: set[int] = set()
+"""Process groups of the children running now (each child leads its own): the watchdog and a
+termination signal kill them whole, so a stuck tool leaves nothing behind, its own children included."""
+
+
+def kill_groups() -> None:
+    """SIGKILL every child's process group still running (the watchdog's and a signal's last act)."""
+    for pgid in list(_groups):
+        with contextlib.suppress(OSError):
+            os.killpg(pgid, signal.SIGKILL)
+
+
+def run_group(argv: Sequence[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """``argv`` in a process group of its own, its output captured; at ``timeout`` the whole group is
+    killed (a tool's children too, which would otherwise hold its pipes open and outlive the check)
+    and ``subprocess.TimeoutExpired`` raised."""
+    proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, process_group=0)
+    _groups.add(proc.pid)
+    try:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the leader is not reaped yet: its group id is still ours
+            proc.communicate()
+            raise
+    finally:
+        _groups.discard(proc.pid)
+    return subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
+
+
 def run_tool(argv: Sequence[str], timeout: float) -> Tool | None:
-    """``argv`` with ``timeout``; ``None`` when the program is not on ``PATH``."""
+    """``argv`` with ``timeout`` (``run_group``); ``None`` when the program is not on ``PATH``."""
     exe = shutil.which(argv[0])
     if exe is None:
         return None
     if timeout <= 0:
         raise ToolTimeout(f"{argv[0]}: no time left")
     try:
-        done = subprocess.run([exe, *argv[1:]], capture_output=True, text=True, timeout=timeout, check=False,
-                              stdin=subprocess.DEVNULL)
+        done = run_group([exe, *argv[1:]], timeout)
     except subprocess.TimeoutExpired:
         raise ToolTimeout(f"{argv[0]} did not answer within {timeout:.1f} s") from None
     return Tool(done.returncode, done.stdout, done.stderr)
@@ -524,9 +558,8 @@ def check_gemm(s: Setup, budget: Budget, f: Findings, gpus: list[NodeGpu] | None
         return
     left = budget.left()
     try:
-        done = subprocess.run([sys.executable, "-c", GEMM_CODE % {"seconds": GEMM_SECONDS}, f"{left - 0.5:.2f}"],
-                              capture_output=True, text=True, timeout=max(0.1, left), check=False,
-                              stdin=subprocess.DEVNULL)
+        done = run_group([sys.executable, "-c", GEMM_CODE % {"seconds": GEMM_SECONDS}, f"{left - 0.5:.2f}"],
+                         max(0.1, left))
     except subprocess.TimeoutExpired:
         f.errors["gemm"] = f"killed at the budget after {left:.1f} s"
         return
@@ -556,8 +589,10 @@ def run_checks(s: Setup, budget: Budget) -> Findings:
     """Every check of ``s.context`` that fits in ``budget``, cheapest first; one that raises is recorded
     in ``errors`` and the next goes on."""
     f = Findings()
+    _findings[0] = f
     gpus: list[NodeGpu] | None = None
     if budget.fits(COST_S["gpus"]):
+        _current[0] = "gpus"
         try:
             gpus = check_gpus(s, budget, f)
         except ToolTimeout as exc:
@@ -762,11 +797,104 @@ _current = ["start-up"]
 
 
 def _watchdog(signum: int, frame: FrameType | None) -> None:
+    kill_groups()
     os.write(2, f"healthd node-check: budget exhausted in {_current[0]}; nothing more checked (exit 0)\n".encode())
     os._exit(EXIT_OK)
 
 
-def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+@dataclass(frozen=True)
+class _Run:
+    """What a termination signal needs to report the check it ends."""
+
+    opts: Options
+    budget: Budget
+    started_at: float
+
+
+_findings: list[Findings | None] = [None]
+_run: list[_Run | None] = [None]
+
+
+def terminated_document(run: _Run, partial: Findings | None, signum: int, where: str) -> ProbeResult:
+    """The document of a check ended by a signal (Slurm's time limit for the script): ``error``, could
+    not check, whatever the checks had found so far (a partial check never drains, not even by healthd:
+    only its ``skipped`` and ``errors`` are kept)."""
+    f = Findings(skipped=dict(partial.skipped) if partial else {}, errors=dict(partial.errors) if partial else {})
+    f.errors[where] = (f"ended by signal {signum} after {run.budget.elapsed():.1f} s (Slurm's time limit for the "
+                       "script, or a stop): not checked")
+    return result_of(run.opts.setup, f, run.budget, run_id=doc_name(run), started_at=run.started_at)
+
+
+def _terminated(signum: int, frame: FrameType | None) -> None:
+    """The check is stopped (Slurm ended its script: see ``detach_from_script``): its tools' groups are
+    killed and it writes an ``error`` document if it can."""
+    kill_groups()
+    where, said = _current[0], "no document"
+    run = _run[0]
+    if run is not None:
+        with contextlib.suppress(Exception):
+            doc = terminated_document(run, _findings[0], signum, where).to_json() + "\n"
+            if run.opts.stdout or run.opts.results_dir is None:
+                os.write(1, doc.encode())
+                said = "an error document printed"
+            else:
+                said = f"error document {write_document(run.opts.results_dir, doc_name(run), doc)}"
+    os.write(2, f"healthd node-check: ended by signal {signum} in {where}; {said} (exit 0)\n".encode())
+    os._exit(EXIT_OK)
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def detach_from_script() -> None:
+    """Lead a process group of our own and be sent SIGTERM when the script that ran the check dies.
+
+    Slurm ends a prolog or epilog past its time limit with SIGTERM to the script's process group (seen
+    on 22.05, 24.11 and 26.05), then SIGKILL: in that group, the check could be killed before it ends
+    its tools (in groups of their own) and reports. Out of it, the wrapper's death tells the check (Linux's parent-death
+    signal), which kills its tools and writes its ``error`` document in its own time; its watchdog
+    still ends it at the budget. Where this cannot be done (the check is its session's leader, no
+    ``prctl``) it stays as it was; run from a terminal (stdin a tty: by hand, not by slurmd) it stays
+    too, in the terminal's foreground group, where Ctrl-C reaches it."""
+    with contextlib.suppress(OSError, ValueError):
+        if sys.stdin is not None and sys.stdin.isatty():
+            return
+    with contextlib.suppress(OSError):
+        if os.getpgid(0) != os.getpid():
+            os.setpgid(0, 0)
+    parent = os.getppid()
+    try:
+        import ctypes
+
+        if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM) != 0:
+            return
+    except (OSError, AttributeError):
+        return
+    _pdeathsig[0] = True
+    if os.getppid() != parent:  # the script died before the parent-death signal was set
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+_pdeathsig = [False]
+
+
+def _attach_again() -> None:
+    """No parent-death signal any more (``main`` returns to an in-process caller)."""
+    if _pdeathsig[0]:
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, 0)
+        _pdeathsig[0] = False
+
+
+def doc_name(run: _Run) -> str:
+    s = run.opts.setup
+    return document_name(s.node, s.context, s.job_id, run.started_at)
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None, *, detach: bool = True) -> int:
+    """The check; ``detach``: leave the script's process group first (``detach_from_script``)."""
     env = os.environ if environ is None else environ
     started_at = process_start_time()
     try:
@@ -778,7 +906,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     if budget.deadline - time.monotonic() <= 0:
         print("healthd node-check: the budget was spent before the check started (exit 0)", file=sys.stderr)
         return EXIT_OK
+    _run[0], _findings[0] = _Run(opts, budget, started_at), None
+    previous = {sig: signal.signal(sig, _terminated) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     signal.signal(signal.SIGALRM, _watchdog)
+    if detach:
+        detach_from_script()
     signal.setitimer(signal.ITIMER_REAL, max(0.01, budget.deadline - time.monotonic()))
     try:
         s = opts.setup
@@ -803,6 +935,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         return EXIT_OK
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
+        _attach_again()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        _run[0] = None
 
 
 if __name__ == "__main__":

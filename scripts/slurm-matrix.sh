@@ -18,8 +18,8 @@
 # of what a Slurm command's arguments, output, errors or behaviour may change between releases:
 # discovery (nodes busy, drained, in a maintenance reservation; JSON and text), submit, poll and
 # collect (test_slurm_cli, the launchers through the daemon, a held job cancelled), cancel,
-# drain/undrain and reservations (the recheck of an own drain), the topology, the Epilog= boundary
-# check (test_boundary_slurm), the controller down (test_controller_down_is_a_slurm_error) and the
+# drain/undrain and reservations (the recheck of an own drain), the topology, the boundary checks
+# (test_boundary_slurm), the controller down (test_controller_down_is_a_slurm_error) and the
 # scheduler's order (test_slurm_live's nice). Every Slurm command healthd runs is in it. The other
 # slurm tests (healthd's own logic over those same calls: the daemon with its defaults, on-demand
 # probes, adoption after SIGKILL, the controller outage, sweeps, the hang) run in the main suite,

@@ -33,7 +33,9 @@
 # space-separated), HEALTHD_VENV (the virtualenv whose Python jobs run; default .venv),
 # HEALTHD_SLURM_PROLOG, HEALTHD_SLURM_EPILOG, HEALTHD_SLURM_HEALTH_CHECK (opt-in: Prolog=, Epilog=,
 # HealthCheckProgram= of slurm.conf, e.g. healthd's node-check wrappers; unset: none) and
-# HEALTHD_SLURM_HEALTH_CHECK_INTERVAL (HealthCheckInterval=, default 60), HEALTHD_SLURM_TOPOLOGY
+# HEALTHD_SLURM_HEALTH_CHECK_INTERVAL (HealthCheckInterval=, default 60),
+# HEALTHD_SLURM_PROLOG_EPILOG_TIMEOUT (seconds: PrologEpilogTimeout= before 25.05, PrologTimeout= and
+# EpilogTimeout= from 25.05; unset: Slurm's default), HEALTHD_SLURM_TOPOLOGY
 # (the network topology slurmctld is given: `tree` (default; topology/tree with a topology.conf of
 # two leaf switches, leaf1 = the first half of the nodes, leaf2 = the rest, under one spine), `block`
 # (23.11+: topology/block, blocks of two nodes (an odd last node in none), BlockSizes=2,4), `yaml` (25.05+: a topology.yaml of two named
@@ -233,6 +235,15 @@ write_config() {
     [[ -n ${HEALTHD_SLURM_PROLOG:-} ]] && boundary+=$'\n'"Prolog=$HEALTHD_SLURM_PROLOG"
     [[ -n ${HEALTHD_SLURM_EPILOG:-} ]] && boundary+=$'\n'"Epilog=$HEALTHD_SLURM_EPILOG"
     [[ -n ${HEALTHD_SLURM_HEALTH_CHECK:-} ]] && boundary+=$'\n'"HealthCheckProgram=$HEALTHD_SLURM_HEALTH_CHECK"$'\n'"HealthCheckInterval=${HEALTHD_SLURM_HEALTH_CHECK_INTERVAL:-60}"$'\n'"HealthCheckNodeState=ANY"
+    local pe_timeout=${HEALTHD_SLURM_PROLOG_EPILOG_TIMEOUT:-}  # 25.05 split PrologEpilogTimeout in two
+    if [[ -n $pe_timeout ]]; then
+        [[ $pe_timeout =~ ^[1-9][0-9]*$ ]] || die "HEALTHD_SLURM_PROLOG_EPILOG_TIMEOUT must be whole seconds, not '$pe_timeout'"
+        if (($(slurm_release) < 2505)); then
+            boundary+=$'\n'"PrologEpilogTimeout=$pe_timeout"
+        else
+            boundary+=$'\n'"PrologTimeout=$pe_timeout"$'\n'"EpilogTimeout=$pe_timeout"
+        fi
+    fi
     local topology
     topology=$(write_topology)
     tmp=$(mktemp "$DIR/etc/.slurm.conf.XXXXXX")

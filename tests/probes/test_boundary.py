@@ -247,6 +247,49 @@ def test_what_does_not_fit_is_skipped_and_said(tmp_path: Path, path_with) -> Non
     assert set(spent.skipped) >= {"gpus", "leftover", "errors"}
 
 
+# -- nothing of a stuck tool outlives the check ------------------------------------------------------
+
+def make_hanging_smi(tmp_path: Path) -> Path:
+    """A fake ``nvidia-smi`` that hangs with a child of its own (as a stuck tool waiting on a helper
+    would): it writes its pid and its child's under ``tmp_path/pids``; returns its directory."""
+    bin_dir = tmp_path / "hang-bin"
+    bin_dir.mkdir()
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    fake = bin_dir / "nvidia-smi"
+    fake.write_text(f"""#!/bin/sh
+# a fake nvidia-smi that never answers
+echo $$ > {pids}/tool
+sleep 300 &
+echo $! > {pids}/grandchild
+wait
+""")
+    fake.chmod(0o755)
+    return bin_dir
+
+
+def alive(pid: int) -> bool:
+    """``pid`` runs (a zombie left for init to reap does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def tree_of(tmp_path: Path) -> list[int]:
+    pids = [int(p.read_text()) for p in sorted((tmp_path / "pids").glob("*")) if p.read_text().strip()]
+    assert len(pids) == 2, "the fake tool did not start"
+    return pids
+
+
+def gone(pids: list[int], within: float = 2.0) -> bool:
+    deadline = time.monotonic() + within
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not any(alive(p) for p in pids)
+
+
 def run_main(args: list[str], env: dict[str, str], timeout: float = 60.0) -> tuple[int, str, float]:
     t0 = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "probes.boundary", *args], cwd=ROOT, env=env, capture_output=True,
@@ -259,32 +302,37 @@ def base_env(tmp_path: Path, bin_dir: Path | None = None) -> dict[str, str]:
     return {"PATH": path, "SLURMD_NODENAME": "gpu01", "HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
 
 
-def test_a_hanging_tool_never_exceeds_the_budget(tmp_path: Path) -> None:
-    bin_dir = make_fake_smi(tmp_path, sleep=20)
+def test_a_hanging_tool_never_exceeds_the_budget_and_is_killed_with_its_children(tmp_path: Path) -> None:
     out = tmp_path / "results"
     out.mkdir()
-    rc, err, wall = run_main(["--context", "prolog", "--budget", "2", "--results-dir", str(out),
-                              "--expect-gpus", "4"], base_env(tmp_path, bin_dir))
+    rc, err, wall = run_main(["--context", "prolog", "--budget", "3", "--results-dir", str(out),
+                              "--expect-gpus", "4"], base_env(tmp_path, make_hanging_smi(tmp_path)))
     assert rc == 0, err
-    assert wall < 2.6, wall  # the budget counts from the process's start
-    assert "gpus could not run" in err
+    # from the process's start; the grandchild holds the tool's pipes: only the group's kill ends the wait
+    assert wall < 3.6, wall
+    assert "gpus could not run: nvidia-smi did not answer" in err
     [doc] = out.glob("boundary-gpu01-prolog-0-*.json")
     result = ProbeResult.model_validate_json(doc.read_text())
     assert result.outcome is Outcome.ERROR
-    assert result.params["elapsed_s"] <= 2.0
+    assert result.params["elapsed_s"] <= 3.0
     assert "budget" in result.params["skipped"]["errors"]
+    pids = tree_of(tmp_path)
+    assert gone(pids), [p for p in pids if alive(p)]
 
 
-def test_the_watchdog_ends_a_stuck_check_at_the_budget(tmp_path: Path) -> None:
-    code = ("import sys, time, probes.boundary as b\n"
-            "b.check_errors = lambda *a: time.sleep(30)\n"
-            "sys.exit(b.main(['--context', 'health', '--budget', '2', '--stdout', '--no-gemm']))\n")
+def test_the_watchdog_ends_a_stuck_check_at_the_budget_and_kills_its_tools_group(tmp_path: Path) -> None:
+    code = ("import sys, probes.boundary as b\n"
+            "b.check_gpus = lambda *a: None\n"
+            "b.check_errors = lambda *a: b.run_tool(['nvidia-smi', '-q'], 60)\n"
+            "sys.exit(b.main(['--context', 'health', '--budget', '3', '--stdout', '--no-gemm']))\n")
     t0 = time.monotonic()
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=base_env(tmp_path), capture_output=True,
-                          text=True, timeout=30, check=False)
-    assert done.returncode == 0
-    assert time.monotonic() - t0 < 2.6
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=base_env(tmp_path, make_hanging_smi(tmp_path)),
+                          capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 0, done.stderr
+    assert time.monotonic() - t0 < 3.6
     assert "budget exhausted in errors" in done.stderr
+    pids = tree_of(tmp_path)
+    assert gone(pids), [p for p in pids if alive(p)]
 
 
 def test_document_written_atomically_0644_and_exit_1_for_a_broken_node(tmp_path: Path) -> None:
@@ -355,3 +403,69 @@ def test_short_gemm_on_cpu_gives_a_figure(tmp_path: Path, monkeypatch: pytest.Mo
     f = b.run_checks(s, b.Budget(30.0))
     [m] = [m for m in f.measurements if m.name == "flop_per_second"]
     assert m.labels == {"dtype": "fp32"} and m.value > 1e8
+
+
+def test_slurms_sigterm_then_sigkill_end_the_check_and_its_tools_with_an_error_document(tmp_path: Path) -> None:
+    """As slurmd ends a script past PrologEpilogTimeout: SIGTERM to the script's process group, then
+    SIGKILL (at once here). The check has left that group (``detach_from_script``): the wrapper's death tells it,
+    it kills its stuck tool's group and writes an ``error`` document (never a drain)."""
+    env = {**base_env(tmp_path, make_hanging_smi(tmp_path)), "SLURM_JOB_ID": "88"}
+    out = tmp_path / "results"
+    out.mkdir()
+    wrapper = tmp_path / "node-check-epilog"
+    wrapper.write_text(f"#!/bin/sh\n{sys.executable} -m probes.boundary --context epilog --budget 20 "
+                       f"--results-dir {out} --expect-gpus 4\nexit $?\n")
+    wrapper.chmod(0o755)
+    script = subprocess.Popen([str(wrapper)], cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, process_group=0)  # as slurmd runs it: no terminal
+    try:
+        deadline = time.monotonic() + 15
+        while len(list((tmp_path / "pids").glob("*"))) < 2 or not all(
+                p.read_text().strip() for p in (tmp_path / "pids").glob("*")):
+            assert time.monotonic() < deadline and script.poll() is None, "the fake tool never started"
+            time.sleep(0.05)
+        os.killpg(script.pid, 15)
+        os.killpg(script.pid, 9)  # no time between: the check must not need any
+        script.communicate(timeout=10)
+    finally:
+        if script.poll() is None:
+            script.kill()
+    pids = tree_of(tmp_path)
+    assert gone(pids, within=5.0), [p for p in pids if alive(p)]
+    deadline = time.monotonic() + 5
+    while not list(out.glob("boundary-gpu01-epilog-88-*.json")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    [doc] = out.glob("boundary-gpu01-epilog-88-*.json")
+    result = ProbeResult.model_validate_json(doc.read_text())
+    assert result.outcome is Outcome.ERROR and result.checks == [] and result.run_id == doc.stem
+    assert result.params["errors"]["gpus"].startswith("ended by signal 15 after ")
+    assert "Slurm's time limit" in result.reason
+
+
+def test_a_signal_after_a_failed_check_is_still_an_error(tmp_path: Path) -> None:
+    """What a check had found before Slurm ended it (here a GPU missing) is not a verdict: Slurm's
+    limit, not the check, decided the exit; the document is ``error``."""
+    opts = b.options(["--context", "epilog", "--stdout", "--expect-gpus", "4"], {"SLURMD_NODENAME": "gpu01"})
+    partial = b.Findings(checks=[b.Check(name="env.gpu_count", ok=False, node="gpu01", detail="3 GPU(s) visible")],
+                         skipped={"gemm": "turned off (--no-gemm)"})
+    result = b.terminated_document(b._Run(opts, b.Budget(30.0), time.time()), partial, 15, "errors")
+    assert result.outcome is Outcome.ERROR and result.checks == []
+    assert result.params["skipped"] == {"gemm": "turned off (--no-gemm)"}
+    assert "errors" in result.params["errors"]
+
+
+def test_the_check_leaves_the_scripts_group_unless_run_from_a_terminal(tmp_path: Path) -> None:
+    import pty
+
+    code = "import os, probes.boundary as b\nb.detach_from_script()\nprint(os.getpgid(0) == os.getpid())\n"
+    slurmd = subprocess.run([sys.executable, "-c", code], cwd=ROOT, stdin=subprocess.DEVNULL, capture_output=True,
+                            text=True, timeout=30, check=True)
+    assert slurmd.stdout.strip() == "True"
+    leader, follower = pty.openpty()
+    try:
+        by_hand = subprocess.run([sys.executable, "-c", code], cwd=ROOT, stdin=follower, capture_output=True,
+                                 text=True, timeout=30, check=True)
+    finally:
+        os.close(leader)
+        os.close(follower)
+    assert by_hand.stdout.strip() == "False"  # in the terminal's group: Ctrl-C reaches it

@@ -19,6 +19,7 @@ from healthd.collector import (
     BOUNDARY_DONE,
     BOUNDARY_REFUSED,
     Collector,
+    boundary_failures,
     boundary_name,
     collect_boundary,
     prune_boundary_files,
@@ -277,3 +278,27 @@ def test_the_daemon_leaves_each_nodes_expectation_for_the_check(tmp_path: Path) 
     assert (tmp_path / "expect" / "gpu01.json").read_text() == expectation_text(fewer[0])
     opts = b.options(["--context", "prolog", "--results-dir", str(tmp_path)], {"SLURMD_NODENAME": "gpu01"})
     assert (opts.setup.expect_gpus, opts.setup.expect_uuids) == (4, ())
+
+
+def test_a_check_ended_by_slurms_time_limit_is_an_error_never_a_drain(tmp_path: Path) -> None:
+    """A prolog or epilog that Slurm killed past PrologEpilogTimeout: the document the check wrote on
+    SIGTERM (``error``, what it had found dropped) is stored as could-not-check, asks for nothing to
+    be taken over and judges to no finding; a document it had no time to start is only a temporary file,
+    never collected."""
+    collector, store, errors = make(tmp_path)
+    opts = b.options(["--context", "epilog", "--results-dir", str(collector.results_dir), "--expect-gpus", "4"],
+                     {"SLURMD_NODENAME": "gpu02", "SLURM_JOB_ID": "91"})
+    partial = b.Findings(checks=[b.Check(name="env.gpu_count", ok=False, node="gpu02", detail="3 GPU(s) visible")])
+    run = b._Run(opts, b.Budget(30.0, started_ago=12.0), time.time() - 12)
+    doc = b.terminated_document(run, partial, 15, "errors")
+    b.write_document(collector.results_dir, doc.run_id, doc.to_json())
+    (collector.results_dir / ".boundary-x.tmp").write_text('{"partial": ')  # a write cut short by SIGKILL
+    done = collect_boundary(collector)
+    assert errors == [] and [(c.nodes, c.outcome) for c in done] == [(("gpu02",), Outcome.ERROR)]
+    assert boundary_failures(done) == []
+    judge = load_judge(store, JudgeSettings(), now=time.time())
+    out = judge_runs(judge, store, [run_from_collected(c, time.time()) for c in done], now=time.time(),
+                     nodes=[Node(name="gpu02", state="drained", gpus=4)])
+    assert [(v.node, v.outcome, v.reason_code) for v in out.verdicts] == [("gpu02", Outcome.ERROR, "probe_error")]
+    assert out.recommendations == []
+    assert (collector.results_dir / ".boundary-x.tmp").exists()
