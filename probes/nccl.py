@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from probes.catalogue import ProbeName
 from probes.context import ProbeContext, ProbeOutput
+from probes.faults import SLOW_FACTOR
 from probes.result import Check, Measurement, ProbeResult
 from probes.timing import mean
 
@@ -659,15 +660,27 @@ def _measure(
     ctx.mark(phase + ".warmup")
     case = make_case(collective, placement, sz, group, position, dtype, dtype_name, ctx.device)
     case.prepare()
+    slow = "slow" in ctx.faults and len({ctx.node_of(r) for r in group.members}) > 1
+    own = 0.0
     for _ in range(args.warmup):
+        t0 = time.perf_counter()
         case.op()
+        if slow:
+            ctx.sync()
+            own = time.perf_counter() - t0
     ctx.sync()
     dist.barrier(group=group.handle)
     ctx.sync()
     ctx.mark(phase + ".timed")
     start = time.perf_counter()
     for _ in range(args.iters):
+        if slow:  # test-only (probes.faults): a slow inter-node path, in proportion to the op's own time
+            time.sleep(SLOW_FACTOR * own)
+            t0 = time.perf_counter()
         case.op()
+        if slow:
+            ctx.sync()
+            own = time.perf_counter() - t0
     ctx.sync()
     elapsed = time.perf_counter() - start
     ctx.mark(phase + ".validate")

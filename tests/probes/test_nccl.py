@@ -184,3 +184,22 @@ def test_corrupted_rank_fails_the_probe() -> None:
     assert "nccl.all_reduce.8192.in_place.wrong: 3 wrong elements (rank 1: 3)" in result.reason
     # bandwidth is still reported: the node is judged on the checks
     assert len(result.measurements) == 9
+
+
+def test_a_slowed_node_slows_every_pair_it_is_in_and_not_its_own_groups() -> None:
+    """``slow@<node>`` (``probes.faults``): the pair's busbw drops by about ``1 / (1 + SLOW_FACTOR)`` on
+    both its members, the data stays right (``pass``); the node's own group (``--scope node``) is not slowed."""
+    argv = ["nccl", "--sizes", "1M", "--warmup", "2", "--iters", "8"]
+
+    def busbw(run: object) -> float:
+        result = run.result  # type: ignore[attr-defined]
+        assert result.outcome is Outcome.PASS, result.reason
+        (value,) = [m.value for m in result.measurements if m.name == "busbw_bytes_per_second"]
+        return float(value)
+
+    clean = busbw(run_simulated_srun(2, 1, argv))
+    slowed = busbw(run_simulated_srun(2, 1, argv, env={"HEALTHD_PROBE_FAULT": "slow@sim1"}))
+    assert slowed < 0.8 * clean, (slowed, clean)
+    own = run_simulated_srun(1, 2, [*argv, "--scope", "node"], env={"HEALTHD_PROBE_FAULT": "slow@sim0"})
+    assert own.returncodes == [0, 0] and own.result.params["scope"] == "node"
+    assert busbw(own) > 0.8 * busbw(run_simulated_srun(1, 2, [*argv, "--scope", "node"]))
