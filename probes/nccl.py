@@ -661,26 +661,23 @@ def _measure(
     case = make_case(collective, placement, sz, group, position, dtype, dtype_name, ctx.device)
     case.prepare()
     slow = "slow" in ctx.faults and len({ctx.node_of(r) for r in group.members}) > 1
-    own = 0.0
-    for _ in range(args.warmup):
+    warm: list[float] = []
+    for _ in range(max(args.warmup, 1 if slow else 0)):
         t0 = time.perf_counter()
         case.op()
         if slow:
             ctx.sync()
-            own = time.perf_counter() - t0
+            warm.append(time.perf_counter() - t0)
+    delay = SLOW_FACTOR * sorted(warm)[len(warm) // 2] if slow else 0.0
     ctx.sync()
     dist.barrier(group=group.handle)
     ctx.sync()
     ctx.mark(phase + ".timed")
     start = time.perf_counter()
     for _ in range(args.iters):
-        if slow:  # test-only (probes.faults): a slow inter-node path, in proportion to the op's own time
-            time.sleep(SLOW_FACTOR * own)
-            t0 = time.perf_counter()
+        if delay:  # test-only (probes.faults): a slow inter-node path, in proportion to the op's own time
+            time.sleep(delay)
         case.op()
-        if slow:
-            ctx.sync()
-            own = time.perf_counter() - t0
     ctx.sync()
     elapsed = time.perf_counter() - start
     ctx.mark(phase + ".validate")

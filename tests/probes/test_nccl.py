@@ -187,19 +187,24 @@ def test_corrupted_rank_fails_the_probe() -> None:
 
 
 def test_a_slowed_node_slows_every_pair_it_is_in_and_not_its_own_groups() -> None:
-    """``slow@<node>`` (``probes.faults``): the pair's busbw drops by about ``1 / (1 + SLOW_FACTOR)`` on
-    both its members, the data stays right (``pass``); the node's own group (``--scope node``) is not slowed."""
+    """``slow@<node>`` (``probes.faults``): the pair's busbw drops to about ``1 / (1 + SLOW_FACTOR)`` (a
+    third) on both its members, the data stays right (``pass``); the node's own group (``--scope node``)
+    is not slowed. Each figure is the best of two runs (a busy CPU only ever lowers one)."""
     argv = ["nccl", "--sizes", "1M", "--warmup", "2", "--iters", "8"]
 
-    def busbw(run: object) -> float:
-        result = run.result  # type: ignore[attr-defined]
-        assert result.outcome is Outcome.PASS, result.reason
-        (value,) = [m.value for m in result.measurements if m.name == "busbw_bytes_per_second"]
-        return float(value)
+    def busbw(nodes: int, tasks: int, extra: list[str], fault: str = "") -> float:
+        best = 0.0
+        for _ in range(2):
+            env = {"HEALTHD_PROBE_FAULT": fault} if fault else None
+            run = run_simulated_srun(nodes, tasks, [*argv, *extra], env=env)
+            assert run.returncodes == [0] * (nodes * tasks), run.stderrs[0][-3000:]
+            assert run.result.outcome is Outcome.PASS, run.result.reason
+            assert run.result.params["scope"] == ("group" if nodes > 1 else "node")
+            (value,) = [m.value for m in run.result.measurements if m.name == "busbw_bytes_per_second"]
+            best = max(best, value)
+        return best
 
-    clean = busbw(run_simulated_srun(2, 1, argv))
-    slowed = busbw(run_simulated_srun(2, 1, argv, env={"HEALTHD_PROBE_FAULT": "slow@sim1"}))
-    assert slowed < 0.8 * clean, (slowed, clean)
-    own = run_simulated_srun(1, 2, [*argv, "--scope", "node"], env={"HEALTHD_PROBE_FAULT": "slow@sim0"})
-    assert own.returncodes == [0, 0] and own.result.params["scope"] == "node"
-    assert busbw(own) > 0.8 * busbw(run_simulated_srun(1, 2, [*argv, "--scope", "node"]))
+    clean, slowed = busbw(2, 1, []), busbw(2, 1, [], "slow@sim1")
+    assert slowed < 0.6 * clean, (slowed, clean)
+    own, own_slowed = busbw(1, 2, ["--scope", "node"]), busbw(1, 2, ["--scope", "node"], "slow@sim0")
+    assert own_slowed > 0.6 * own, (own_slowed, own)
