@@ -20,8 +20,8 @@ Kinds:
   one untimed op when there is no warmup; a node's own groups are not slowed; several slowed ranks of
   one group wait at once, so the drop is the same), as a degraded NIC, link or leaf switch
   would make it: the busbw of every multi-node job including that rank drops to ``1 / (1 +
-  SLOW_FACTOR)`` (a third: -67%, beyond the spread of gloo pairs on a shared CPU host) whatever its
-  partners; the data stays right (outcome ``pass``, a low figure for the judge).
+  SLOW_FACTOR)`` (a tenth: -90%, a link fallen to a tenth of its speed; beyond the run-to-run spread
+  of gloo pairs on a shared CPU host) whatever its partners; the data stays right (outcome ``pass``, a low figure for the judge).
 - ``raise:<rank>``: the probe body raises ``RuntimeError`` on that rank when the measurement
   phase starts (as a bug in a probe would): the probe's outcome is ``error``.
 
@@ -41,7 +41,7 @@ from typing import Literal, get_args
 FAULT_ENV = "HEALTHD_PROBE_FAULT"
 FAULT_PROBES_ENV = "HEALTHD_PROBE_FAULT_PROBES"
 CRASH_EXIT_CODE = 86
-SLOW_FACTOR = 2.0
+SLOW_FACTOR = 9.0
 """``slow``: the wait before each timed collective, in units of that collective's own duration."""
 
 FaultKind = Literal["corrupt", "hang", "crash", "raise", "slow_link", "slow"]

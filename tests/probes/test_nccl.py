@@ -188,7 +188,7 @@ def test_corrupted_rank_fails_the_probe() -> None:
 
 def test_a_slowed_node_slows_every_pair_it_is_in_and_not_its_own_groups() -> None:
     """``slow@<node>`` (``probes.faults``): the pair's busbw drops to about ``1 / (1 + SLOW_FACTOR)`` (a
-    third) on both its members, the data stays right (``pass``); the node's own group (``--scope node``)
+    tenth) on both its members, the data stays right (``pass``); the node's own group (``--scope node``)
     is not slowed. Each figure is the best of two runs (a busy CPU only ever lowers one)."""
     argv = ["nccl", "--sizes", "1M", "--warmup", "2", "--iters", "8"]
 
