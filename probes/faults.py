@@ -21,7 +21,8 @@ Kinds:
   one group wait at once, so the drop is the same), as a degraded NIC, link or leaf switch
   would make it: the busbw of every multi-node job including that rank drops to ``1 / (1 +
   SLOW_FACTOR)`` (a tenth: -90%, a link fallen to a tenth of its speed; beyond the run-to-run spread
-  of gloo pairs on a shared CPU host) whatever its partners; the data stays right (outcome ``pass``, a low figure for the judge).
+  of gloo pairs on a shared CPU host) whatever its partners; the data stays right (outcome ``pass``,
+  a low figure for the judge).
 - ``raise:<rank>``: the probe body raises ``RuntimeError`` on that rank when the measurement
   phase starts (as a bug in a probe would): the probe's outcome is ``error``.
 
