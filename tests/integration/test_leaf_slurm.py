@@ -36,8 +36,8 @@ Why this shape (the cluster's size, not a loosened judge):
 Opt-in (``HEALTHD_SLURM_LEAF=1``), not in CI: 16 nodes of torch processes take 25-50 s a round on
 2 cores, and the test does not pass on the shared development host. What it shows
 (bench/RESULTS.md, "Switch findings on the real Slurm test cluster"): leaf1 is named, and only leaf1,
-in the first or second round (44 s and 79 s in two runs), with no node of it drained and no fleet
-event; node11 is localised and drained (173 s). But the leaf's finding ends a few rounds later,
+in the first or second round in two of four runs (44 s, 79 s; never in the others), with no node of
+it drained and no fleet event; node11 is localised and drained (173 s). But the leaf's finding ends a few rounds later,
 before the node fault is drained: its nodes' results (-90%) stop being flagged once the nodes have a
 history, because the class's noise (each node's own run-to-run spread, here 30-40% as the host's load
 moves every pair's busbw together between rounds, while pairs of one round agree within ~10%) is the
