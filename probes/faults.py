@@ -15,6 +15,14 @@ Kinds:
   neighbour in the ring (``probes.pipeline.SLOW_LINK_DELAY_S``), as a slow link would: that one link
   (one direction) must be named the slowest, the others not. ``corrupt`` in the ``pipeline`` probe
   perturbs the rank's stage output in the gradient-checked step.
+- ``slow:<rank>``: the ``nccl`` probe's rank waits, before each timed collective of a group that spans
+  several nodes, ``SLOW_FACTOR`` times that collective's own duration (the median of its warmup ops,
+  one untimed op when there is no warmup; a node's own groups are not slowed; several slowed ranks of
+  one group wait at once, so the drop is the same), as a degraded NIC, link or leaf switch
+  would make it: the busbw of every multi-node job including that rank drops to ``1 / (1 +
+  SLOW_FACTOR)`` (a tenth: -90%, a link fallen to a tenth of its speed; beyond the run-to-run spread
+  of gloo pairs on a shared CPU host) whatever its partners; the data stays right (outcome ``pass``,
+  a low figure for the judge).
 - ``raise:<rank>``: the probe body raises ``RuntimeError`` on that rank when the measurement
   phase starts (as a bug in a probe would): the probe's outcome is ``error``.
 
@@ -34,8 +42,10 @@ from typing import Literal, get_args
 FAULT_ENV = "HEALTHD_PROBE_FAULT"
 FAULT_PROBES_ENV = "HEALTHD_PROBE_FAULT_PROBES"
 CRASH_EXIT_CODE = 86
+SLOW_FACTOR = 9.0
+"""``slow``: the wait before each timed collective, in units of that collective's own duration."""
 
-FaultKind = Literal["corrupt", "hang", "crash", "raise", "slow_link"]
+FaultKind = Literal["corrupt", "hang", "crash", "raise", "slow_link", "slow"]
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from probes.catalogue import ProbeName
 from probes.context import ProbeContext, ProbeOutput
+from probes.faults import SLOW_FACTOR
 from probes.result import Check, Measurement, ProbeResult
 from probes.timing import mean
 
@@ -659,14 +660,23 @@ def _measure(
     ctx.mark(phase + ".warmup")
     case = make_case(collective, placement, sz, group, position, dtype, dtype_name, ctx.device)
     case.prepare()
-    for _ in range(args.warmup):
+    slow = "slow" in ctx.faults and len({ctx.node_of(r) for r in group.members}) > 1
+    warm: list[float] = []
+    for _ in range(max(args.warmup, 1 if slow else 0)):
+        t0 = time.perf_counter()
         case.op()
+        if slow:
+            ctx.sync()
+            warm.append(time.perf_counter() - t0)
+    delay = SLOW_FACTOR * sorted(warm)[len(warm) // 2] if slow else 0.0
     ctx.sync()
     dist.barrier(group=group.handle)
     ctx.sync()
     ctx.mark(phase + ".timed")
     start = time.perf_counter()
     for _ in range(args.iters):
+        if delay:  # test-only (probes.faults): a slow inter-node path, in proportion to the op's own time
+            time.sleep(delay)
         case.op()
     ctx.sync()
     elapsed = time.perf_counter() - start

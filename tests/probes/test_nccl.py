@@ -184,3 +184,27 @@ def test_corrupted_rank_fails_the_probe() -> None:
     assert "nccl.all_reduce.8192.in_place.wrong: 3 wrong elements (rank 1: 3)" in result.reason
     # bandwidth is still reported: the node is judged on the checks
     assert len(result.measurements) == 9
+
+
+def test_a_slowed_node_slows_every_pair_it_is_in_and_not_its_own_groups() -> None:
+    """``slow@<node>`` (``probes.faults``): the pair's busbw drops to about ``1 / (1 + SLOW_FACTOR)`` (a
+    tenth) on both its members, the data stays right (``pass``); the node's own group (``--scope node``)
+    is not slowed. Each figure is the best of two runs (a busy CPU only ever lowers one)."""
+    argv = ["nccl", "--sizes", "1M", "--warmup", "2", "--iters", "8"]
+
+    def busbw(nodes: int, tasks: int, extra: list[str], fault: str = "") -> float:
+        best = 0.0
+        for _ in range(2):
+            env = {"HEALTHD_PROBE_FAULT": fault} if fault else None
+            run = run_simulated_srun(nodes, tasks, [*argv, *extra], env=env)
+            assert run.returncodes == [0] * (nodes * tasks), run.stderrs[0][-3000:]
+            assert run.result.outcome is Outcome.PASS, run.result.reason
+            assert run.result.params["scope"] == ("group" if nodes > 1 else "node")
+            (value,) = [m.value for m in run.result.measurements if m.name == "busbw_bytes_per_second"]
+            best = max(best, value)
+        return best
+
+    clean, slowed = busbw(2, 1, []), busbw(2, 1, [], "slow@sim1")
+    assert slowed < 0.6 * clean, (slowed, clean)
+    own, own_slowed = busbw(1, 2, ["--scope", "node"]), busbw(1, 2, ["--scope", "node"], "slow@sim0")
+    assert own_slowed > 0.6 * own, (own_slowed, own)
