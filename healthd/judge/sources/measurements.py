@@ -66,6 +66,19 @@ class Context(Protocol):
     def in_event(self, cls: str, probe: str) -> bool: ...
 
 
+def inter_node_link(m: MeasurementInput, run: RunInput) -> bool:
+    """A node's figure of its links to other nodes (``link_*{scope=group}`` of a multi-node run): a finding
+    on it is one on the path between two nodes, localised like a pair's result (``healthd.judge.links``),
+    not one on the node."""
+    return m.name.startswith("link_") and m.labels.get("scope") == "group" and len(run.nodes) > 1
+
+
+def link_ends(run: RunInput) -> tuple[str, ...]:
+    """The nodes at the ends of the run's slowest inter-node link (``RunInput.links``), in the run's order."""
+    ends = {node for node, scope in run.links if scope == "group"}
+    return tuple(n for n in run.nodes if n in ends)
+
+
 def small_stats(values: Sequence[float], *, peers: str) -> FleetStats:
     """``fleet_stats`` for a handful of values (a node's GPUs), without numpy's overhead."""
     median, spread = robust_stats(values)
@@ -172,7 +185,9 @@ def judge(ctx: Context, run: RunInput, selected: Sequence[Selected], cache: Flee
             link = run.links.get((node, m.labels.get("scope", ""))) if found and m.name.startswith("link_") else None
             if link:
                 found = [replace(f, detail=f"{f.detail}; the slowest link: {link}") for f in found]
-            if m.node:
+            if m.node and not (found and inter_node_link(m, run)):
                 ev.node_findings.setdefault(node, []).extend(found)
             else:
                 ev.group_findings.extend(found)
+                if m.node:
+                    ev.ends = link_ends(run)

@@ -1,0 +1,184 @@
+"""Link findings (``healthd.judge.links``): a slow inter-node link is localised by re-pairing each end with
+known-good partners; a link whose ends are clean elsewhere is a finding on the link, never a drain.
+
+The runs are the real pipeline result document (``tests/fixtures/pipeline/sim_2x2_pipeline.json``, a gloo
+run over two simulated nodes) under other node names, its inter-node link figures scaled where a link is
+slow, through the daemon's own path (``run_from_collected``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from healthd.collector import Collected
+from healthd.config import JudgeSettings, ProbeSettings
+from healthd.judge.engine import Judge
+from healthd.judge.model import JudgeOutput, LinkFinding, RunInput
+from healthd.judge.persist import run_from_collected
+from healthd.model import Node, Outcome, RunKind
+from healthd.parsers.healthd_json import parse_result
+
+DOC = Path(__file__).resolve().parents[1] / "fixtures" / "pipeline" / "sim_2x2_pipeline.json"
+NAMES = [f"p{i}" for i in range(8)]
+NODES = [Node(n, "idle", gpus=2, gpu_type="h100", node_class="h100x2") for n in NAMES]
+PROBES = {"pipeline": ProbeSettings(interval_s=3600.0, nodes_per_job=2)}
+GROUP_LINKS = ("link_busbw_bytes_per_second", "link_min_busbw_bytes_per_second")
+
+
+def pipeline_run(run_id: str, a: str, b: str, at: float, *, factor: float = 1.0, jitter: float = 0.0,
+                 kind: RunKind = RunKind.PROBE) -> RunInput:
+    """The real document as a run of nodes ``a`` and ``b``: every inter-node link (both directions, as a bad
+    cable or port between them would) at ``factor`` of what it measured, all figures off by ``jitter``. The
+    loaded machine measured the first node's links inside it slower than the second's (a node here is the
+    first in some runs and the second in others): both nodes get the second's."""
+    doc = json.loads(DOC.read_text().replace('"sim0', f'"{a}').replace("(sim0 ", f"({a} ")
+                     .replace('"sim1', f'"{b}').replace("(sim1 ", f"({b} "))
+    doc["run_id"], doc["finished_at"] = run_id, at
+    own = {(m["name"], json.dumps(m["labels"])): m["value"] for m in doc["measurements"] if m["node"] == b}
+    for m in doc["measurements"]:
+        if m["node"] == a and m["labels"].get("scope") == "node":
+            m["value"] = own[(m["name"], json.dumps(m["labels"]))]
+        m["value"] *= 1 + jitter
+        if m["name"] in GROUP_LINKS and m["labels"].get("scope") == "group":
+            m["value"] *= factor
+    slowest = doc["params"]["slowest_link"]["group"]
+    slowest["busbw_bytes_per_second"] *= factor * (1 + jitter)
+    old = slowest["text"].split(": ")[1].split(",")[0]
+    slowest["text"] = slowest["text"].replace(old, f"{slowest['busbw_bytes_per_second'] / 1e9:.3g} GB/s")
+    result = parse_result(json.dumps(doc))
+    return run_from_collected(Collected(run_id, "pipeline", (a, b), Outcome.PASS, "", result, kind), at)
+
+
+class Fleet:
+    """Eight nodes probed in pairs (a new pairing each round) and every re-probe the judge asks for run at
+    once; ``slow(a, b)`` is the factor of a pair's inter-node links."""
+
+    def __init__(self, slow: Callable[[str, str], float]) -> None:
+        self.judge = Judge(JudgeSettings())
+        self.slow = slow
+        self.t = 1000.0
+        self.k = 0
+        self.outputs: list[JudgeOutput] = []
+
+    def run(self, a: str, b: str, kind: RunKind = RunKind.PROBE) -> RunInput:
+        self.k += 1
+        return pipeline_run(f"r{self.k:04d}", a, b, self.t, factor=self.slow(a, b),
+                            jitter=0.01 * ((self.k % 3) - 1), kind=kind)
+
+    def evaluate(self, runs: list[RunInput]) -> JudgeOutput:
+        out = self.judge.evaluate(runs, NODES, now=self.t)
+        self.outputs.append(out)
+        self.t += 300.0
+        return out
+
+    def regular_round(self, shift: int) -> JudgeOutput:
+        order = NAMES[shift % 8:] + NAMES[: shift % 8]
+        pairs = [(order[i], order[i + 1]) for i in range(0, 8, 2)]
+        return self.evaluate([self.run(a, b) for a, b in pairs])
+
+    def reprobes(self) -> JudgeOutput | None:
+        """Run the re-probes the judge asks for (each with its first free known-good partner)."""
+        runs, busy = [], set[str]()
+        for req in self.judge.requests(self.t, PROBES):
+            if busy & set(req.nodes):
+                continue
+            nodes = list(req.nodes)
+            nodes += [p for p in req.partners if p not in busy and p not in nodes][: max(req.size, 2) - len(nodes)]
+            busy.update(nodes)
+            runs.append(self.run(nodes[0], nodes[1], RunKind.REPROBE))
+        return self.evaluate(runs) if runs else None
+
+    def settle(self, rounds: int = 8) -> None:
+        for _ in range(rounds):
+            if self.reprobes() is None:
+                return
+
+    def links(self) -> list[LinkFinding]:
+        return self.judge.link_findings()
+
+    def recommended(self) -> set[str]:
+        return {r.node for out in self.outputs for r in out.recommendations}
+
+
+def _healthy(fleet: Fleet, rounds: int = 5) -> None:
+    for shift in range(rounds):
+        fleet.regular_round(shift)
+
+
+def test_the_fixture_is_the_shape_the_judge_reads() -> None:
+    run = pipeline_run("x", "p2", "p3", 5000.0, factor=0.3)
+    assert run.links[("p2", "group")] == run.links[("p3", "group")]
+    assert run.links[("p2", "group")].startswith("rank 1 (p2 gpu 1) -> rank 2 (p3 gpu 0): 0.129 GB/s")
+    assert {m.node for m in run.measurements if m.name == "link_min_busbw_bytes_per_second"} == {"p2", "p3"}
+
+
+def test_a_slow_link_with_clean_ends_is_a_link_finding_and_no_node_is_drained() -> None:
+    bad = {"p2", "p3"}
+    fleet = Fleet(lambda a, b: 1.0)
+    _healthy(fleet)
+    assert not fleet.links()
+    fleet.slow = lambda a, b: 0.3 if {a, b} == bad else 1.0
+    first = fleet.evaluate([fleet.run("p2", "p3"), fleet.run("p0", "p1")])
+    suspects = {v.node: v for v in first.verdicts if v.outcome is not Outcome.PASS}
+    assert set(suspects) == bad and {v.reason_code for v in suspects.values()} == {"group_suspect"}
+    assert "the slowest link: rank 1 (p2 gpu 1) -> rank 2 (p3 gpu 0)" in suspects["p2"].reason
+    asked = {r.nodes for r in first.requests}
+    assert asked == {("p2",), ("p3",)}, "each end is re-paired with a known-good partner"
+
+    fleet.settle()
+    [link] = fleet.links()
+    assert (link.probe, link.a, link.b) == ("pipeline", "p2", "p3")
+    assert link.series == "link_min_busbw_bytes_per_second{scope=group,size_bytes=1M}"
+    assert link.layer in ("baseline_drift", "fleet_outlier", "below_floor")
+    assert 0.25 < link.value / link.reference < 0.4
+    assert link.link.startswith("rank 1 (p2 gpu 1) -> rank 2 (p3 gpu 0)")
+    assert "link p2 <-> p3" in link.text and "both nodes pass with other partners" in link.text
+    assert len(link.run_ids) >= 2 and "p2" in link.action and "neither node is drained" in link.action
+    assert not fleet.recommended(), "a link finding drains neither end"
+    for node in bad:
+        assert fleet.judge.verdicts[(node, "pipeline")].outcome is Outcome.PASS
+    ran = [o for o in fleet.outputs[6:] for f in o.link_findings]
+    assert len(ran) == 1 and ran[0].link_findings[0].active
+
+    # the pair is measured again while the finding stands; repaired, it measures clean and the finding ends
+    fleet.slow = lambda a, b: 1.0
+    fleet.t += JudgeSettings().confirm.recheck_interval_s
+    fleet.regular_round(1)
+    out = fleet.reprobes()
+    assert out is not None
+    [ended] = out.link_findings
+    assert (ended.a, ended.b) == ("p2", "p3") and not ended.active and "measured clean" in ended.text
+    assert not fleet.links() and not fleet.recommended()
+
+
+def test_a_node_slow_with_every_partner_is_a_node_finding_and_no_link_finding() -> None:
+    fleet = Fleet(lambda a, b: 1.0)
+    _healthy(fleet)
+    fleet.evaluate([fleet.run("p0", "p1")])
+    fleet.slow = lambda a, b: 0.3 if "p2" in (a, b) else 1.0
+    fleet.evaluate([fleet.run("p2", "p3")])
+    fleet.settle()
+    assert not fleet.links()
+    assert fleet.recommended() == {"p2"}
+    verdict = fleet.judge.verdicts[("p2", "pipeline")]
+    assert verdict.outcome is Outcome.DEGRADED and verdict.reason_code == "localised", verdict
+    assert fleet.judge.verdicts[("p3", "pipeline")].outcome is Outcome.PASS
+
+
+def test_one_bad_pair_result_that_does_not_repeat_is_no_finding() -> None:
+    slow = {"once": True}
+
+    def factor(a: str, b: str) -> float:
+        if {a, b} == {"p4", "p5"} and slow["once"]:
+            slow["once"] = False
+            return 0.3
+        return 1.0
+
+    fleet = Fleet(lambda a, b: 1.0)
+    _healthy(fleet)
+    fleet.slow = factor
+    fleet.evaluate([fleet.run("p4", "p5")])
+    fleet.settle()
+    assert not fleet.links() and not fleet.recommended()
+    assert all(fleet.judge.verdicts[(n, "pipeline")].outcome is Outcome.PASS for n in ("p4", "p5"))
