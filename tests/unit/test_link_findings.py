@@ -182,3 +182,46 @@ def test_one_bad_pair_result_that_does_not_repeat_is_no_finding() -> None:
     fleet.settle()
     assert not fleet.links() and not fleet.recommended()
     assert all(fleet.judge.verdicts[(n, "pipeline")].outcome is Outcome.PASS for n in ("p4", "p5"))
+
+
+def test_the_link_finding_is_kept_exported_recommended_and_restored(tmp_path: Path) -> None:
+    from healthd.config import RemediationSettings
+    from healthd.judge.persist import load_judge
+    from healthd.remediation import recommendations_document
+    from healthd.store import Store
+    from tests.unit.test_metrics import lookup, scrape
+
+    store = Store(tmp_path / "s.sqlite")
+    store.upsert_nodes(NODES, 1.0)
+    fleet = Fleet(lambda a, b: 1.0)
+    _healthy(fleet)
+    fleet.slow = lambda a, b: 0.3 if {a, b} == {"p2", "p3"} else 1.0
+    fleet.evaluate([fleet.run("p2", "p3")])
+    fleet.settle()
+    for out in fleet.outputs:
+        store.save_judgement(out, keep_s=86400.0)
+    [link] = fleet.links()
+    assert store.link_findings(active_only=True) == [link]
+
+    where = {"probe": "pipeline", "a": "p2", "b": "p3"}
+    for detail in ("summary", "full"):
+        v = lookup(scrape(store, detail))  # type: ignore[arg-type]
+        assert v("healthd_link_finding", where) == 1.0
+        assert v("healthd_link_finding_ratio", where) == link.value / link.reference
+        assert v("healthd_drain_recommended", {"node": "p2", "reason_code": "localised"}) is None
+
+    doc = recommendations_document(store, RemediationSettings())
+    [rec] = doc["link_findings"]
+    assert (rec["a"], rec["b"], rec["action"]) == ("p2", "p3", link.action) and not doc["recommendations"]
+
+    restored = load_judge(store, JudgeSettings(), now=fleet.t)
+    assert restored.link_findings() == [link]
+    fleet.judge = restored
+    fleet.slow = lambda a, b: 1.0
+    fleet.t += JudgeSettings().confirm.recheck_interval_s
+    fleet.regular_round(1)
+    out = fleet.reprobes()
+    assert out is not None and [f.active for f in out.link_findings] == [False]
+    store.save_judgement(out, keep_s=86400.0)
+    assert store.link_findings(active_only=True) == []
+    assert lookup(scrape(store))("healthd_link_finding", where) is None
