@@ -20,8 +20,6 @@ from healthd.model import Node, Outcome, RunKind
 from healthd.parsers.healthd_json import parse_result
 
 DOC = Path(__file__).resolve().parents[1] / "fixtures" / "pipeline" / "sim_2x2_pipeline.json"
-NAMES = [f"p{i}" for i in range(8)]
-NODES = [Node(n, "idle", gpus=2, gpu_type="h100", node_class="h100x2") for n in NAMES]
 PROBES = {"pipeline": ProbeSettings(interval_s=3600.0, nodes_per_job=2)}
 GROUP_LINKS = ("link_busbw_bytes_per_second", "link_min_busbw_bytes_per_second")
 
@@ -51,10 +49,12 @@ def pipeline_run(run_id: str, a: str, b: str, at: float, *, factor: float = 1.0,
 
 
 class Fleet:
-    """Eight nodes probed in pairs (a new pairing each round) and every re-probe the judge asks for run at
+    """``size`` nodes probed in pairs (a new pairing each round) and every re-probe the judge asks for run at
     once; ``slow(a, b)`` is the factor of a pair's inter-node links."""
 
-    def __init__(self, slow: Callable[[str, str], float]) -> None:
+    def __init__(self, slow: Callable[[str, str], float], size: int = 8) -> None:
+        self.names = [f"p{i}" for i in range(size)]
+        self.nodes = [Node(n, "idle", gpus=2, gpu_type="h100", node_class="h100x2") for n in self.names]
         self.judge = Judge(JudgeSettings())
         self.slow = slow
         self.t = 1000.0
@@ -67,14 +67,15 @@ class Fleet:
                             jitter=0.01 * ((self.k % 3) - 1), kind=kind)
 
     def evaluate(self, runs: list[RunInput]) -> JudgeOutput:
-        out = self.judge.evaluate(runs, NODES, now=self.t)
+        out = self.judge.evaluate(runs, self.nodes, now=self.t)
         self.outputs.append(out)
         self.t += 300.0
         return out
 
     def regular_round(self, shift: int) -> JudgeOutput:
-        order = NAMES[shift % 8:] + NAMES[: shift % 8]
-        pairs = [(order[i], order[i + 1]) for i in range(0, 8, 2)]
+        size = len(self.names)
+        order = self.names[shift % size:] + self.names[: shift % size]
+        pairs = [(order[i], order[i + 1]) for i in range(0, size - 1, 2)]
         return self.evaluate([self.run(a, b) for a, b in pairs])
 
     def reprobes(self) -> JudgeOutput | None:
@@ -192,7 +193,7 @@ def test_the_link_finding_is_kept_exported_recommended_and_restored(tmp_path: Pa
     from tests.unit.test_metrics import lookup, scrape
 
     store = Store(tmp_path / "s.sqlite")
-    store.upsert_nodes(NODES, 1.0)
+    store.upsert_nodes(Fleet(lambda a, b: 1.0).nodes, 1.0)
     fleet = Fleet(lambda a, b: 1.0)
     _healthy(fleet)
     fleet.slow = lambda a, b: 0.3 if {a, b} == {"p2", "p3"} else 1.0
@@ -225,3 +226,74 @@ def test_the_link_finding_is_kept_exported_recommended_and_restored(tmp_path: Pa
     store.save_judgement(out, keep_s=86400.0)
     assert store.link_findings(active_only=True) == []
     assert lookup(scrape(store))("healthd_link_finding", where) is None
+
+
+def test_the_simulated_path_fault_is_named_as_a_link_and_its_nodes_are_never_drained() -> None:
+    from healthd.simulate import format_report, load_scenario, simulate
+
+    scenario = load_scenario(Path(__file__).resolve().parents[2] / "bench" / "scenarios" / "link-32.toml")
+    report = simulate(scenario, echo=False)
+    path, node = report.faults
+    assert path.fault.path and path.found_round == 2 and path.named_right and path.drained_round is None
+    assert path.detail == "link n06 <-> n21"
+    assert node.named_right and node.drained_round is not None and node.detail == "localised"
+    assert report.link_findings == [(2, "n06", "n21", "nccl")] and not report.false_link_findings
+    assert not report.false_drains and not report.false_recommendations and report.ok
+    ended = [r.round for r in report.rounds if any(e.startswith("link finding ended: n06 <-> n21") for e in r.events)]
+    assert ended and ended[0] > path.fault.until_round, "the finding ends once the path is repaired"
+    assert "path faults 1, named as a link 1; link findings 1, false 0" in format_report(report)
+
+
+def test_a_switch_finding_holding_an_end_wins_over_the_link() -> None:
+    from healthd.judge.links import LinkTracker
+    from healthd.judge.model import Finding, GroupRecord, ReasonCode, SeriesKey, Severity
+
+    key = SeriesKey.of("nccl", "busbw_bytes_per_second", {"scope": "group"})
+    bad = Finding(ReasonCode.FLEET_OUTLIER, Severity.DEGRADED, key, 180e9, 440e9, 400e9, "busbw 180 GB/s is 59% below")
+
+    def record(run_id: str, at: float, flagged: bool) -> GroupRecord:
+        sev, code = (Severity.DEGRADED, ReasonCode.FLEET_OUTLIER) if flagged else (Severity.NONE, ReasonCode.OK)
+        return GroupRecord(run_id, "nccl", at, ("a", "b"), sev, code, "", ("a", "b"),
+                           findings=(bad,) if flagged else ())
+
+    links = LinkTracker()
+    for r in (record("r1", 10.0, True), record("r2", 30.0, True)):
+        links.note(r)
+    clean_elsewhere = {"a": 20.0, "b": 25.0}
+    held: set[str] = set()
+
+    def update(now: float) -> tuple[list[LinkFinding], list[tuple[str, str]]]:
+        return links.update("nccl", now, cutoff=0.0, need=2, recheck_s=120.0, last_pass=clean_elsewhere,
+                            skip=lambda r: bool(held), ended_by=lambda p: "switch leaf1 explains it" if held else None)
+
+    [found], _ = update(40.0)
+    assert found.active and found.run_ids == ("r1", "r2") and found.value / found.reference < 0.5
+    held.add("leaf1")
+    [ended], wanted = update(50.0)
+    assert not ended.active and "switch leaf1" in ended.text and not wanted and not links.active
+    assert update(60.0) == ([], []), "while the switch holds the pair, its results count neither way"
+
+
+def test_a_slow_link_in_a_larger_run_suspects_its_two_ends_only() -> None:
+    """A real 4-node run (one rank per node, every ring link between nodes) with rank 1 -> rank 2 delayed:
+    the group's suspects are that link's ends, so only they are re-paired; the other two nodes are not
+    suspects although their own inter-node figures in this loaded run are low too (and the run's throughput,
+    stalled by the link, is the group's finding laid on the same ends)."""
+    doc = json.loads((DOC.parent / "sim_4x1_slow_link.json").read_text())
+    fleet = Fleet(lambda a, b: 1.0, size=24)
+    _healthy(fleet)
+    text = json.dumps(doc)
+    for i, name in enumerate(("p4", "p5", "p6", "p7")):
+        text = text.replace(f'"sim{i}', f'"{name}').replace(f"(sim{i} ", f"({name} ")
+    doc = json.loads(text)
+    doc["finished_at"] = fleet.t
+    result = parse_result(json.dumps(doc))
+    run = run_from_collected(Collected("big", "pipeline", tuple(result.nodes), Outcome.PASS, "", result), fleet.t)
+    out = fleet.evaluate([run])
+    [record] = out.groups
+    assert record.flagged and record.members == ("p4", "p5", "p6", "p7") and record.suspects == ("p5", "p6")
+    links = {f.detail.split("; the slowest link: ")[1].split(":")[0] for f in record.findings
+             if "; the slowest link: " in f.detail}
+    assert links == {"rank 1 (p5 gpu 0) -> rank 2 (p6 gpu 0)"}
+    assert {r.nodes for r in out.requests} == {("p5",), ("p6",)}
+    assert {v.node for v in out.verdicts if v.outcome is not Outcome.PASS} == {"p5", "p6"}
