@@ -517,7 +517,8 @@ class Judge:
         self.flagged_groups[probe] = records
         last_pass = self.last_group_pass.get(probe, {})
         live = [r for r in records if not self._set_aside(r)
-                and not self.links.explains(r, last_pass, cutoff, self._set_aside)]
+                and not self.links.explains(r, last_pass, cutoff, self._set_aside,
+                                            lambda n: self.group_history.get((n, probe), ()))]
         return attribute(live, last_pass)
 
     def _set_aside(self, r: GroupRecord) -> bool:
@@ -542,7 +543,8 @@ class Judge:
 
         changes, wanted = self.links.update(
             probe, now, cutoff=now - c.window_s, need=c.n, recheck_s=c.recheck_interval_s,
-            last_pass=self.last_group_pass.get(probe, {}), skip=self._set_aside, ended_by=ended_by)
+            last_pass=self.last_group_pass.get(probe, {}), skip=self._set_aside, ended_by=ended_by,
+            history=lambda n: self.group_history.get((n, probe), ()))
         out.link_findings.extend(changes)
         for pair in wanted:
             if any(n in self.drained or (n, probe) in self.pending for n in pair):

@@ -15,7 +15,7 @@ event that explains the pair's results takes precedence (their records are not c
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from healthd.judge.model import Finding, GroupRecord, LinkFinding
@@ -27,6 +27,9 @@ KEEP = 8
 """The pair's own results kept (newest), within the confirmation window."""
 
 SLOWEST_LINK = "; the slowest link: "
+
+History = Callable[[str], Sequence[GroupRecord]]
+"""A node's recent group results of the probe."""
 
 
 def pair_of(record: GroupRecord) -> Pair | None:
@@ -90,14 +93,21 @@ class LinkTracker:
         return next((r for r in reversed(self.joint.get(key, ())) if r.at >= cutoff and not skip(r)), None)
 
     @staticmethod
-    def _cleared(pair: Pair, streak: list[GroupRecord], last_pass: Mapping[str, float]) -> bool:
-        """Both ends passed a multi-node result since the pair's first bad one: with other partners, since
-        every result of the pair since then is bad."""
+    def _cleared(pair: Pair, streak: list[GroupRecord], last_pass: Mapping[str, float], history: History,
+                 skip: Callable[[GroupRecord], bool]) -> bool:
+        """Both ends passed a multi-node result since the pair's first bad one (with other partners: every
+        result of the pair since then is bad) and neither had a bad one with any other partner since: an
+        end slow with some partners beyond this one (its uplink: the cross-leaf pairs) is not clean."""
         first = streak[0].at
-        return all(last_pass.get(n, float("-inf")) > first for n in pair)
+        for n in pair:
+            if last_pass.get(n, float("-inf")) <= first:
+                return False
+            if any(r.flagged and r.at > first and pair_of(r) != pair and not skip(r) for r in history(n)):
+                return False
+        return True
 
     def explains(self, record: GroupRecord, last_pass: Mapping[str, float], cutoff: float,
-                 skip: Callable[[GroupRecord], bool]) -> bool:
+                 skip: Callable[[GroupRecord], bool], history: History) -> bool:
         """Whether a bad result is the pair's link (both ends clean elsewhere since the pair's first bad
         result): it needs no node localised."""
         pair = pair_of(record)
@@ -105,15 +115,15 @@ class LinkTracker:
             return False
         key = (record.probe, pair)
         streak = self._streak(key, cutoff, skip)
-        return any(r.run_id == record.run_id for r in streak) and self._cleared(pair, streak, last_pass)
+        return any(r.run_id == record.run_id for r in streak) and self._cleared(pair, streak, last_pass, history, skip)
 
     def update(self, probe: str, now: float, *, cutoff: float, need: int, recheck_s: float,
                last_pass: Mapping[str, float], skip: Callable[[GroupRecord], bool],
-               ended_by: Callable[[Pair], str | None]) -> tuple[list[LinkFinding], list[Pair]]:
+               ended_by: Callable[[Pair], str | None], history: History) -> tuple[list[LinkFinding], list[Pair]]:
         """Re-judge the pairs of ``probe``: the findings that started, changed or ended, and the pairs to
         measure together now (a cleared pair short of ``need`` bad results; a live finding not measured for
         ``recheck_s``). ``ended_by``: why a live finding no longer stands (a switch finding now holds an
-        end), or ``None``."""
+        end), or ``None``; ``history``: a node's recent group results of ``probe``."""
         changes: list[LinkFinding] = []
         wanted: list[Pair] = []
         for key in sorted(k for k in set(self.joint) | set(self.active) if k[0] == probe):
@@ -131,7 +141,7 @@ class LinkTracker:
                 del self.active[key]
                 changes.append(replace(live, ended_at=now, text=f"{live.text}; over: {reason}"))
                 continue
-            if not streak or not self._cleared(pair, streak, last_pass):
+            if not streak or not self._cleared(pair, streak, last_pass, history, skip):
                 if live is not None and now - (latest.at if latest else live.started_at) >= recheck_s:
                     wanted.append(pair)
                 continue

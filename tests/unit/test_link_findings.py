@@ -206,7 +206,7 @@ def test_the_link_finding_is_kept_exported_recommended_and_restored(tmp_path: Pa
 
     where = {"probe": "pipeline", "a": "p2", "b": "p3"}
     for detail in ("summary", "full"):
-        v = lookup(scrape(store, detail))  # type: ignore[arg-type]
+        v = lookup(scrape(store, detail))
         assert v("healthd_link_finding", where) == 1.0
         assert v("healthd_link_finding_ratio", where) == link.value / link.reference
         assert v("healthd_drain_recommended", {"node": "p2", "reason_code": "localised"}) is None
@@ -221,9 +221,9 @@ def test_the_link_finding_is_kept_exported_recommended_and_restored(tmp_path: Pa
     fleet.slow = lambda a, b: 1.0
     fleet.t += JudgeSettings().confirm.recheck_interval_s
     fleet.regular_round(1)
-    out = fleet.reprobes()
-    assert out is not None and [f.active for f in out.link_findings] == [False]
-    store.save_judgement(out, keep_s=86400.0)
+    again = fleet.reprobes()
+    assert again is not None and [f.active for f in again.link_findings] == [False]
+    store.save_judgement(again, keep_s=86400.0)
     assert store.link_findings(active_only=True) == []
     assert lookup(scrape(store))("healthd_link_finding", where) is None
 
@@ -264,7 +264,8 @@ def test_a_switch_finding_holding_an_end_wins_over_the_link() -> None:
 
     def update(now: float) -> tuple[list[LinkFinding], list[tuple[str, str]]]:
         return links.update("nccl", now, cutoff=0.0, need=2, recheck_s=120.0, last_pass=clean_elsewhere,
-                            skip=lambda r: bool(held), ended_by=lambda p: "switch leaf1 explains it" if held else None)
+                            skip=lambda r: bool(held), ended_by=lambda p: "switch leaf1 explains it" if held else None,
+                            history=lambda n: ())
 
     [found], _ = update(40.0)
     assert found.active and found.run_ids == ("r1", "r2") and found.value / found.reference < 0.5
@@ -297,3 +298,28 @@ def test_a_slow_link_in_a_larger_run_suspects_its_two_ends_only() -> None:
     assert links == {"rank 1 (p5 gpu 0) -> rank 2 (p6 gpu 0)"}
     assert {r.nodes for r in out.requests} == {("p5",), ("p6",)}
     assert {v.node for v in out.verdicts if v.outcome is not Outcome.PASS} == {"p5", "p6"}
+
+
+def test_an_end_slow_with_some_other_partner_is_not_clean_and_the_pair_is_no_link() -> None:
+    """An uplink: A passes with a partner under its own leaf but is slow with one under another leaf. A is
+    not clean elsewhere, so A <-> B is no link finding (the switch finding or A's localisation names it)."""
+    from healthd.judge.links import LinkTracker
+    from healthd.judge.model import GroupRecord, ReasonCode, Severity
+
+    def record(run_id: str, at: float, members: tuple[str, str], flagged: bool) -> GroupRecord:
+        sev, code = (Severity.DEGRADED, ReasonCode.FLEET_OUTLIER) if flagged else (Severity.NONE, ReasonCode.OK)
+        return GroupRecord(run_id, "nccl", at, members, sev, code, "", members)
+
+    links = LinkTracker()
+    pair = [record("r1", 10.0, ("a", "b"), True), record("r4", 40.0, ("a", "b"), True)]
+    for r in pair:
+        links.note(r)
+    history = {"a": [pair[0], record("r2", 20.0, ("a", "c"), False), record("r3", 25.0, ("a", "d"), True), pair[1]],
+               "b": [pair[0], record("r5", 22.0, ("b", "e"), False), pair[1]]}
+    args = dict(cutoff=0.0, need=2, recheck_s=120.0, last_pass={"a": 20.0, "b": 22.0}, skip=lambda r: False,
+                ended_by=lambda p: None)
+    assert links.update("nccl", 50.0, history=lambda n: history[n], **args) == ([], [])  # type: ignore[arg-type]
+    assert not links.explains(pair[1], {"a": 20.0, "b": 22.0}, 0.0, lambda r: False, lambda n: history[n])
+    history["a"].remove(history["a"][2])
+    [found], _ = links.update("nccl", 50.0, history=lambda n: history[n], **args)  # type: ignore[arg-type]
+    assert (found.a, found.b, found.run_ids) == ("a", "b", ("r1", "r4"))
