@@ -64,10 +64,15 @@ class LinkTracker:
         self.active: dict[tuple[str, Pair], LinkFinding] = {}
 
     def note(self, record: GroupRecord) -> None:
+        """A group result: kept when it measured one link that had a bad result or a finding (a clean
+        result of a pair never bad is nothing to follow: a fleet measures thousands of pairs a day)."""
         pair = pair_of(record)
         if pair is None:
             return
-        records = self.joint.setdefault((record.probe, pair), [])
+        key = (record.probe, pair)
+        if not record.flagged and key not in self.joint and key not in self.active:
+            return
+        records = self.joint.setdefault(key, [])
         if any(r.run_id == record.run_id for r in records):
             return
         records.append(record)
@@ -130,8 +135,10 @@ class LinkTracker:
             _, pair = key
             live = self.active.get(key)
             if key in self.joint:
-                self.joint[key] = [r for r in self.joint[key] if r.at >= cutoff]
-                if not self.joint[key]:
+                kept = [r for r in self.joint[key] if r.at >= cutoff]
+                if any(r.flagged for r in kept) or live is not None:
+                    self.joint[key] = kept
+                else:
                     del self.joint[key]
             latest = self._latest(key, cutoff, skip)
             streak = self._streak(key, cutoff, skip)
