@@ -9,7 +9,8 @@ two; this module imports no store). ``replay`` runs the same code without a stor
 Per run and node: the judged series (``series.select``) go through the three layers, floor
 (``floors``), own baseline (``baseline``) and fleet (``fleet``, including the node's own GPUs
 as peers); a failed probe check is a finding too. A multi-node measurement becomes a group
-record, localised by ``confirm.attribute``. A hard fault the collector attributed to nodes
+record, localised by ``confirm.attribute``; a pair bad together while both ends pass with other partners is a
+link finding (``links``), drained nowhere. A hard fault the collector attributed to nodes
 (``hardfault``: GPUs missing, a hang, a crash, a CUDA or NCCL error) is a ``fail`` finding on them,
 or on the group. Thresholds follow each series' noise (``noise``). A finding becomes a verdict of
 ``fail`` (floor, check, hard fault) or ``degraded`` (drift, outlier) only once confirmed: N of M

@@ -5,7 +5,10 @@ Per measurement and node: below the class's floor (``floors``, widened by the cl
 node's own baseline (``baseline.drift``, thresholds from the series' noise), an outlier of its class
 (``fleet.outlier``; during a fleet event only from the class since the event began), and on a node with
 ``GPU_PEERS_MIN`` GPUs or more, an outlier of its own GPUs. A GPU slowed by its hardware in the run's own
-NVML readings has its findings say so (``throttling``).
+NVML readings has its findings say so (``throttling``). A node's figures of its links to other nodes
+(``link_*{scope=group}``, the pipeline probe's) are the group's findings, with the ends of the run's slowest
+inter-node link as the suspects (``RunFindings.ends``): a slow path between two nodes is localised by
+re-pairing, and named a link finding when neither end is at fault (``healthd.judge.links``).
 """
 
 from __future__ import annotations
