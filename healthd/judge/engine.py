@@ -543,7 +543,8 @@ class Judge:
             return f"switch {held.switch} explains it" if held is not None else None
 
         changes, wanted = self.links.update(
-            probe, now, cutoff=now - c.window_s, need=c.n, recheck_s=c.recheck_interval_s,
+            probe, now, cutoff=now - c.window_s, recheck_s=c.recheck_interval_s,
+            need=lambda pair: self.retests(self.node_class(pair[0]), probe, group=True)[0],
             last_pass=self.last_group_pass.get(probe, {}), skip=self._set_aside, ended_by=ended_by,
             history=lambda n: self.group_history.get((n, probe), ()))
         out.link_findings.extend(changes)

@@ -101,13 +101,14 @@ class LinkTracker:
     def _cleared(pair: Pair, streak: list[GroupRecord], last_pass: Mapping[str, float], history: History,
                  skip: Callable[[GroupRecord], bool]) -> bool:
         """Both ends passed a multi-node result since the pair's first bad one (with other partners: every
-        result of the pair since then is bad) and neither had a bad one with any other partner since: an
-        end slow with some partners beyond this one (its uplink: the cross-leaf pairs) is not clean."""
+        result of the pair since then is bad) and neither has a bad one with any other partner among its
+        recent results: an end slow with some partners beyond this one (its uplink: the cross-leaf pairs; a
+        node slow with two partners) is not clean."""
         first = streak[0].at
         for n in pair:
             if last_pass.get(n, float("-inf")) <= first:
                 return False
-            if any(r.flagged and r.at > first and pair_of(r) != pair and not skip(r) for r in history(n)):
+            if any(r.flagged and pair_of(r) != pair and not skip(r) for r in history(n)):
                 return False
         return True
 
@@ -122,11 +123,11 @@ class LinkTracker:
         streak = self._streak(key, cutoff, skip)
         return any(r.run_id == record.run_id for r in streak) and self._cleared(pair, streak, last_pass, history, skip)
 
-    def update(self, probe: str, now: float, *, cutoff: float, need: int, recheck_s: float,
+    def update(self, probe: str, now: float, *, cutoff: float, need: Callable[[Pair], int], recheck_s: float,
                last_pass: Mapping[str, float], skip: Callable[[GroupRecord], bool],
                ended_by: Callable[[Pair], str | None], history: History) -> tuple[list[LinkFinding], list[Pair]]:
         """Re-judge the pairs of ``probe``: the findings that started, changed or ended, and the pairs to
-        measure together now (a cleared pair short of ``need`` bad results; a live finding not measured for
+        measure together now (a cleared pair short of ``need(pair)`` bad results; a live finding not measured for
         ``recheck_s``). ``ended_by``: why a live finding no longer stands (a switch finding now holds an
         end), or ``None``; ``history``: a node's recent group results of ``probe``."""
         changes: list[LinkFinding] = []
@@ -152,7 +153,7 @@ class LinkTracker:
                 if live is not None and now - (latest.at if latest else live.started_at) >= recheck_s:
                     wanted.append(pair)
                 continue
-            if len(streak) < need and live is None:
+            if len(streak) < need(pair) and live is None:
                 wanted.append(pair)
                 continue
             found = self._finding(probe, pair, streak, live)

@@ -263,7 +263,7 @@ def test_a_switch_finding_holding_an_end_wins_over_the_link() -> None:
     held: set[str] = set()
 
     def update(now: float) -> tuple[list[LinkFinding], list[tuple[str, str]]]:
-        return links.update("nccl", now, cutoff=0.0, need=2, recheck_s=120.0, last_pass=clean_elsewhere,
+        return links.update("nccl", now, cutoff=0.0, need=lambda p: 2, recheck_s=120.0, last_pass=clean_elsewhere,
                             skip=lambda r: bool(held), ended_by=lambda p: "switch leaf1 explains it" if held else None,
                             history=lambda n: ())
 
@@ -316,7 +316,7 @@ def test_an_end_slow_with_some_other_partner_is_not_clean_and_the_pair_is_no_lin
         links.note(r)
     history = {"a": [pair[0], record("r2", 20.0, ("a", "c"), False), record("r3", 25.0, ("a", "d"), True), pair[1]],
                "b": [pair[0], record("r5", 22.0, ("b", "e"), False), pair[1]]}
-    args = dict(cutoff=0.0, need=2, recheck_s=120.0, last_pass={"a": 20.0, "b": 22.0}, skip=lambda r: False,
+    args = dict(cutoff=0.0, need=lambda p: 2, recheck_s=120.0, last_pass={"a": 20.0, "b": 22.0}, skip=lambda r: False,
                 ended_by=lambda p: None)
     assert links.update("nccl", 50.0, history=lambda n: history[n], **args) == ([], [])  # type: ignore[arg-type]
     assert not links.explains(pair[1], {"a": 20.0, "b": 22.0}, 0.0, lambda r: False, lambda n: history[n])
