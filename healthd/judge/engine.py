@@ -519,7 +519,8 @@ class Judge:
         last_pass = self.last_group_pass.get(probe, {})
         live = [r for r in records if not self._set_aside(r)
                 and not self.links.explains(r, last_pass, cutoff, self._set_aside,
-                                            lambda n: self.group_history.get((n, probe), ()))]
+                                            lambda n: self.group_history.get((n, probe), ()),
+                                            lambda n: self._own_finding(n, probe, cutoff))]
         return attribute(live, last_pass)
 
     def _set_aside(self, r: GroupRecord) -> bool:
@@ -546,7 +547,8 @@ class Judge:
             probe, now, cutoff=now - c.window_s, recheck_s=c.recheck_interval_s,
             need=lambda pair: self.retests(self.node_class(pair[0]), probe, group=True)[0],
             last_pass=self.last_group_pass.get(probe, {}), skip=self._set_aside, ended_by=ended_by,
-            history=lambda n: self.group_history.get((n, probe), ()))
+            history=lambda n: self.group_history.get((n, probe), ()),
+            own=lambda n: self._own_finding(n, probe, now - c.window_s))
         out.link_findings.extend(changes)
         for pair in wanted:
             if any(n in self.drained or (n, probe) in self.pending for n in pair):
@@ -556,6 +558,10 @@ class Judge:
             for n in pair:
                 self.pending[(n, probe)] = req
             out.requests.append(req)
+
+    def _own_finding(self, node: str, probe: str, cutoff: float) -> bool:
+        """Whether the node's own figures of ``probe`` were flagged in one of its recent runs (since ``cutoff``)."""
+        return any(mk.flagged and mk.at >= cutoff for mk in self.marks.get((node, probe), ()))
 
     def link_findings(self) -> list[LinkFinding]:
         """The live link findings (``healthd_link_finding``, the API)."""

@@ -31,6 +31,9 @@ SLOWEST_LINK = "; the slowest link: "
 History = Callable[[str], Sequence[GroupRecord]]
 """A node's recent group results of the probe."""
 
+Own = Callable[[str], bool]
+"""Whether a node has a finding of its own on the probe among its recent results (a node figure)."""
+
 
 def pair_of(record: GroupRecord) -> Pair | None:
     """The link a group result measures: its two members, or the two suspects a larger run named (the
@@ -99,21 +102,22 @@ class LinkTracker:
 
     @staticmethod
     def _cleared(pair: Pair, streak: list[GroupRecord], last_pass: Mapping[str, float], history: History,
-                 skip: Callable[[GroupRecord], bool]) -> bool:
+                 skip: Callable[[GroupRecord], bool], own: Own) -> bool:
         """Both ends passed a multi-node result since the pair's first bad one (with other partners: every
         result of the pair since then is bad) and neither has a bad one with any other partner among its
         recent results: an end slow with some partners beyond this one (its uplink: the cross-leaf pairs; a
-        node slow with two partners) is not clean."""
+        node slow with two partners) is not clean, nor one with a finding of its own on the probe (a node
+        whose own figures are low passes a pair result now and then by chance)."""
         first = streak[0].at
         for n in pair:
-            if last_pass.get(n, float("-inf")) <= first:
+            if last_pass.get(n, float("-inf")) <= first or own(n):
                 return False
             if any(r.flagged and pair_of(r) != pair and not skip(r) for r in history(n)):
                 return False
         return True
 
     def explains(self, record: GroupRecord, last_pass: Mapping[str, float], cutoff: float,
-                 skip: Callable[[GroupRecord], bool], history: History) -> bool:
+                 skip: Callable[[GroupRecord], bool], history: History, own: Own) -> bool:
         """Whether a bad result is the pair's link (both ends clean elsewhere since the pair's first bad
         result): it needs no node localised."""
         pair = pair_of(record)
@@ -121,15 +125,18 @@ class LinkTracker:
             return False
         key = (record.probe, pair)
         streak = self._streak(key, cutoff, skip)
-        return any(r.run_id == record.run_id for r in streak) and self._cleared(pair, streak, last_pass, history, skip)
+        return any(r.run_id == record.run_id for r in streak) and \
+            self._cleared(pair, streak, last_pass, history, skip, own)
 
     def update(self, probe: str, now: float, *, cutoff: float, need: Callable[[Pair], int], recheck_s: float,
                last_pass: Mapping[str, float], skip: Callable[[GroupRecord], bool],
-               ended_by: Callable[[Pair], str | None], history: History) -> tuple[list[LinkFinding], list[Pair]]:
+               ended_by: Callable[[Pair], str | None], history: History,
+               own: Own) -> tuple[list[LinkFinding], list[Pair]]:
         """Re-judge the pairs of ``probe``: the findings that started, changed or ended, and the pairs to
         measure together now (a cleared pair short of ``need(pair)`` bad results; a live finding not measured for
         ``recheck_s``). ``ended_by``: why a live finding no longer stands (a switch finding now holds an
-        end), or ``None``; ``history``: a node's recent group results of ``probe``."""
+        end), or ``None``; ``history``: a node's recent group results of ``probe``; ``own``: whether a node has a
+        finding of its own on ``probe`` lately."""
         changes: list[LinkFinding] = []
         wanted: list[Pair] = []
         for key in sorted(k for k in set(self.joint) | set(self.active) if k[0] == probe):
@@ -149,7 +156,7 @@ class LinkTracker:
                 del self.active[key]
                 changes.append(replace(live, ended_at=now, text=f"{live.text}; over: {reason}"))
                 continue
-            if not streak or not self._cleared(pair, streak, last_pass, history, skip):
+            if not streak or not self._cleared(pair, streak, last_pass, history, skip, own):
                 if live is not None and now - (latest.at if latest else live.started_at) >= recheck_s:
                     wanted.append(pair)
                 continue

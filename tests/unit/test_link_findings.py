@@ -265,7 +265,7 @@ def test_a_switch_finding_holding_an_end_wins_over_the_link() -> None:
     def update(now: float) -> tuple[list[LinkFinding], list[tuple[str, str]]]:
         return links.update("nccl", now, cutoff=0.0, need=lambda p: 2, recheck_s=120.0, last_pass=clean_elsewhere,
                             skip=lambda r: bool(held), ended_by=lambda p: "switch leaf1 explains it" if held else None,
-                            history=lambda n: ())
+                            history=lambda n: (), own=lambda n: False)
 
     [found], _ = update(40.0)
     assert found.active and found.run_ids == ("r1", "r2") and found.value / found.reference < 0.5
@@ -317,9 +317,13 @@ def test_an_end_slow_with_some_other_partner_is_not_clean_and_the_pair_is_no_lin
     history = {"a": [pair[0], record("r2", 20.0, ("a", "c"), False), record("r3", 25.0, ("a", "d"), True), pair[1]],
                "b": [pair[0], record("r5", 22.0, ("b", "e"), False), pair[1]]}
     args = dict(cutoff=0.0, need=lambda p: 2, recheck_s=120.0, last_pass={"a": 20.0, "b": 22.0}, skip=lambda r: False,
-                ended_by=lambda p: None)
+                ended_by=lambda p: None, own=lambda n: False)
     assert links.update("nccl", 50.0, history=lambda n: history[n], **args) == ([], [])  # type: ignore[arg-type]
-    assert not links.explains(pair[1], {"a": 20.0, "b": 22.0}, 0.0, lambda r: False, lambda n: history[n])
+    assert not links.explains(pair[1], {"a": 20.0, "b": 22.0}, 0.0, lambda r: False, lambda n: history[n],
+                              lambda n: False)
     history["a"].remove(history["a"][2])
+    own = dict(args, own=lambda n: n == "a")
+    assert links.update("nccl", 50.0, history=lambda n: history[n], **own)[0] == [], \
+        "an end with a finding on its own figures of the probe is not clean either"  # type: ignore[arg-type]
     [found], _ = links.update("nccl", 50.0, history=lambda n: history[n], **args)  # type: ignore[arg-type]
     assert (found.a, found.b, found.run_ids) == ("a", "b", ("r1", "r4"))
