@@ -9,9 +9,10 @@ multi-node result with other partners since the pair's first bad result (and nei
 another partner lately, nor a finding on its own figures), no node explains it: the pair is measured
 together again, and when as many results of the pair in a row as confirm a group result (``need``: the
 class's retest count, ``confirm.n`` at least) are bad, it is a **link finding**: the path between them
-(cables, ports, the switches between) is at fault. A link finding drains no node (nothing in Slurm to
-drain for a cable); it lasts until the pair measures clean (it is re-measured every ``confirm.recheck_interval_s``), and a switch finding or a fleet
-event that explains the pair's results takes precedence (their records are not counted here).
+(cables, ports, the switches between) is at fault. A link finding drains no node (nothing in Slurm to drain
+for a cable); it lasts until the pair measures clean (it is re-measured every
+``confirm.recheck_interval_s``), and a switch finding or a fleet event that explains the pair's results
+takes precedence (their records are not counted here).
 """
 
 from __future__ import annotations
