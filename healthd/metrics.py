@@ -43,6 +43,7 @@ from healthd.judge.metrics import (
     passive_samples,
     series_samples,
 )
+from healthd.judge.model import LinkFinding
 from healthd.judge.peaks import mfu
 from healthd.judge.sources.passive import Track
 from healthd.model import Node, Outcome, Verdict
@@ -412,9 +413,10 @@ def _fragment(samples: Iterable[Sample]) -> dict[str, bytes]:
 def fleet_samples_of(snap: Snapshot, backend: str, states: Mapping[str, int], *, breaker_open: bool,
                      fleet_events: Iterable[Mapping[str, Any]],
                      switch_findings: Iterable[Mapping[str, Any]] = (),
-                     topology: Topology | None = None) -> Iterator[Sample]:
+                     topology: Topology | None = None,
+                     link_findings: Iterable[LinkFinding] = ()) -> Iterator[Sample]:
     """The samples that are not per node: build, node states, counters, in-flight runs, the scaling table,
-    remediation, fleet events and switch findings, and each node's place in the topology
+    remediation, fleet events, switch and link findings, and each node's place in the topology
     (``healthd_node_switch``, for dashboards that group nodes by switch)."""
     yield ("healthd_build_info", (("version", healthd.__version__), ("python_version", platform.python_version()),
                                   ("backend", backend)), 1.0)
@@ -436,7 +438,7 @@ def fleet_samples_of(snap: Snapshot, backend: str, states: Mapping[str, int], *,
                     ("size_bytes", m.labels.get("size_bytes", "")), ("placement", m.labels.get("placement", ""))),
                    m.value)
     yield from fleet_samples(breaker_open=breaker_open, fleet_events=fleet_events, counters=snap.counters,
-                             switch_findings=switch_findings)
+                             switch_findings=switch_findings, link_findings=link_findings)
     if topology is not None:
         for node in sorted(topology.leaf_of):
             path = topology.path(node)
@@ -669,7 +671,8 @@ class Exposition:
             fleet = _fragment(fleet_samples_of(store.snapshot(nodes=(), fleet=True), self._backend_name(), counts,
                                                breaker_open=breaker_open, fleet_events=store.fleet_events(limit=200),
                                                switch_findings=store.switch_findings(limit=200),
-                                               topology=self._topology))
+                                               topology=self._topology,
+                                               link_findings=store.link_findings(active_only=True, limit=1000)))
             self._assemble(fleet, rendered, changed - rendered.keys())
 
     def _read(self, names: Sequence[str], families: Collection[tuple[str, str]] | None) -> Changes:

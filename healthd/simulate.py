@@ -137,6 +137,12 @@ class FaultSpec(_Model):
     def hard(self) -> bool:
         return self.kind in HARD_KINDS
 
+    @property
+    def path(self) -> bool:
+        """A ``link`` fault with a ``peer``: the path between the two nodes, found as a link finding
+        (``healthd.judge.links``), never a node's fault."""
+        return self.kind == "link" and self.peer is not None
+
     def describe(self) -> str:
         scale = f" x{self.factor:g}" if self.kind in ("node", "gpu", "link") else ""
         if self.kind == "drift":
@@ -681,6 +687,10 @@ class SimReport:
     """(round, switch, probe) of findings naming a switch no switch fault explains."""
     passive_recommendations: list[tuple[int, str, str]] = field(default_factory=list)
     """(round, node, reason code) of every recommendation from a passive signal."""
+    link_findings: list[tuple[int, str, str, str]] = field(default_factory=list)
+    """(round, a, b, probe) of every link finding started."""
+    false_link_findings: list[tuple[int, str, str, str]] = field(default_factory=list)
+    """(round, a, b, probe) of link findings naming no path fault."""
 
     @property
     def ok(self) -> bool:
@@ -707,6 +717,9 @@ class SimReport:
                                 for r, sw, lv, p, t in self.switch_findings],
             "false_switch_findings": [{"round": r, "switch": sw, "probe": p}
                                       for r, sw, p in self.false_switch_findings],
+            "link_findings": [{"round": r, "a": a, "b": b, "probe": p} for r, a, b, p in self.link_findings],
+            "false_link_findings": [{"round": r, "a": a, "b": b, "probe": p}
+                                    for r, a, b, p in self.false_link_findings],
             "passive_recommendations": [{"round": r, "node": n, "reason_code": c}
                                         for r, n, c in self.passive_recommendations],
             "foreign_drains_touched": self.foreign_touched,
@@ -755,6 +768,9 @@ class Simulation:
         self.switch_findings: list[tuple[int, str, int, str, str]] = []
         self.false_switch_findings: list[tuple[int, str, str]] = []
         self._named_now: set[tuple[str, str]] = set()
+        self.link_findings: list[tuple[int, str, str, str]] = []
+        self.false_link_findings: list[tuple[int, str, str, str]] = []
+        self._links_now: set[tuple[str, str, str]] = set()
         self.passive_recs: list[tuple[int, str, str]] = []
         self.prometheus: SimPrometheus | None = None
         self.passive: PassiveSource | None = None
@@ -776,7 +792,8 @@ class Simulation:
             self.user_sets.append((u, picked))
 
     def _faulty(self, node: str, rnd: int) -> bool:
-        return any(f.node == node and f.kind != "error" and f.from_round <= rnd
+        """A fault of the node itself (not a path between two nodes: a ``link`` fault with a ``peer``)."""
+        return any(f.node == node and f.kind != "error" and not f.path and f.from_round <= rnd
                    and (f.until_round == 0 or rnd <= f.until_round + 1) for f in self.scenario.faults)
 
     def run(self) -> SimReport:
@@ -792,7 +809,8 @@ class Simulation:
                 print(format_round(line), flush=True)
         return SimReport(s, lines, self.outcomes, self.false_recs, self.false_drains, self.fleet_events,
                          self.event_drains, self._foreign_touched(), time.perf_counter() - started, self.jobs,
-                         self.switch_outcomes, self.switch_findings, self.false_switch_findings, self.passive_recs)
+                         self.switch_outcomes, self.switch_findings, self.false_switch_findings, self.passive_recs,
+                         self.link_findings, self.false_link_findings)
 
     def play_round(self, rnd: int) -> RoundLine:
         """Every tick of round ``rnd`` (``run`` plays them all; a benchmark plays them one by one)."""
@@ -858,6 +876,7 @@ class Simulation:
             if e.active:
                 self.fleet_events.append((rnd, e.node_class, e.probe, e.text))
         self._account_switches(rnd, line, out, actions)
+        self._account_links(rnd, line, out)
         for c in out.recommendations:
             if c.probe == "passive" and (rnd, c.node, str(c.reason_code)) not in self.passive_recs:
                 self.passive_recs.append((rnd, c.node, str(c.reason_code)))
@@ -881,7 +900,7 @@ class Simulation:
             drained = {name for name, n in self.cluster.nodes.items()
                        if n.drain_reason and n.drain_reason.startswith(self.settings.remediation.reason_prefix)}
             for fo in self.outcomes:
-                if not fo.fault.active(rnd) or fo.fault.kind == "error":
+                if not fo.fault.active(rnd) or fo.fault.kind == "error" or fo.fault.path:
                     continue
                 recs = sorted((r for r in active if r.node == fo.fault.node and (fo.fault.hits(r.probe)
                                                                                     or r.probe == "passive")),
@@ -891,6 +910,31 @@ class Simulation:
                     fo.named_right, fo.detail = self._named_right(fo.fault, recs, active)
                 if fo.drained_round is None and fo.fault.node in drained:
                     fo.drained_round = rnd
+
+    def _account_links(self, rnd: int, line: RoundLine, out: JudgeOutput) -> None:
+        """Link findings started or ended: a path fault (``link`` with ``peer``) is found when one names its
+        two nodes; one naming no path fault is false."""
+        for f in out.link_findings:
+            key = (f.probe, f.a, f.b)
+            if not f.active:
+                self._links_now.discard(key)
+                line.events.append(f"link finding ended: {f.a} <-> {f.b} {f.probe}")
+                continue
+            if key in self._links_now:
+                continue
+            self._links_now.add(key)
+            line.events.append(f"link finding: {f.text}")
+            self.link_findings.append((rnd, f.a, f.b, f.probe))
+            explained = False
+            for fo in self.outcomes:
+                fault = fo.fault
+                if fault.path and {fault.node, fault.peer} == {f.a, f.b} and fault.hits(f.probe) \
+                        and fault.from_round <= rnd and (fault.until_round == 0 or rnd <= fault.until_round + 1):
+                    explained = True
+                    if fo.found_round is None:
+                        fo.found_round, fo.named_right, fo.detail = rnd, True, f"link {f.a} <-> {f.b}"
+            if not explained:
+                self.false_link_findings.append((rnd, f.a, f.b, f.probe))
 
     def _account_switches(self, rnd: int, line: RoundLine, out: JudgeOutput, actions: Sequence[Action]) -> None:
         topo = self.cluster.topology
@@ -967,7 +1011,7 @@ def format_round(line: RoundLine) -> str:
         parts.append(f"undrained {len(line.undrained)}: {names(line.undrained)}")
     if line.refused:
         parts.append("refused " + ", ".join(f"{k} x{v}" for k, v in line.refused.most_common(3)))
-    parts += [e if e.startswith("switch") else f"fleet event {e}" for e in line.events]
+    parts += [e if e.startswith(("switch", "link")) else f"fleet event {e}" for e in line.events]
     return "\n    ".join(parts)
 
 
@@ -1015,6 +1059,12 @@ def format_report(report: SimReport) -> str:
                      + ("" if report.scenario.use_topology else " (judged without the topology)"))
         for r, sw, p in report.false_switch_findings[:10]:
             lines.append(f"  false switch finding, round {r}: {sw} {p}")
+    paths = [f for f in report.faults if f.fault.path]
+    if paths or report.link_findings:
+        lines.append(f"path faults {len(paths)}, named as a link {sum(f.found_round is not None for f in paths)}; "
+                     f"link findings {len(report.link_findings)}, false {len(report.false_link_findings)}")
+        for r, a, b, p in report.false_link_findings[:10]:
+            lines.append(f"  false link finding, round {r}: {a} <-> {b} {p}")
     if report.scenario.passive:
         lines.append(f"passive signals {len(report.scenario.passive)} ("
                      + "; ".join(p.describe() for p in report.scenario.passive[:6]) + "); passive recommendations "

@@ -94,6 +94,9 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     for e in doc["switch_findings"]:
         print(f"SWITCH {e['switch']} since {_when(e['started_at'])}: {e['action']}")
         print(f"    {e['text']}")
+    for f in doc["link_findings"]:
+        print(f"LINK {f['a']} <-> {f['b']} ({f['probe']}) since {_when(f['started_at'])}: {f['action']}")
+        print(f"    {f['text']}")
     recs = doc["recommendations"]
     if not recs:
         print("no drain recommended")

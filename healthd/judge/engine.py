@@ -9,7 +9,8 @@ two; this module imports no store). ``replay`` runs the same code without a stor
 Per run and node: the judged series (``series.select``) go through the three layers, floor
 (``floors``), own baseline (``baseline``) and fleet (``fleet``, including the node's own GPUs
 as peers); a failed probe check is a finding too. A multi-node measurement becomes a group
-record, localised by ``confirm.attribute``. A hard fault the collector attributed to nodes
+record, localised by ``confirm.attribute``; a pair bad together while both ends pass with other partners is a
+link finding (``links``), drained nowhere. A hard fault the collector attributed to nodes
 (``hardfault``: GPUs missing, a hang, a crash, a CUDA or NCCL error) is a ``fail`` finding on them,
 or on the group. Thresholds follow each series' noise (``noise``). A finding becomes a verdict of
 ``fail`` (floor, check, hard fault) or ``degraded`` (drift, outlier) only once confirmed: N of M
@@ -42,6 +43,7 @@ from healthd.judge.confirm import (
 from healthd.judge.fleet import FleetStats, check_event, fleet_stats
 from healthd.judge.floors import FloorTable, floor_rules
 from healthd.judge.hardfault import HARD_FAULTS
+from healthd.judge.links import LinkTracker
 from healthd.judge.model import (
     CONFIRMED,
     Finding,
@@ -49,6 +51,7 @@ from healthd.judge.model import (
     GroupRecord,
     JudgeOutput,
     JudgeState,
+    LinkFinding,
     Mark,
     ReasonCode,
     RecommendationCandidate,
@@ -151,6 +154,8 @@ class Judge:
         """Switch findings (``healthd.judge.switches``): on while a topology is set."""
         self.passive: dict[tuple[str, str, str], passive.Track] = {}
         """The passive signals followed (``healthd.judge.sources.passive``): (node, code, GPU) → track."""
+        self.links = LinkTracker()
+        """Pairs measured together and the link findings (``healthd.judge.links``)."""
 
     @property
     def topology(self) -> Topology | None:
@@ -262,6 +267,7 @@ class Judge:
             suspects[probe] = attributions[probe].suspects()
             for record in self.flagged_groups[probe]:
                 touched.update((m, probe) for m in record.members)
+            self._update_links(probe, now, out)
         for event in out.fleet_events:
             touched.update(key for key in self.verdicts if key[1] == event.probe
                            and self.node_class(key[0]) == event.node_class)
@@ -417,6 +423,7 @@ class Judge:
         probe = run.probe
         suspects = tuple(n for n in run.nodes if self._under_suspicion(n, probe, run.at))
         kept_group = [f for f in ev.group_findings if not any(self._suppressed(n, probe, f, run.at) for n in run.nodes)]
+        regular_suspects = ev.ends if len(ev.ends) == 2 else tuple(run.nodes)
         group_suppressed = bool(ev.group_findings) and not kept_group
         for n in run.nodes:
             raw = ev.node_findings.get(n, [])
@@ -463,7 +470,7 @@ class Judge:
             else:
                 code, sev, text = ReasonCode.OK, Severity.NONE, PASS_TEXT
             record = GroupRecord(run.run_id, probe, run.at, tuple(run.nodes), sev, code, text,
-                                 suspects if run.priority and suspects else tuple(run.nodes),
+                                 suspects if run.priority and suspects else regular_suspects,
                                  event_proof=any(f.event_proof for f in kept_group), findings=tuple(kept_group))
             self._add_group(record, suppressed=group_suppressed)
             out.groups.append(record)
@@ -514,23 +521,64 @@ class Judge:
                 last[member] = max(last.get(member, float("-inf")), record.at)
         if record.flagged:
             self.flagged_groups[record.probe].append(record)
+        self.links.note(record)
 
     # -- localisation, verdicts, requests -------------------------------------------------------
     def _localise(self, probe: str, now: float) -> Attribution:
         cutoff = now - self.settings.confirm.window_s
         records = [r for r in self.flagged_groups.get(probe, []) if r.at >= cutoff]
         self.flagged_groups[probe] = records
-        live = []
-        for r in records:
-            if any(self.resets.get(m, float("-inf")) > r.at for m in r.members):
+        last_pass = self.last_group_pass.get(probe, {})
+        live = [r for r in records if not self._set_aside(r)
+                and not self.links.explains(r, last_pass, cutoff, self._set_aside,
+                                            lambda n: self.group_history.get((n, probe), ()),
+                                            lambda n: self._own_finding(n, probe, cutoff))]
+        return attribute(live, last_pass)
+
+    def _set_aside(self, r: GroupRecord) -> bool:
+        """A bad group result no node need explain: from before a member's reset, or one a switch finding
+        holding a member or a fleet event of the class explains."""
+        if any(self.resets.get(m, float("-inf")) > r.at for m in r.members):
+            return True
+        held = (self.switches.holding(m, r.probe) for m in r.members)
+        if any(h is not None and r.at >= h.started_at for h in held):
+            return True
+        event = self.events.get((self.node_class(r.members[0]), r.probe))
+        return event is not None and not r.event_proof and r.at >= event.started_at
+
+    def _update_links(self, probe: str, now: float, out: JudgeOutput) -> None:
+        """Link findings of ``probe`` (``healthd.judge.links``): started, changed or ended; a pair whose ends
+        both pass with other partners is measured together (a re-probe of the two nodes alone)."""
+        c = self.settings.confirm
+
+        def ended_by(pair: tuple[str, str]) -> str | None:
+            held = next((h for h in (self.switches.holding(n, probe) for n in pair) if h is not None), None)
+            return f"switch {held.switch} explains it" if held is not None else None
+
+        changes, wanted = self.links.update(
+            probe, now, cutoff=now - c.window_s, recheck_s=c.recheck_interval_s,
+            need=lambda pair: self.retests(self.node_class(pair[0]), probe, group=True)[0],
+            last_pass=self.last_group_pass.get(probe, {}), skip=self._set_aside, ended_by=ended_by,
+            history=lambda n: self.group_history.get((n, probe), ()),
+            own=lambda n: self._own_finding(n, probe, now - c.window_s))
+        out.link_findings.extend(changes)
+        for pair in wanted:
+            if any(n in self.drained or (n, probe) in self.pending for n in pair):
                 continue
-            held = (self.switches.holding(m, probe) for m in r.members)
-            if any(h is not None and r.at >= h.started_at for h in held):
-                continue
-            event = self.events.get((self.node_class(r.members[0]), probe))
-            if event is None or r.event_proof or r.at < event.started_at:
-                live.append(r)
-        return attribute(live, self.last_group_pass.get(probe, {}))
+            req = Request("reprobe", probe, pair, now, f"measure the link {pair[0]} <-> {pair[1]} again: both "
+                          "ends pass with other partners")
+            for n in pair:
+                self.pending[(n, probe)] = req
+            out.requests.append(req)
+
+    def _own_finding(self, node: str, probe: str, cutoff: float) -> bool:
+        """Whether the node's own figures of ``probe`` were flagged in one of its recent runs (since ``cutoff``)."""
+        return any(mk.flagged and mk.at >= cutoff for mk in self.marks.get((node, probe), ()))
+
+    def link_findings(self) -> list[LinkFinding]:
+        """The live link findings (``healthd_link_finding``, the API)."""
+        with self._lock:
+            return sorted(self.links.active.values(), key=lambda f: (f.probe, f.a, f.b))
 
     def _recent_marks(self, node: str, probe: str, now: float) -> list[Mark]:
         """The node's marks in the confirmation window, after its last reset, with findings a fleet
@@ -1156,6 +1204,7 @@ class Judge:
                 if not event.switch:
                     self.events[(event.node_class, event.probe)] = event
             self.switches.restore(e for e in state.events if e.switch)
+            self.links.restore(state.links)
             for name, req in state.pending:
                 self.pending[(name, req.probe)] = req
             for verdict in state.verdicts:

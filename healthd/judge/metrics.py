@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from healthd.judge.model import CONFIRMED, EVIDENCE_LABELS, ReasonCode
+from healthd.judge.model import CONFIRMED, EVIDENCE_LABELS, LinkFinding, ReasonCode
 from healthd.judge.series import direction_of
 from healthd.judge.sources.passive import PROBE as PASSIVE
 from healthd.judge.sources.passive import Track
@@ -57,6 +57,10 @@ JUDGE_FAMILIES: dict[str, tuple[str, str]] = {
                                    " (a fleet event)"),
     "healthd_switch_finding": ("gauge", "1 while the nodes under the switch fail the probe together beyond chance"
                                " (a switch finding: their drains are held)"),
+    "healthd_link_finding": ("gauge", "1 while the path between nodes a and b (a < b) is slow on the probe and both"
+                             " nodes pass with other partners (a link finding: no node is drained)"),
+    "healthd_link_finding_ratio": ("gauge", "The figure of the live link finding over its reference (the pair's"
+                                   " baseline, the class's links or the floor; below 1: worse)"),
 }
 REFERENCE_HELP = {"baseline": "The node's own baseline (median of its recent passing results) of",
                   "floor": "The floor of the node's class (lowest acceptable; highest for times) of"}
@@ -158,9 +162,11 @@ def drain_reason(recommendations: Iterable[RecommendationRow]) -> str | None:
 
 def fleet_samples(*, breaker_open: bool, fleet_events: Iterable[Mapping[str, Any]],
                   counters: Iterable[tuple[str, Mapping[str, str], float]],
-                  switch_findings: Iterable[Mapping[str, Any]] = ()) -> Iterator[Sample]:
-    """Remediation actions by result, the breaker, whether each (class, probe) has a fleet event, and the
-    switch findings (``healthd_switch_finding``: 1 while active, 0 once ended, while the store keeps it)."""
+                  switch_findings: Iterable[Mapping[str, Any]] = (),
+                  link_findings: Iterable[LinkFinding] = ()) -> Iterator[Sample]:
+    """Remediation actions by result, the breaker, whether each (class, probe) has a fleet event, the
+    switch findings (``healthd_switch_finding``: 1 while active, 0 once ended, while the store keeps it) and
+    the live link findings (``healthd_link_finding``: one series per live finding, none once it ended)."""
     seen: dict[tuple[str, str], float] = {(a, r): 0.0 for a in ACTIONS for r in RESULTS}
     for name, labels, value in counters:
         if name == "remediation_actions_total":
@@ -180,6 +186,11 @@ def fleet_samples(*, breaker_open: bool, fleet_events: Iterable[Mapping[str, Any
         switches[where] = switches.get(where, False) or e["ended_at"] is None
     for (switch, level, probe), active in sorted(switches.items()):
         yield "healthd_switch_finding", (("switch", switch), ("level", level), ("probe", probe)), float(active)
+    for f in sorted((f for f in link_findings if f.active), key=lambda f: (f.probe, f.a, f.b)):
+        link_labels: Labels = (("probe", f.probe), ("a", f.a), ("b", f.b))
+        yield "healthd_link_finding", link_labels, 1.0
+        if f.ratio is not None:
+            yield "healthd_link_finding_ratio", link_labels, f.ratio
 
 
 __all__ = ["FINDING_LABELS", "JUDGE_FAMILIES", "ConfirmedFinding", "ReasonCode", "Sample", "confirmed_finding",

@@ -283,6 +283,45 @@ class FleetEvent:
 
 
 @dataclass(frozen=True)
+class LinkFinding:
+    """A confirmed finding on the path between nodes ``a`` and ``b`` (``a`` < ``b``) on one probe."""
+
+    probe: str
+    a: str
+    b: str
+    started_at: float
+    run_ids: tuple[str, ...]
+    """The pair's bad results that confirm it (oldest first)."""
+    series: str
+    """The judged figure, as its finding describes it (``busbw_bytes_per_second{...}``)."""
+    layer: str
+    """The reference it broke: ``below_floor``, ``baseline_drift`` (the pair's own baseline) or
+    ``fleet_outlier`` (the class's links)."""
+    value: float
+    reference: float
+    link: str
+    """The slowest link's sentence where the run named one (ranks, GPUs and UUIDs of both ends, direction,
+    its figure against the median link): empty for a probe that measures the pair as a whole."""
+    text: str
+    ended_at: float | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.ended_at is None
+
+    @property
+    def ratio(self) -> float | None:
+        """The figure over its reference (below 1: worse)."""
+        return self.value / self.reference if self.reference else None
+
+    @property
+    def action(self) -> str:
+        """What the operator should do (the one recommendation a link gets: no node is drained)."""
+        return (f"inspect the path between {self.a} and {self.b} (cables, ports, transceivers, the switches "
+                f"between them); neither node is drained: both measure clean with other partners")
+
+
+@dataclass(frozen=True)
 class Request:
     """A re-probe the judge wants: confirm a finding, localise a bad group, or bisect one."""
 
@@ -332,6 +371,8 @@ class JudgeOutput:
     """(class, probe, group results) → (flagged, judged) regular results, where this evaluation changed them."""
     error_streaks: dict[tuple[str, str], int] = field(default_factory=dict)
     """(node, probe) → its consecutive error runs, for each pair this evaluation saw (0: no streak)."""
+    link_findings: list[LinkFinding] = field(default_factory=list)
+    """Link findings (``healthd.judge.links``) that started, changed or ended in this evaluation."""
 
 
 _NONE = float("nan")
@@ -463,3 +504,5 @@ class JudgeState:
     """(class, probe, group results, flagged, judged): how often the class flags a result by chance."""
     error_streaks: tuple[tuple[str, str, int], ...] = ()
     """(node, probe, consecutive error runs)."""
+    links: tuple[LinkFinding, ...] = ()
+    """Active link findings (``healthd.judge.links``)."""

@@ -225,7 +225,8 @@ class Remediator:
 # -- read side: API, CLI, metrics ------------------------------------------------------------------
 def recommendations_document(store: Store, settings: RemediationSettings) -> dict[str, Any]:
     """The ``/api/v1/recommendations`` document: active recommendations, fleet events, switch findings (one
-    recommendation per switch: inspect it; its nodes' drains are held), breaker."""
+    recommendation per switch: inspect it; its nodes' drains are held), link findings (one per link: inspect
+    the path between its two nodes; neither is drained), breaker."""
     raw = store.remediation_state(BREAKER_KEY)
     breaker = raw if isinstance(raw, dict) else {"open": False}
     return {
@@ -246,6 +247,12 @@ def recommendations_document(store: Store, settings: RemediationSettings) -> dic
              "action": f"inspect switch {e['switch']} and its links; its nodes' {e['probe']} findings are held"
                        " (not drained) while it is named"}
             for e in store.switch_findings(active_only=True)
+        ],
+        "link_findings": [
+            {"probe": f.probe, "a": f.a, "b": f.b, "started_at": f.started_at, "series": f.series, "layer": f.layer,
+             "value": f.value, "reference": f.reference, "link": f.link, "run_ids": list(f.run_ids), "text": f.text,
+             "action": f.action}
+            for f in store.link_findings(active_only=True)
         ],
         "breaker": breaker,
         "drained_by_healthd": [

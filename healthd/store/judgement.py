@@ -20,6 +20,7 @@ from healthd.judge.model import (
     GroupRecord,
     JudgeOutput,
     JudgeState,
+    LinkFinding,
     Mark,
     MeasurementInput,
     ReasonCode,
@@ -36,11 +37,12 @@ from healthd.store.rows import canonical_labels
 
 JUDGEMENT_PRUNE = (
     "DELETE FROM fleet_events WHERE ended_at IS NOT NULL AND ended_at < ?",
+    "DELETE FROM link_findings WHERE ended_at IS NOT NULL AND ended_at < ?",
     "DELETE FROM judge_series WHERE last_at < ?",
     "DELETE FROM judge_marks WHERE at < ?",
     "DELETE FROM judge_groups WHERE at < ?",
 )
-"""Retention (housekeeping): ended fleet events and state not refreshed since the cut-off."""
+"""Retention (housekeeping): ended fleet events and link findings, state not refreshed since the cut-off."""
 
 _INSERT_VERDICT = ("INSERT INTO verdicts (node, probe, outcome, reason, reason_code, run_ids, evidence, at)"
                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
@@ -243,6 +245,19 @@ class JudgementStore(Database):
                         " AND ended_at IS NULL AND (switch != '' OR node_class = ?)",
                         (e.ended_at, e.text, e.probe, e.switch, e.node_class),
                     )
+            for f in output.link_findings:
+                if f.active:
+                    db.execute(
+                        "INSERT INTO link_findings (probe, a, b, started_at, run_ids, series, layer, value, reference,"
+                        " link, text) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                        " ON CONFLICT (probe, a, b) WHERE ended_at IS NULL DO UPDATE SET run_ids = excluded.run_ids,"
+                        " series = excluded.series, layer = excluded.layer, value = excluded.value,"
+                        " reference = excluded.reference, link = excluded.link, text = excluded.text",
+                        (f.probe, f.a, f.b, f.started_at, json.dumps(list(f.run_ids)), f.series, f.layer, f.value,
+                         f.reference, f.link, f.text))
+                else:
+                    db.execute("UPDATE link_findings SET ended_at = ?, text = ? WHERE probe = ? AND a = ? AND b = ?"
+                               " AND ended_at IS NULL", (f.ended_at, f.text, f.probe, f.a, f.b))
             db.executemany("DELETE FROM judge_requests WHERE node = ? AND probe = ?", list(output.satisfied))
             db.executemany(
                 "INSERT OR REPLACE INTO judge_requests (node, probe, kind, nodes, requested_at, reason)"
@@ -281,6 +296,7 @@ class JudgementStore(Database):
                     "SELECT node_class, probe, grouped, flagged, judged FROM judge_flag_rates")),
                 error_streaks=tuple((r[0], r[1], r[2]) for r in self._query(
                     "SELECT node, probe, streak FROM judge_error_streaks")),
+                links=tuple(self.link_findings(active_only=True, limit=100_000)),
             )
 
     def judge_resets(self) -> dict[str, float]:
@@ -371,6 +387,14 @@ class JudgementStore(Database):
                 for key in ("switch", "level", "nodes", "held"):
                     del e[key]
         return out
+
+    def link_findings(self, *, active_only: bool = False, limit: int = 100) -> list[LinkFinding]:
+        """Link findings (``healthd.judge.links``), newest first (``active_only``: the live ones)."""
+        where = "WHERE ended_at IS NULL" if active_only else ""
+        return [LinkFinding(r["probe"], r["a"], r["b"], r["started_at"], tuple(json.loads(r["run_ids"])), r["series"],
+                            r["layer"], r["value"], r["reference"], r["link"], r["text"], r["ended_at"])
+                for r in self._query(f"SELECT * FROM link_findings {where} ORDER BY started_at DESC, id DESC LIMIT ?",
+                                     (limit,))]
 
     def switch_findings(self, *, active_only: bool = False, limit: int = 100) -> list[dict[str, Any]]:
         """Switch findings (``healthd.judge.switches``), newest first."""

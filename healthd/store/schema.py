@@ -432,6 +432,26 @@ MIGRATIONS: tuple[str, ...] = (
     DROP INDEX fleet_events_active;
     CREATE UNIQUE INDEX fleet_events_active ON fleet_events (node_class, probe, switch) WHERE ended_at IS NULL
     """,
+    # 13: link findings (healthd.judge.links): the path between two nodes (a < b) slow on a probe while both
+    # pass with other partners; one active finding per (probe, a, b), ended when the pair measures clean
+    """
+    CREATE TABLE link_findings (
+        id         INTEGER PRIMARY KEY,
+        probe      TEXT NOT NULL,
+        a          TEXT NOT NULL,
+        b          TEXT NOT NULL,
+        started_at REAL NOT NULL,
+        ended_at   REAL,
+        run_ids    TEXT NOT NULL,
+        series     TEXT NOT NULL,
+        layer      TEXT NOT NULL,
+        value      REAL NOT NULL,
+        reference  REAL NOT NULL,
+        link       TEXT NOT NULL,
+        text       TEXT NOT NULL
+    );
+    CREATE UNIQUE INDEX link_findings_active ON link_findings (probe, a, b) WHERE ended_at IS NULL
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -34,6 +34,9 @@ class RunFindings:
     """(node, series, value, from a group measurement): what the baselines may accept."""
     shortfalls: dict[str, list[tuple[SeriesKey, float, float]]] = field(default_factory=dict)
     """Node → (series, distance from its own baseline in noise units and relative, positive: worse)."""
+    ends: tuple[str, ...] = ()
+    """The two nodes at the ends of the run's slowest inter-node link, when its group findings are on
+    inter-node link figures (a link between two nodes, whatever the run's size): the group's suspects."""
 
     def place(self, nodes: tuple[str, ...], node: str | None, f: Finding) -> None:
         """On ``node`` when it is one of the run's ``nodes``, on the only node of a single-node run,

@@ -5,7 +5,10 @@ Per measurement and node: below the class's floor (``floors``, widened by the cl
 node's own baseline (``baseline.drift``, thresholds from the series' noise), an outlier of its class
 (``fleet.outlier``; during a fleet event only from the class since the event began), and on a node with
 ``GPU_PEERS_MIN`` GPUs or more, an outlier of its own GPUs. A GPU slowed by its hardware in the run's own
-NVML readings has its findings say so (``throttling``).
+NVML readings has its findings say so (``throttling``). A node's figures of its links to other nodes
+(``link_*{scope=group}``, the pipeline probe's) are the group's findings, with the ends of the run's slowest
+inter-node link as the suspects (``RunFindings.ends``): a slow path between two nodes is localised by
+re-pairing, and named a link finding when neither end is at fault (``healthd.judge.links``).
 """
 
 from __future__ import annotations
@@ -64,6 +67,19 @@ class Context(Protocol):
     def class_noise(self, cls: str, fkey: SeriesKey) -> float | None: ...
 
     def in_event(self, cls: str, probe: str) -> bool: ...
+
+
+def inter_node_link(m: MeasurementInput, run: RunInput) -> bool:
+    """A node's figure of its links to other nodes (``link_*{scope=group}`` of a multi-node run): a finding
+    on it is one on the path between two nodes, localised like a pair's result (``healthd.judge.links``),
+    not one on the node."""
+    return m.name.startswith("link_") and m.labels.get("scope") == "group" and len(run.nodes) > 1
+
+
+def link_ends(run: RunInput) -> tuple[str, ...]:
+    """The nodes at the ends of the run's slowest inter-node link (``RunInput.links``), in the run's order."""
+    ends = {node for node, scope in run.links if scope == "group"}
+    return tuple(n for n in run.nodes if n in ends)
 
 
 def small_stats(values: Sequence[float], *, peers: str) -> FleetStats:
@@ -172,7 +188,9 @@ def judge(ctx: Context, run: RunInput, selected: Sequence[Selected], cache: Flee
             link = run.links.get((node, m.labels.get("scope", ""))) if found and m.name.startswith("link_") else None
             if link:
                 found = [replace(f, detail=f"{f.detail}; the slowest link: {link}") for f in found]
-            if m.node:
+            if m.node and not (found and inter_node_link(m, run)):
                 ev.node_findings.setdefault(node, []).extend(found)
             else:
                 ev.group_findings.extend(found)
+                if m.node:
+                    ev.ends = link_ends(run)
