@@ -458,18 +458,23 @@ SCHEMA_VERSION = len(MIGRATIONS)
 
 
 def migrate(db: sqlite3.Connection, path: Path) -> None:
-    """Bring the store at ``path`` to ``SCHEMA_VERSION``; refuse a newer one."""
-    version = db.execute("PRAGMA user_version").fetchone()[0]
-    if version > SCHEMA_VERSION:
-        raise StoreError(f"{path} has schema version {version}, newer than this healthd ({SCHEMA_VERSION})")
-    for number in range(version, SCHEMA_VERSION):
+    """Bring the store at ``path`` to ``SCHEMA_VERSION``; refuse a newer one. Each step reads the version
+    under the write lock, so processes opening a new store at once (the daemon starting, ``healthd
+    status``) apply every migration once."""
+    while True:
         db.execute("BEGIN IMMEDIATE")
         try:
-            for statement in MIGRATIONS[number].split(";"):
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise StoreError(f"{path} has schema version {version}, newer than this healthd ({SCHEMA_VERSION})")
+            if version == SCHEMA_VERSION:
+                db.execute("COMMIT")
+                return
+            for statement in MIGRATIONS[version].split(";"):
                 if statement.strip():
                     db.execute(statement)
-            db.execute(f"PRAGMA user_version = {number + 1}")
+            db.execute(f"PRAGMA user_version = {version + 1}")
             db.execute("COMMIT")
-        except sqlite3.Error:
+        except (sqlite3.Error, StoreError):
             db.execute("ROLLBACK")
             raise
