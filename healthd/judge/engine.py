@@ -412,9 +412,9 @@ class Judge:
         ``rounds.event_hold``) starts when the first of them began: they are the switch's."""
         if event.ended_at is not None or not event.switch:
             return event
-        starts = [float(v.evidence.get("held_since") or event.started_at)
-                  for (n, p), v in self.verdicts.items()
-                  if p == event.probe and (n, p) in self.held and self.switches.holding(n, p) is event]
+        starts = [float(self.verdicts[(n, p)].evidence.get("held_since") or event.started_at)
+                  for n, p in self.held
+                  if p == event.probe and (n, p) in self.verdicts and self.switches.holding(n, p) is event]
         earliest = min(starts, default=event.started_at)
         return self.switches.backdate(event, earliest) if earliest < event.started_at else event
 
