@@ -63,15 +63,33 @@ class Database:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=BUSY_TIMEOUT_S)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA foreign_keys=ON")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            migrate(self._db, path)
-            self._db.execute("BEGIN IMMEDIATE")
-            self._db.execute("ROLLBACK")
+            self._set_up(path)
             self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_POLL_S * 1000)}")
         except (sqlite3.Error, OSError) as exc:
             raise StoreError(f"cannot open the state store {path}: {exc}") from None
+
+    def _set_up(self, path: Path) -> None:
+        """WAL mode and the migrations, retried while another opener holds the new file: switching a
+        new database to WAL can be refused as busy without SQLite's busy handler waiting (seen with six
+        processes opening one new store at once on a loaded machine)."""
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        delay = 0.01
+        while True:
+            try:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA foreign_keys=ON")
+                self._db.execute("PRAGMA synchronous=NORMAL")
+                migrate(self._db, path)
+                self._db.execute("BEGIN IMMEDIATE")
+                self._db.execute("ROLLBACK")
+                return
+            except sqlite3.Error as exc:
+                if not _busy(exc) or time.monotonic() >= deadline:
+                    raise
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
 
     def data_version(self) -> tuple[int, int]:
         """Differs after any commit, by this object or by another process (SQLite's ``data_version``)."""
