@@ -3,11 +3,13 @@
 The baseline of a series is the median of the node's recent *passing* results (flagged results
 never enter it, so a fault does not become the new normal), with a robust spread
 (1.4826 x MAD, a standard deviation for normal noise). A result worse than the baseline by
-``drift_fraction`` (or by ``spread_k`` spreads, when the series is that noisy) is ``degraded``.
+``drift_fraction`` (or by ``spread_k`` spreads, when the series is that noisy, taken on the log
+scale) is ``degraded``.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -52,10 +54,16 @@ def drift(
 ) -> Finding | None:
     """A ``degraded`` finding when ``value`` is worse than the baseline by more than allowed.
 
-    Allowed deviation: ``max(fraction, noise_allowed) x |median|`` or ``spread_k x spread``, the
-    largest (``noise_allowed``: k x the series' relative noise, ``healthd.judge.noise``).
+    Allowed deviation: ``fraction x |median|``, or the noise's allowance if wider: ``noise_allowed``
+    (k x the series' relative noise, ``healthd.judge.noise``) or ``spread_k`` x the baseline's relative
+    spread, the larger, as a distance on the log scale (``r`` allows a value down to ``median x e^-r``, or
+    up to ``median x e^r`` for a ``lower`` measurement; for a quiet series ``r x |median|`` to within a few
+    percent): noise is a share of the value, and a node whose history spreads 30% is still flagged at a
+    tenth of its baseline.
     """
-    allowed = max(max(fraction, noise_allowed) * abs(baseline.median), spread_k * baseline.spread)
+    relative = max(noise_allowed, spread_k * baseline.spread / abs(baseline.median) if baseline.median else 0.0)
+    noise = -math.expm1(-relative) if direction == "higher" else math.expm1(relative)
+    allowed = max(fraction, noise) * abs(baseline.median)
     if direction == "higher":
         threshold = baseline.median - allowed
         worse = value < threshold

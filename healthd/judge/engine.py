@@ -120,6 +120,9 @@ class Judge:
         self._lock = threading.RLock()
         self.series: dict[tuple[str, SeriesKey], SeriesState] = {}
         self.pools: dict[tuple[str, SeriesKey], dict[tuple[str, SeriesKey], SeriesState]] = defaultdict(dict)
+        self.pool_members: dict[tuple[str, str], tuple[str, ...]] = {}
+        """(node, probe) → the nodes of the run its pooled values of the probe come from (a pair's other node:
+        a value a failing switch made bad on a node outside it)."""
         self.marks: dict[tuple[str, str], list[Mark]] = {}
         self.status: dict[tuple[str, str], _Status] = {}
         self._unsettled: set[tuple[str, str]] = set()
@@ -303,6 +306,11 @@ class Judge:
                 st = self.state(node, key)
                 st.last_value, st.last_at, st.last_run_id = m.value, run.at, run.run_id
                 self.pools[(self.node_class(node), fkey)][(node, key)] = st
+        if selected and len(run.nodes) > 1:
+            for node in run.nodes:
+                self.pool_members[(node, run.probe)] = run.nodes
+        elif selected:
+            self.pool_members.pop((run.nodes[0], run.probe), None)
         return selected
 
     def state(self, node: str, key: SeriesKey) -> SeriesState:
@@ -313,7 +321,10 @@ class Judge:
 
     def fleet(self, cls: str, fkey: SeriesKey, now: float, cache: FleetCache) -> FleetStats | None:
         """The class's fleet statistics of a series (its GPUs pooled) over the fleet window; during a
-        fleet event, since the event began."""
+        fleet event, since the event began. Values a named switch explains are left out (those of the
+        nodes it holds on the probe, and of runs with one of them): the peers a node is compared with
+        are the class's healthy fabric, not a failing leaf's pairs, which in a small class are half of
+        its values and would hide every bad one (the leaf's finding then ends while the leaf fails)."""
         if (cls, fkey) in cache:
             return cache[(cls, fkey)]
         cutoff = now - self.settings.fleet.window_s
@@ -322,12 +333,19 @@ class Judge:
             cutoff = max(cutoff, event.started_at)
         values: list[float] = []
         nodes: set[str] = set()
+        held = self.switches.held
+        probe = fkey.probe
         for (node, _), st in self.pools.get((cls, fkey), {}).items():
             value = st.last_value
-            if st.last_at >= cutoff and value is not None:
-                values.append(value)
-                nodes.add(node)
+            if st.last_at < cutoff or value is None:
+                continue
+            if held and any((m, probe) in held for m in self.pool_members.get((node, probe), (node,))):
+                continue
+            values.append(value)
+            nodes.add(node)
         peers = f"the {cls} class" + (" since its fleet event began" if event is not None else "")
+        if held and any(key[1] == probe for key in held):
+            peers += " outside the switch findings"
         stats = fleet_stats(values, nodes=len(nodes), min_nodes=self.settings.fleet.min_nodes, peers=peers)
         cache[(cls, fkey)] = stats
         return stats
@@ -658,7 +676,7 @@ class Judge:
             cls = self.node_class(node)
             cutoff = now - self.settings.fleet.event_window_s
             sample = [(n, at, bad) for n, (at, bad) in self.samples.get((cls, probe), {}).items()
-                      if at >= cutoff and (n not in partners or n == node)]
+                      if at >= cutoff and (n not in partners or n == node) and not self.switches.explains(n, probe)]
             hold = event_hold(sample, min(times), node, now, self.settings.fleet)
             if hold is not None:
                 return hold
@@ -677,7 +695,7 @@ class Judge:
         for mate in sorted(topology.nodes_under(leaf) - exclude):
             sample = self.samples.get((self.node_class(mate), probe), {}).get(mate)
             if sample is not None and sample[0] >= cutoff:
-                mates.append((mate, sample[0], sample[1]))
+                mates.append((mate, sample[0], sample[1] and not self.switches.explains(mate, probe)))
         return leaf_hold(mates, since, now, min_nodes=self.settings.switch.min_nodes,
                          window_s=self.settings.fleet.event_window_s, switch=leaf)
 

@@ -5,6 +5,12 @@ give a median and a robust spread (1.4826 x MAD); a value is an outlier when its
 is below ``-z_threshold`` *and* it is at least ``min_deviation`` worse than the median, so a
 straggler that still passes its floor is flagged, and a very tight fleet does not flag noise.
 
+The z-score is taken on the log scale when the peers' values are all positive (bandwidths,
+throughputs, times: ratio-scale quantities whose noise is a share of the value). For a fleet at a
+few percent of noise this is the linear z-score to within a few percent; for a noisy one it is
+what keeps a value at a tenth of its peers an outlier: on the linear scale a fleet whose healthy
+values spread 30% cannot flag a value below it by more than 1/0.3 = 3.3 spreads, even at zero.
+
 Fleet events: when a large share of a class is flagged at once on one probe, the cause is a
 fabric, firmware or software change, not that many broken nodes; one fleet verdict is raised
 and the nodes' drops are attributed to it.
@@ -32,6 +38,34 @@ class FleetStats:
     nodes: int
     peers: str
     """Who the value was compared with: ``h100x8 fleet`` or ``the node's 8 GPUs``."""
+    log_median: float | None = None
+    log_spread: float | None = None
+    """Median and robust spread of the values' natural logs, when every value is positive."""
+
+    @property
+    def relative_spread(self) -> float:
+        """The spread as a share of the value: the log-scale spread, else spread / |median|."""
+        if self.log_spread is not None:
+            return self.log_spread
+        return self.spread / abs(self.median) if self.median else 0.0
+
+    def with_relative_spread(self, floor: float) -> FleetStats:
+        """These statistics with their relative spread raised to at least ``floor``."""
+        if self.relative_spread >= floor:
+            return self
+        log_spread = floor if self.log_spread is not None else None
+        return FleetStats(self.median, max(self.spread, floor * abs(self.median)), self.n, self.nodes, self.peers,
+                          self.log_median, log_spread)
+
+
+def log_stats(values: Sequence[float] | np.ndarray) -> tuple[float, float] | None:
+    """(median, 1.4826 x MAD) of the natural logs of ``values``, or ``None`` if one is not positive."""
+    arr = np.asarray(values, dtype=float)
+    if arr.size == 0 or not bool(np.all(arr > 0)):
+        return None
+    logs = np.log(arr)
+    median = float(np.median(logs))
+    return median, MAD_TO_SD * float(np.median(np.abs(logs - median)))
 
 
 def fleet_stats(values: Sequence[float] | np.ndarray, *, nodes: int, min_nodes: int, peers: str) -> FleetStats | None:
@@ -41,14 +75,25 @@ def fleet_stats(values: Sequence[float] | np.ndarray, *, nodes: int, min_nodes: 
     arr = np.asarray(values, dtype=float)
     median = float(np.median(arr))
     spread = MAD_TO_SD * float(np.median(np.abs(arr - median)))
-    return FleetStats(median, spread, int(arr.size), nodes, peers)
+    logs = log_stats(arr)
+    return FleetStats(median, spread, int(arr.size), nodes, peers, *(logs or (None, None)))
 
 
 def robust_z(value: float, stats: FleetStats, direction: Direction) -> float:
-    """Signed so that negative is worse; ``-inf`` for a worse value in a fleet with no spread."""
-    delta = value - stats.median if direction == "higher" else stats.median - value
-    if stats.spread > 0:
-        return delta / stats.spread
+    """Signed so that negative is worse; ``-inf`` for a worse value in a fleet with no spread. On the log
+    scale when the peers' values are all positive (a value of zero or less is then infinitely worse, or
+    better for a ``lower`` measurement)."""
+    sign = 1.0 if direction == "higher" else -1.0
+    if stats.log_median is not None and stats.log_spread is not None:
+        if value <= 0:
+            return -math.inf * sign
+        delta = sign * (math.log(value) - stats.log_median)
+        spread = stats.log_spread
+    else:
+        delta = sign * (value - stats.median)
+        spread = stats.spread
+    if spread > 0:
+        return delta / spread
     if delta == 0:
         return 0.0
     return math.copysign(math.inf, delta)

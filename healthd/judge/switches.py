@@ -16,7 +16,7 @@ same sample the fleet-event rule reads: each node's latest ``(at, flagged)`` wit
   finding rate does not grow with the fabric;
 - beyond chance: ``k >= switch.min_nodes`` and ``p x tested < switch.p_value``; an active finding
   lasts while ``k >= 2`` and ``p x tested < switch.end_p_value`` (hysteresis), or while half its
-  probed nodes (and ``min_nodes``) are still flagged: a class-wide event that raises the chance rate
+  probed nodes (two at least) are still flagged: a class-wide event that raises the chance rate
   does not end it and let its nodes drain.
 
 Nested levels: a parent switch is named, and its children are not, when at least two of its
@@ -174,7 +174,7 @@ def switch_checks(
             return False
         k, n, _, p = r
         if name in active:
-            return (k >= 2 and p * tested < settings.end_p_value) or (k >= settings.min_nodes and 2 * k >= n)
+            return k >= 2 and (p * tested < settings.end_p_value or 2 * k >= n)
         return k >= settings.min_nodes and p * tested < settings.p_value
 
     def check(name: str, r: Result, children: tuple[str, ...] = (), spread: bool = False) -> SwitchCheck:

@@ -55,12 +55,17 @@ def test_fleet_outlier_by_hand() -> None:
     stats = fleet_stats([v * g for v in (100.0, 102.0, 98.0, 101.0, 99.0, 100.0)], nodes=6, min_nodes=5,
                         peers="the h100x8 class")
     assert stats is not None and (stats.median, stats.n) == (100 * g, 6) and math.isclose(stats.spread, MAD_TO_SD * g)
-    assert math.isclose(robust_z(85 * g, stats, "higher"), -15 / MAD_TO_SD)
+    # on the log scale: median ln(100 G); deviations ln(1.02), ln(0.98), ln(1.01), ln(0.99), 0, 0 -> MAD ln(1/0.99)
+    # (0.01005, the 3rd and 4th of 0, 0, 0.00995, 0.01005, 0.0198, 0.0202): z = ln(0.85) / (1.4826 x 0.01005)
+    log_spread = MAD_TO_SD * (math.log(1.01) + math.log(1 / 0.99)) / 2
+    assert stats.log_spread is not None and math.isclose(stats.log_spread, log_spread)
+    assert math.isclose(robust_z(85 * g, stats, "higher"), math.log(0.85) / log_spread)
+    assert math.isclose(math.log(0.85) / log_spread, -10.96, abs_tol=1e-2)  # -15 / 1.4826 = -10.1 on the linear scale
     finding = outlier(KEY, 85 * g, stats, "higher", z_threshold=3.5, min_deviation=0.1)
     assert finding is not None and finding.code is ReasonCode.FLEET_OUTLIER and finding.severity is Severity.DEGRADED
-    assert finding.score is not None and math.isclose(finding.score, -10.117, abs_tol=1e-3)
+    assert finding.score is not None and math.isclose(finding.score, -10.96, abs_tol=1e-2)
     assert finding.detail.endswith("85 GB/s is 15.0% below the median 100 GB/s of the h100x8 class "
-                                   "(robust z -10.1, 6 values)")
+                                   "(robust z -11.0, 6 values)")
     assert math.isclose(finding.threshold, 90 * g)
     # z = -6 / 1.4826 = -4.05 passes the z test, but 6% is under min_deviation: a tight fleet does not flag noise
     assert outlier(KEY, 94 * g, stats, "higher", z_threshold=3.5, min_deviation=0.1) is None
@@ -69,6 +74,23 @@ def test_fleet_outlier_by_hand() -> None:
     wide = fleet_stats([100.0, 80.0, 120.0, 90.0, 110.0], nodes=5, min_nodes=5, peers="x")
     assert wide is not None and math.isclose(wide.spread, 10 * MAD_TO_SD)
     assert outlier(KEY, 88.0, wide, "higher", z_threshold=3.5, min_deviation=0.1) is None
+
+
+def test_a_fleet_whose_healthy_values_spread_widely_still_flags_a_tenth_of_them() -> None:
+    """Pair busbw on a loaded host (the real test cluster's round: 147-344 MB/s healthy, each pair's value on
+    both its nodes): on the linear scale no value, not even zero, is 3.7 spreads below this fleet's median;
+    on the log scale a pair at a tenth of its peers is an outlier and a pair at 70% is not."""
+    healthy = [162.0, 147.0, 158.0, 203.0, 344.0, 225.0]
+    values = [v for v in [*healthy, 15.0, 12.0] for _ in range(2)]
+    stats = fleet_stats(values, nodes=16, min_nodes=5, peers="x")
+    assert stats is not None
+    assert (stats.median - 0.0) / stats.spread < 3.7  # linear: even zero is within the threshold
+    assert outlier(KEY, 15.0, stats, "higher", z_threshold=3.7, min_deviation=0.1) is not None
+    assert outlier(KEY, 0.0, stats, "higher", z_threshold=3.7, min_deviation=0.1) is not None
+    assert outlier(KEY, 0.7 * stats.median, stats, "higher", z_threshold=3.7, min_deviation=0.1) is None
+    assert robust_z(0.0, stats, "higher") == -math.inf and robust_z(0.0, stats, "lower") == math.inf
+    with_zero = fleet_stats([0.0, *values], nodes=17, min_nodes=5, peers="x")
+    assert with_zero is not None and with_zero.log_spread is None  # a value of zero: the linear scale
 
 
 def test_fleet_needs_enough_nodes_and_handles_no_spread() -> None:

@@ -13,6 +13,7 @@ re-pairing, and named a link finding when neither end is at fault (``healthd.jud
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -85,7 +86,8 @@ def link_ends(run: RunInput) -> tuple[str, ...]:
 def small_stats(values: Sequence[float], *, peers: str) -> FleetStats:
     """``fleet_stats`` for a handful of values (a node's GPUs), without numpy's overhead."""
     median, spread = robust_stats(values)
-    return FleetStats(median, spread, len(values), len(values), peers)
+    logs = robust_stats([math.log(v) for v in values]) if all(v > 0 for v in values) else (None, None)
+    return FleetStats(median, spread, len(values), len(values), peers, *logs)
 
 
 def throttling(run: RunInput) -> dict[tuple[str, str | None, str | None], str]:
@@ -112,9 +114,8 @@ def gpu_stats(ctx: Context, node: str, fkey: SeriesKey, values: Sequence[float],
     stats = small_stats(values, peers=f"this node's {len(values)} GPUs")
     cls = ctx.node_class(node)
     pooled = ctx.fleet(cls, fkey, now, cache)
-    rel = pooled.spread / abs(pooled.median) if pooled is not None and pooled.median else 0.0
-    floor = max(rel, ctx.class_noise(cls, fkey) or 0.0) * abs(stats.median)
-    return replace(stats, spread=floor) if floor > stats.spread else stats
+    rel = pooled.relative_spread if pooled is not None else 0.0
+    return stats.with_relative_spread(max(rel, ctx.class_noise(cls, fkey) or 0.0))
 
 
 def judge(ctx: Context, run: RunInput, selected: Sequence[Selected], cache: FleetCache, now: float,
