@@ -48,6 +48,9 @@ format = "json"
 
 
 FAST_TICKS = "discover_interval_s = 1\nplan_interval_s = 1\ncollect_interval_s = 1"
+SMALL_GEMM = '["--dtypes", "fp32", "--size", "256", "--copy-bytes", "4M"]'
+"""gemm's ``args`` (TOML) where a test is about the runs, not their figures: about 2 s less a run than the CPU
+default (1024, fp32 and bf16, a 64 MiB copy)."""
 
 
 def write_default_config(tmp_path: Path, port: int) -> Path:
@@ -225,7 +228,12 @@ def test_controller_outage_reports_slurm_down_and_recovers(tmp_path: Path, clust
     port = free_port()
     interval = 3
     ticks = f"discover_interval_s = {interval}\nplan_interval_s = 1\ncollect_interval_s = 1"
-    probes = "[probes.gemm]\ninterval_s = 3600\ntimeout_s = 120\n[probes.nccl]\nenabled = false\n"
+    # The probe outlasts the outage: a job that ends while slurmctld is down is COMPLETING until its step's
+    # completion RPC is retried, a minute later (slurmstepd), and the test would mostly wait for that. Its
+    # time-based warm-up (10 s, up to 30 s while the per-call time still moves) keeps it running past the
+    # controller's return (about 17 s after the stop); a run that still ends first passes, a minute slower.
+    probes = ('[probes.gemm]\ninterval_s = 3600\ntimeout_s = 120\nargs = ["--dtypes", "fp32", "--size", "512", '
+              '"--copy-bytes", "4M", "--warmup-seconds", "10"]\n[probes.nccl]\nenabled = false\n')
     config = write_config(tmp_path, port, probes=probes, scheduler=ticks,
                           slurm_extra='exclude_nodes = ["node2", "node3", "node4", "node5"]')
     daemon = start(tmp_path, config, port, cluster.env)
@@ -325,7 +333,7 @@ def test_probe_on_demand(tmp_path: Path, cluster: SlurmTestCluster) -> None:
     wait(lambda: "alloc" in cluster.command("sinfo", "-h", "-n", "node1", "-o", "%t").stdout, 30, "user job running")
     port = free_port()
     config = write_config(tmp_path, port, probes="[probes.gemm]\nenabled = false\ntimeout_s = 120\n"
-                                                 "[probes.nccl]\nenabled = false\n")
+                                                 f"args = {SMALL_GEMM}\n[probes.nccl]\nenabled = false\n")
     daemon = start(tmp_path, config, port, cluster.env)
     try:
         asked = subprocess.run([sys.executable, "-m", "healthd.cli", "probe", "gemm", "--nodes", "node[1-4]",

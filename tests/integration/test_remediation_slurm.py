@@ -1,7 +1,8 @@
 """Remediation in ``enforce`` mode against the real Slurm test cluster (``scripts/slurm-test-cluster.sh``).
 
-Real probe jobs (``python -m probes gemm`` under sbatch); a node's probe is made to fail with the
-probes' own fault injection (``HEALTHD_PROBE_FAULT=corrupt:0``: wrong data). The confirmation
+Real probe jobs (``python -m probes gemm`` under sbatch, at a small size: these tests are about outcomes,
+drains and undrains, not figures); a node's probe is made to fail with the probes' own fault injection
+(``HEALTHD_PROBE_FAULT=corrupt:0``: wrong data). The confirmation
 re-probe goes through the real planner; drains and undrains through the real ``scontrol``.
 """
 
@@ -29,7 +30,10 @@ from healthd.store import Store
 from tests.integration.conftest import FAKE_GPU_CLASSES, SlurmTestCluster, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-PROBES = {"gemm": ProbeSettings(interval_s=3600.0, timeout_s=120.0)}
+GEMM_ARGS = ("--size", "256", "--dtypes", "fp32", "--copy-bytes", "4M")
+"""A small GEMM (the CPU default is 1024, fp32 and bf16, a 64 MiB copy): the same validated result and checks,
+about 2 s less a run."""
+PROBES = {"gemm": ProbeSettings(interval_s=3600.0, timeout_s=120.0, args=list(GEMM_ARGS))}
 
 
 class Rig:
@@ -60,7 +64,7 @@ class Rig:
                           busy_nodes=(), in_flight=0, now=now, limits=PlanLimits(), priority=requests)
             assert job.kind is RunKind.REPROBE and job.nodes == (node,)
         else:
-            job = ProbeJob(new_run_id(), "gemm", (node,), timeout_s=120.0)
+            job = ProbeJob(new_run_id(), "gemm", (node,), args=GEMM_ARGS, timeout_s=120.0)
         collector = Collector(self.store, backend, self.results)
         assert collector.launch(job) is not None
         done = wait_for(collector.collect, 150, f"the gemm job on {node}")
@@ -94,8 +98,9 @@ def test_a_failing_probe_is_confirmed_then_drained_and_undrained_after_passes(
     # repaired. Slurm runs no job on a drained node, so the passes come from the probe run on the node
     # by hand and stored like `healthd ingest` does; healthd undrains its own drain after two of them.
     for _ in range(2):
-        probe = subprocess.run([sys.executable, "-m", "probes", "gemm", "--timeout", "60"], capture_output=True,
-                               text=True, timeout=120, check=False, env={**cluster.env, "SLURMD_NODENAME": "node3"})
+        probe = subprocess.run([sys.executable, "-m", "probes", "gemm", "--timeout", "60", *GEMM_ARGS],
+                               capture_output=True, text=True, timeout=120, check=False,
+                               env={**cluster.env, "SLURMD_NODENAME": "node3"})
         result = parse_result(probe.stdout)
         assert result.outcome is Outcome.PASS, probe.stderr[-2000:]
         run_id = rig.store.record_result(result, nodes=["node3"], backend="slurm", source="ingest",
