@@ -335,16 +335,18 @@ class Judge:
         nodes: set[str] = set()
         held = self.switches.held
         probe = fkey.probe
+        left_out = False
         for (node, _), st in self.pools.get((cls, fkey), {}).items():
             value = st.last_value
             if st.last_at < cutoff or value is None:
                 continue
             if held and any((m, probe) in held for m in self.pool_members.get((node, probe), (node,))):
+                left_out = True
                 continue
             values.append(value)
             nodes.add(node)
         peers = f"the {cls} class" + (" since its fleet event began" if event is not None else "")
-        if held and any(key[1] == probe for key in held):
+        if left_out:
             peers += " outside the switch findings"
         stats = fleet_stats(values, nodes=len(nodes), min_nodes=self.settings.fleet.min_nodes, peers=peers)
         cache[(cls, fkey)] = stats
