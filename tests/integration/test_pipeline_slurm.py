@@ -28,7 +28,7 @@ from tests.integration.daemons import free_port, get
 from tests.integration.test_daemon_slurm import runs, samples, start, wait, write_config
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-ARGS = ("--steps", "3", "--warmup", "1", "--link-iters", "5", "--no-p2p")
+ARGS = ("--steps", "3", "--warmup", "1", "--link-iters", "9", "--no-p2p")
 
 
 def test_the_daemon_runs_the_pipeline_on_a_node_pair(tmp_path: Path, cluster: SlurmTestCluster) -> None:
@@ -86,7 +86,10 @@ def test_a_slow_link_on_one_node_is_named(cluster: SlurmTestCluster, tmp_path: P
         "node2", "node2", 2, 3), slowest
     assert slowest["ratio"] < 0.1, slowest
     others = [x for x in result["params"]["links"] if (x["src_rank"], x["dst_rank"]) != (2, 3)]
-    assert len(others) == 7 and all(x["ratio"] > 0.2 for x in others), others
+    # separation from the slow link, not a fixed ratio: four ranks on this host's cores stall healthy links
+    # for whole scheduler slices (see tests/probes/test_pipeline.py)
+    floor = 2 * slowest["busbw_bytes_per_second"]
+    assert len(others) == 7 and all(x["busbw_bytes_per_second"] > floor for x in others), others
     ratio = {m["node"]: m["value"] for m in result["measurements"]
              if m["name"] == "link_min_ratio" and m["labels"]["scope"] == "node"}
-    assert ratio["node2"] < 0.1 and ratio["node1"] > 0.2, ratio
+    assert ratio["node2"] < 0.1 and ratio["node1"] > 2 * ratio["node2"], ratio

@@ -138,8 +138,15 @@ def test_four_ranks_four_stages_1f1b() -> None:
 
 @pytest.mark.slow
 def test_a_slow_link_is_named_and_the_other_node_has_no_slow_link() -> None:
-    """Two simulated nodes, two ranks each; rank 0's sends to rank 1 (inside sim0) are delayed."""
-    run = run_simulated_srun(2, 2, ["pipeline", *SHORT, "--no-p2p"], env={"HEALTHD_PROBE_FAULT": "slow_link:0"})
+    """Two simulated nodes, two ranks each; rank 0's sends to rank 1 (inside sim0) are delayed.
+
+    Four ranks share this host's cores, so a healthy link's median recv can stall for a scheduler slice or
+    more: one healthy link in a CI run fell below a fifth of its scope's median. What the injected delay
+    guarantees is a separation from the slow link, not a fixed ratio for the others, and that is what is
+    checked: every other link, and sim1's slowest, at least twice the slow link's bandwidth (nine timed sends
+    per link: a healthy median needs five stalls of 25 ms to break it)."""
+    args = ["pipeline", "--steps", "3", "--warmup", "1", "--link-iters", "9", "--no-p2p"]
+    run = run_simulated_srun(2, 2, args, env={"HEALTHD_PROBE_FAULT": "slow_link:0"})
     assert run.returncodes == [0, 0, 0, 0], run.stderrs[0][-3000:]
     result = run.result
     assert result.outcome is Outcome.PASS, dump(result)  # a slow link is for the judge, never a probe failure
@@ -161,16 +168,17 @@ def test_a_slow_link_is_named_and_the_other_node_has_no_slow_link() -> None:
     assert (slow["src_node"], slow["dst_node"], slow["scope"], slow["direction"]) == ("sim0", "sim0", "node", "next")
     assert slow["busbw_bytes_per_second"] < 1.5 * result.params["link_size_bytes"] / SLOW_LINK_DELAY_S
     assert slow["ratio"] < 0.1
-    assert all(x["ratio"] > 0.2 for key, x in links.items() if key != (0, 1)), links
+    floor = 2 * slow["busbw_bytes_per_second"]
+    assert all(x["busbw_bytes_per_second"] > floor for key, x in links.items() if key != (0, 1)), links
     named = result.params["slowest_link"]["node"]
     assert (named["src_rank"], named["dst_rank"], named["src_node"], named["dst_node"]) == (0, 1, "sim0", "sim0")
     assert named["text"].startswith("rank 0 (sim0 gpu 0) -> rank 1 (sim0 gpu 1): ")
     ratio = {x.node: x.value for x in result.measurements
              if x.name == "link_min_ratio" and x.labels["scope"] == "node"}
-    assert ratio["sim0"] < 0.1 and ratio["sim1"] > 0.2, ratio
+    assert ratio["sim0"] < 0.1 and ratio["sim1"] > 2 * ratio["sim0"], ratio
     group = {x.node: x.value for x in result.measurements
-             if x.name == "link_min_ratio" and x.labels["scope"] == "group"}
-    assert set(group) == {"sim0", "sim1"} and min(group.values()) > 0.2
+             if x.name == "link_min_busbw_bytes_per_second" and x.labels["scope"] == "group"}
+    assert set(group) == {"sim0", "sim1"} and min(group.values()) > floor
     per_link = [x for x in result.measurements if x.name == "link_busbw_bytes_per_second"]
     assert len(per_link) == 8
     [mine] = [x for x in per_link if x.node == "sim0" and x.labels["gpu"] == "0" and x.labels["direction"] == "next"]
