@@ -309,6 +309,8 @@ class Daemon:
             priority=priority,
             pending_nodes={n for r in runs if r.state == "submitted" for n in r.nodes},
             combine=s.scheduler.combine_probes,
+            last_partners=self.store.last_partners(),
+            rotate=s.scheduler.rotate_partners,
         )
         if in_flight + len(jobs) < limits.max_jobs_in_flight:
             jobs += plan_sweep(

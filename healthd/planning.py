@@ -11,7 +11,7 @@ import functools
 import hashlib
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from healthd.config import ProbeSettings, SweepSettings
 from healthd.model import BundledRun, Node, ProbeJob, RunKind
@@ -53,10 +53,12 @@ def why_not_probeable(node: Node, limits: PlanLimits) -> str | None:
 
 
 @functools.lru_cache(maxsize=1 << 17)
-def jitter(node: str, probe: str, span_s: float) -> float:
+def jitter(node: str, probe: str, span_s: float, salt: str = "") -> float:
+    """The node's delay after its interval, in ``[0, span_s)``; the same every round unless ``salt``
+    changes (multi-node probes salt it with the last attempt, so that partners rotate)."""
     if span_s <= 0:
         return 0.0
-    digest = hashlib.blake2b(f"{node}\0{probe}".encode(), digest_size=8).digest()
+    digest = hashlib.blake2b(f"{node}\0{probe}{salt and chr(0) + salt}".encode(), digest_size=8).digest()
     return span_s * int.from_bytes(digest, "big") / 2**64
 
 
@@ -115,6 +117,8 @@ def plan(
     make_priority_run_id: Callable[[], str] = new_priority_run_id,
     pending_nodes: Iterable[str] = (),
     combine: bool = False,
+    last_partners: Mapping[tuple[str, str], frozenset[str]] = {},
+    rotate: bool = True,
 ) -> list[ProbeJob]:
     """Probe jobs to submit now.
 
@@ -126,7 +130,15 @@ def plan(
       those healthd holds, less the ``pending_nodes`` (of healthd jobs that have not started) that
       are no longer probeable: a user took them, they are not idle, and their pending probe (cancelled
       after ``pending_timeout_s``) must not keep the other idle nodes waiting;
-    - multi-node probes (``nodes_per_job > 1``) group due nodes of the same node class;
+    - multi-node probes (``nodes_per_job > 1``) group due nodes of the same node class, and rotate
+      partners: their jitter is drawn anew each round (salted with the last attempt), nodes due at
+      the same time are taken in an order shuffled by their due time (:func:`_tie_break`), a node
+      does not join a group holding one of its partners of its last run of the probe
+      (``last_partners``) while another group can take it, and a group left holding last partners
+      trades a node with a planned job where that clears both (:func:`_trade`), else runs as it is:
+      a node never waits for want of a new partner. A node always tested with the same partner
+      could never be told from it, and one partner on a failing switch would flag it every round
+      (``rotate=False``: nodes due together are grouped in due order, by name);
     - ``priority`` requests come first, in order, within the same caps; a request whose nodes
       are not all free now, or whose job cannot be filled with free partners, waits;
     - ``combine`` (``[scheduler] combine_probes``): a single-node probe that can run in a check
@@ -153,10 +165,13 @@ def plan(
             if last is None:
                 due.append((float("-inf"), probe, node))
                 continue
-            ready_at = last + settings.interval_s + jitter(node.name, probe, settings.jitter_s)
+            salt = repr(last) if rotate and settings.nodes_per_job > 1 else ""
+            ready_at = last + settings.interval_s + jitter(node.name, probe, settings.jitter_s, salt)
             if ready_at <= now:
                 due.append((ready_at, probe, node))
-    due.sort(key=lambda item: (item[0], item[1], item[2].name))
+    due.sort(key=lambda item: (item[0], item[1], _tie_break(item[2].name, item[1], item[0], probes[item[1]], rotate)))
+    if not rotate:
+        last_partners = {}
     mates = _interval_due(candidates, probes, last_attempts, now) if combine else {}
 
     jobs: list[ProbeJob] = []
@@ -174,14 +189,27 @@ def plan(
             jobs.append(_job(request.probe, tuple(by_name[n] for n in wanted), wanted_settings,
                              make_priority_run_id, RunKind.REPROBE))
             taken.update(wanted)
-    waiting_groups: dict[tuple[str, str | None], list[Node]] = {}
+    waiting: dict[tuple[str, str | None], list[list[Node]]] = {}
+    formed: dict[tuple[str, str | None], list[tuple[int, list[Node]]]] = {}
+
+    def clash(probe: str, group: Sequence[Node]) -> bool:
+        return any(b.name in last_partners.get((a.name, probe), ()) for a in group for b in group if a is not b)
+
+    def launch(key: tuple[str, str | None], group: list[Node]) -> None:
+        formed.setdefault(key, []).append((len(jobs), list(group)))
+        jobs.append(_job(key[0], tuple(group), probes[key[0]], make_run_id))
+        taken.update(n.name for n in group)
+        for groups in waiting.values():
+            groups[:] = [kept for kept in ([n for n in g if n.name not in taken] for g in groups) if kept]
+
     for _, probe, node in due:
         if len(jobs) >= job_budget or len(taken) >= node_budget:
             break
         if node.name in taken:
             continue
         settings = probes[probe]
-        if settings.nodes_per_job == 1:
+        size = settings.nodes_per_job
+        if size == 1:
             along = [p for p in mates.get(node.name, ()) if p != probe and _same_launch(probes[p], settings)]
             if probe in CHECK_PROBES and _checkable(settings) and along:
                 jobs.append(_check_job((probe, *along), node, probes, make_run_id))
@@ -189,14 +217,53 @@ def plan(
                 jobs.append(_job(probe, (node,), settings, make_run_id))
             taken.add(node.name)
             continue
-        group = waiting_groups.setdefault((probe, node.node_class), [])
-        if node not in group:
-            group.append(node)
-        if len(group) == settings.nodes_per_job and len(taken) + len(group) <= node_budget:
-            jobs.append(_job(probe, tuple(group), settings, make_run_id))
-            taken.update(n.name for n in group)
-            waiting_groups[(probe, node.node_class)] = []
+        key = (probe, node.node_class)
+        groups = waiting.setdefault(key, [])
+        if any(node in g for g in groups):
+            continue
+        group = next((g for g in groups if len(g) < size and not clash(probe, [*g, node])), None)
+        if group is None:
+            group = []
+            groups.append(group)
+        group.append(node)
+        if len(group) == size and len(taken) + size <= node_budget:
+            launch(key, group)
+    for key, groups in waiting.items():
+        size = probes[key[0]].nodes_per_job
+        pool = [n for g in groups if len(g) < size for n in g]
+        while len(pool) >= size and len(jobs) < job_budget and len(taken) + size <= node_budget:
+            group, pool = pool[:size], pool[size:]
+            if clash(key[0], group):
+                group = _trade(key[0], group, formed.get(key, []), jobs, clash)
+            launch(key, group)
     return jobs
+
+
+def _trade(probe: str, group: list[Node], planned: Sequence[tuple[int, list[Node]]], jobs: list[ProbeJob],
+           clash: Callable[[str, Sequence[Node]], bool]) -> list[Node]:
+    """``group`` (last partners in it) with one node traded for one of a job already planned for its probe
+    and class, where neither then holds last partners (that job is rewritten); unchanged when no trade
+    does."""
+    for index, other in planned:
+        for i, mine in enumerate(group):
+            for j, theirs in enumerate(other):
+                new = [*group[:i], theirs, *group[i + 1:]]
+                swapped = [*other[:j], mine, *other[j + 1:]]
+                if not clash(probe, new) and not clash(probe, swapped):
+                    other[:] = swapped
+                    jobs[index] = replace(jobs[index], nodes=tuple(n.name for n in swapped),
+                                          expect_gpus=expected_gpus(swapped))
+                    return new
+    return group
+
+
+def _tie_break(node: str, probe: str, ready_at: float, settings: ProbeSettings, rotate: bool) -> str:
+    """The order of nodes due at the same time: by name for single-node probes and nodes never probed,
+    shuffled by the due time for multi-node ones (the nodes of one job fall due together, and by name
+    they would be paired again every round)."""
+    if not rotate or settings.nodes_per_job == 1 or ready_at == float("-inf"):
+        return node
+    return hashlib.blake2b(f"{node}\0{probe}\0{ready_at!r}".encode(), digest_size=8).hexdigest()
 
 
 def _interval_due(candidates: Sequence[Node], probes: Mapping[str, ProbeSettings],

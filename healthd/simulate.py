@@ -636,6 +636,9 @@ class FaultOutcome:
     named_right: bool | None = None
     drained_round: int | None = None
     detail: str = ""
+    measured_round: int | None = None
+    """A path fault: the first round a job held both its nodes while it was active (partners rotate:
+    a path between two nodes is only seen in the rounds that pair them)."""
 
     @property
     def rounds_to_find(self) -> int | None:
@@ -694,7 +697,8 @@ class SimReport:
 
     @property
     def ok(self) -> bool:
-        return (all(f.found_round is not None for f in self.faults if f.fault.kind in FOUND_KINDS)
+        return (all(f.found_round is not None for f in self.faults if f.fault.kind in FOUND_KINDS
+                    and not (f.fault.path and f.measured_round is None))
                 and not self.false_drains)
 
     def to_dict(self) -> dict[str, Any]:
@@ -703,7 +707,7 @@ class SimReport:
             "faults": [{"fault": f.fault.describe(), "node": f.fault.node, "gpu": f.fault.gpu,
                         "injected_round": f.fault.from_round, "found_round": f.found_round,
                         "rounds_to_find": f.rounds_to_find, "named_right": f.named_right,
-                        "drained_round": f.drained_round} for f in self.faults],
+                        "measured_round": f.measured_round, "drained_round": f.drained_round} for f in self.faults],
             "false_recommendations": [{"round": r, "node": n, "why": w} for r, n, w in self.false_recommendations],
             "false_drains": [{"round": r, "node": n, "reason": w} for r, n, w in self.false_drains],
             "fleet_events": [{"round": r, "node_class": c, "probe": p, "text": t}
@@ -861,10 +865,16 @@ class Simulation:
         line.requests += len(requests)
         jobs = plan(self.nodes, probes=probes, last_attempts=attempts,
                     busy_nodes={n for r in runs for n in r.nodes}, in_flight=len(runs), now=now,
-                    limits=self.limits, priority=requests)
+                    limits=self.limits, priority=requests, last_partners=self.store.last_partners(),
+                    rotate=self.settings.scheduler.rotate_partners)
         self.timings.plan.append(time.perf_counter() - clock)
         for job in jobs:
             self.collector.launch(job)
+            for fo in self.outcomes:
+                f = fo.fault
+                if f.path and fo.measured_round is None and f.active(rnd) and f.hits(job.probe) \
+                        and {f.node, f.peer} <= set(job.nodes):
+                    fo.measured_round = rnd
         self.jobs += len(jobs)
 
     def _account(self, rnd: int, line: RoundLine, out: JudgeOutput, actions: Sequence[Action],
@@ -1061,7 +1071,8 @@ def format_report(report: SimReport) -> str:
             lines.append(f"  false switch finding, round {r}: {sw} {p}")
     paths = [f for f in report.faults if f.fault.path]
     if paths or report.link_findings:
-        lines.append(f"path faults {len(paths)}, named as a link {sum(f.found_round is not None for f in paths)}; "
+        lines.append(f"path faults {len(paths)}, measured {sum(f.measured_round is not None for f in paths)}, "
+                     f"named as a link {sum(f.found_round is not None for f in paths)}; "
                      f"link findings {len(report.link_findings)}, false {len(report.false_link_findings)}")
         for r, a, b, p in report.false_link_findings[:10]:
             lines.append(f"  false link finding, round {r}: {a} <-> {b} {p}")

@@ -97,13 +97,22 @@ class RunsStore(LatestStore):
             )
             if kind is not RunKind.INGEST:
                 db.executemany(
-                    "INSERT INTO attempts (node, probe, submitted_at) VALUES (?, ?, ?) ON CONFLICT (node, probe)"
-                    " DO UPDATE SET submitted_at = MAX(submitted_at, excluded.submitted_at)",
-                    [(n, probe, submitted_at) for n in nodes],
+                    "INSERT INTO attempts (node, probe, submitted_at, run_id) VALUES (?, ?, ?, ?)"
+                    " ON CONFLICT (node, probe) DO UPDATE SET"
+                    " run_id = CASE WHEN excluded.submitted_at >= submitted_at THEN excluded.run_id ELSE run_id END,"
+                    " submitted_at = MAX(submitted_at, excluded.submitted_at)",
+                    [(n, probe, submitted_at, run_id) for n in nodes],
                 )
         if kind is not RunKind.INGEST and self._attempts is not None:
             for n in nodes:
-                self._attempts[(n, probe)] = max(submitted_at, self._attempts.get((n, probe), submitted_at))
+                last = self._attempts.get((n, probe))
+                if last is None or submitted_at >= last:
+                    self._attempts[(n, probe)] = submitted_at
+                    partners = frozenset(nodes) - {n}
+                    if partners:
+                        self._partners[(n, probe)] = partners
+                    else:
+                        self._partners.pop((n, probe), None)
 
     def set_job_id(self, run_id: str, job_id: str) -> None:
         with self._tx() as db:
@@ -385,10 +394,26 @@ class RunsStore(LatestStore):
         """Per (node, probe): when a run was last submitted, whatever became of it (for planning). Read from
         the store once, then kept in memory as this object adds runs."""
         with self._lock:
-            if self._attempts is None:
-                self._attempts = {(r[0], r[1]): r[2]
-                                  for r in self._db.execute("SELECT node, probe, submitted_at FROM attempts")}
-            return dict(self._attempts)
+            return dict(self._load_attempts())
+
+    def last_partners(self) -> dict[tuple[str, str], frozenset[str]]:
+        """Per (node, probe): the other nodes of the node's last attempt of the probe (none for single-node
+        runs), for the planner to rotate partners. Kept in memory with :meth:`last_attempts`."""
+        with self._lock:
+            self._load_attempts()
+            return dict(self._partners)
+
+    def _load_attempts(self) -> dict[tuple[str, str], float]:
+        if self._attempts is None:
+            self._attempts = {(r[0], r[1]): r[2]
+                              for r in self._db.execute("SELECT node, probe, submitted_at FROM attempts")}
+            partners: dict[tuple[str, str], set[str]] = {}
+            for node, probe, other in self._db.execute(
+                    "SELECT a.node, a.probe, n.node FROM attempts a JOIN run_nodes n ON n.run_id = a.run_id"
+                    " WHERE n.node != a.node"):
+                partners.setdefault((node, probe), set()).add(other)
+            self._partners = {key: frozenset(value) for key, value in partners.items()}
+        return self._attempts
     # -- measurements -----------------------------------------------------------------------
     def measurements(
         self, *, probe: str | None = None, node: str | None = None, since: float = 0.0,

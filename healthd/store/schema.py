@@ -452,6 +452,11 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE UNIQUE INDEX link_findings_active ON link_findings (probe, a, b) WHERE ended_at IS NULL
     """,
+    # 14: the run of each (node, probe) attempt, so that the planner knows a node's last partners (rows
+    # written before have none: their first round after the upgrade pairs as before)
+    """
+    ALTER TABLE attempts ADD COLUMN run_id TEXT
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -234,14 +234,15 @@ def test_the_simulated_path_fault_is_named_as_a_link_and_its_nodes_are_never_dra
     scenario = load_scenario(Path(__file__).resolve().parents[2] / "bench" / "scenarios" / "link-32.toml")
     report = simulate(scenario, echo=False)
     path, node = report.faults
-    assert path.fault.path and path.found_round == 2 and path.named_right and path.drained_round is None
+    assert path.fault.path and path.found_round == path.measured_round == 2 and path.named_right
+    assert path.drained_round is None
     assert path.detail == "link n06 <-> n21"
     assert node.named_right and node.drained_round is not None and node.detail == "localised"
     assert report.link_findings == [(2, "n06", "n21", "nccl")] and not report.false_link_findings
     assert not report.false_drains and not report.false_recommendations and report.ok
     ended = [r.round for r in report.rounds if any(e.startswith("link finding ended: n06 <-> n21") for e in r.events)]
     assert ended and ended[0] > path.fault.until_round, "the finding ends once the path is repaired"
-    assert "path faults 1, named as a link 1; link findings 1, false 0" in format_report(report)
+    assert "path faults 1, measured 1, named as a link 1; link findings 1, false 0" in format_report(report)
 
 
 def test_a_switch_finding_holding_an_end_wins_over_the_link() -> None:

@@ -15,10 +15,12 @@ def ids() -> itertools.count[int]:
 
 def run(nodes: list[Node], last: dict[tuple[str, str], float] | None = None, *, probes: dict[str, ProbeSettings]
         | None = None, busy: set[str] | None = None, in_flight: int = 0, now: float = 1000.0,
-        limits: PlanLimits | None = None) -> list[tuple[str, tuple[str, ...]]]:
+        limits: PlanLimits | None = None, partners: dict[tuple[str, str], frozenset[str]] | None = None,
+        ) -> list[tuple[str, tuple[str, ...]]]:
     counter = ids()
     jobs = plan(nodes, probes=probes or PROBES, last_attempts=last or {}, busy_nodes=busy or set(),
-                in_flight=in_flight, now=now, limits=limits or PlanLimits(), make_run_id=lambda: f"r{next(counter)}")
+                in_flight=in_flight, now=now, limits=limits or PlanLimits(), make_run_id=lambda: f"r{next(counter)}",
+                last_partners=partners or {})
     return [(j.probe, j.nodes) for j in jobs]
 
 
@@ -117,3 +119,62 @@ def test_multi_node_jobs_group_nodes_of_one_class() -> None:
              idle("d", node_class="a100"), idle("e", node_class="h100")]
     assert run(nodes, probes=probes) == [("nccl", ("a", "c")), ("nccl", ("b", "d"))]
     assert run(nodes[:1], probes=probes) == []
+
+
+def _rounds(names: list[str], probes: dict[str, ProbeSettings], count: int) -> list[list[tuple[str, ...]]]:
+    """``count`` rounds of regular planning, each job's nodes attempted at the round's time."""
+    nodes = [idle(n) for n in names]
+    last: dict[tuple[str, str], float] = {}
+    partners: dict[tuple[str, str], frozenset[str]] = {}
+    out = []
+    for i in range(count):
+        now = 1000.0 + 200.0 * i
+        jobs = run(nodes, last, probes=probes, now=now, partners=partners)
+        for probe, group in jobs:
+            for n in group:
+                last[(n, probe)] = now
+                partners[(n, probe)] = frozenset(group) - {n}
+        out.append([group for _, group in jobs])
+    return out
+
+
+def test_pair_partners_rotate_from_round_to_round() -> None:
+    """Nodes of one job fall due together; by name (or by a fixed jitter) they would be paired again every
+    round: node1 with node10 under lexical order, forever. Without jitter and with it."""
+    names = [f"node{i}" for i in range(1, 17)]
+    for jitter_s in (0.0, 60.0):
+        rounds = _rounds(names, {"nccl": ProbeSettings(interval_s=100.0, jitter_s=jitter_s, nodes_per_job=2)}, 8)
+        seen: dict[str, set[str]] = {n: set() for n in names}
+        for before, after in itertools.pairwise(rounds):
+            assert all(len(g) == 2 for g in after) and len(after) == 8, after
+            assert not {frozenset(g) for g in before} & {frozenset(g) for g in after}, (before, after)
+        for groups in rounds:
+            for a, b in groups:
+                seen[a].add(b)
+                seen[b].add(a)
+        assert min(len(p) for p in seen.values()) >= 4, (jitter_s, seen)
+
+
+def test_a_last_partner_is_taken_again_when_no_other_is_free() -> None:
+    probes = {"nccl": ProbeSettings(nodes_per_job=2)}
+    partners = {("a", "nccl"): frozenset({"b"}), ("b", "nccl"): frozenset({"a"})}
+    assert run([idle("a"), idle("b")], probes=probes, partners=partners) == [("nccl", ("a", "b"))]
+    partners |= {("c", "nccl"): frozenset({"d"}), ("d", "nccl"): frozenset({"c"})}
+    assert run([idle(n) for n in "abcd"], probes=probes, partners=partners) == [
+        ("nccl", ("a", "c")), ("nccl", ("b", "d"))]
+    # the budget still holds: one pair, not one per conflict-free grouping
+    assert run([idle(n) for n in "abcd"], probes=probes, partners=partners,
+               limits=PlanLimits(max_jobs_in_flight=1)) == [("nccl", ("a", "c"))]
+
+
+def test_a_node_is_in_one_job_of_a_plan_with_two_multi_node_probes() -> None:
+    """A node waiting in one probe's group is not placed in another probe's job as well: ``a`` waits for a
+    nccl partner, goes into the pipeline job with ``b``, and ``c`` then has no nccl partner (the planner
+    before partner rotation gave it ``a``: two jobs on ``a`` in one plan)."""
+    probes = {"nccl": ProbeSettings(interval_s=100.0, nodes_per_job=2),
+              "pipeline": ProbeSettings(interval_s=100.0, nodes_per_job=2)}
+    last = {("a", "nccl"): 0.0, ("b", "pipeline"): 1.0, ("a", "pipeline"): 2.0, ("c", "nccl"): 3.0,
+            ("b", "nccl"): 500.0, ("c", "pipeline"): 500.0, ("d", "nccl"): 990.0, ("d", "pipeline"): 990.0}
+    jobs = run([idle(n) for n in "abcd"], last, probes=probes)  # d, not due, leaves room for a second job
+    members = [n for _, group in jobs for n in group]
+    assert len(members) == len(set(members)) and jobs == [("pipeline", ("b", "a"))], jobs

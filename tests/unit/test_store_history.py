@@ -243,3 +243,44 @@ def test_changes_read_the_nodes_changed_not_every_latest_value(tmp_path: Path) -
     (read,) = [sql for sql in statements if "FROM latest_nodes k" in sql]
     plan = [row[3] for row in store._db.execute("EXPLAIN QUERY PLAN " + read)]
     assert not [p for p in plan if p.startswith("SCAN")], plan
+
+
+def test_last_partners_are_kept_on_write_and_read_back_after_a_restart(tmp_path: Path) -> None:
+    """The planner's partner rotation: per (node, probe) the other nodes of its latest attempt; an older run
+    written late does not replace it, a single-node run leaves none."""
+    path = tmp_path / "s.sqlite"
+    store = Store(path)
+    assert store.last_partners() == {}
+
+    def pair(run_id: str, nodes: tuple[str, ...], at: float) -> None:
+        store.add_run(run_id=run_id, probe="nccl", nodes=nodes, backend="sim", job_id=None, submitted_at=at,
+                      result_path=None)
+
+    pair("p1", ("n1", "n2"), 10.0)
+    pair("p2", ("n1", "n3", "n5"), 20.0)
+    pair("p0", ("n1", "n4"), 5.0)
+    pair("s2", ("n2",), 30.0)
+    add(store, "g1", "n1", 40.0)
+    want = {("n1", "nccl"): frozenset({"n3", "n5"}), ("n3", "nccl"): frozenset({"n1", "n5"}),
+            ("n5", "nccl"): frozenset({"n1", "n3"}), ("n4", "nccl"): frozenset({"n1"})}
+    assert store.last_partners() == want
+    store.close()
+    again = Store(path)
+    assert again.last_partners() == want
+    assert again.last_attempts()[("n2", "nccl")] == 30.0
+
+
+def test_a_version_13_store_has_no_partners_until_its_next_runs(tmp_path: Path) -> None:
+    path = tmp_path / "v13.sqlite"
+    db = store_at(path, 13)
+    db.execute("INSERT INTO runs (run_id, probe, backend, state, submitted_at) VALUES ('p', 'nccl', 'sim', "
+               "'submitted', 10)")
+    db.executemany("INSERT INTO run_nodes VALUES ('p', ?)", [("n1",), ("n2",)])
+    db.executemany("INSERT INTO attempts VALUES (?, 'nccl', 10)", [("n1",), ("n2",)])
+    db.commit()
+    db.close()
+    store = Store(path)
+    assert store.last_attempts() == {("n1", "nccl"): 10.0, ("n2", "nccl"): 10.0} and store.last_partners() == {}
+    store.add_run(run_id="q", probe="nccl", nodes=("n2", "n1"), backend="sim", job_id=None, submitted_at=20.0,
+                  result_path=None)
+    assert store.last_partners() == {("n1", "nccl"): frozenset({"n2"}), ("n2", "nccl"): frozenset({"n1"})}
