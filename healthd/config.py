@@ -100,11 +100,12 @@ class SchedulerSettings(_Section):
     combine_probes: bool = True
     """Single-node probes due on a node together run in one job (``python -m probes check``, one
     start-up), each with its own run (``healthd.planning.plan``'s ``combine``)."""
-    rotate_partners: bool = True
+    rotate_partners: bool = False
     """Regular runs of multi-node probes change partners from round to round (``healthd.planning.plan``'s
-    ``rotate``): a node is told from its partners, and one bad node taints a different partner each time.
-    Off: a node keeps its partners while the same nodes fall due together, and the path between two
-    partners is measured every round, but a path between two other nodes never is."""
+    ``rotate``): a node is told from its partners, and one bad node taints a different partner each time,
+    but in a small class a failing leaf then taints a partner per node (bench/RESULTS.md: a fleet event
+    before the switch finding on the 16-node test cluster). Off: a node keeps its partners while the same
+    nodes fall due together, and the path between two partners is measured every round, no other."""
 
 
 TransportName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9 _./-]*$")]

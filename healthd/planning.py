@@ -118,7 +118,7 @@ def plan(
     pending_nodes: Iterable[str] = (),
     combine: bool = False,
     last_partners: Mapping[tuple[str, str], frozenset[str]] = {},
-    rotate: bool = True,
+    rotate: bool = False,
 ) -> list[ProbeJob]:
     """Probe jobs to submit now.
 
@@ -130,15 +130,16 @@ def plan(
       those healthd holds, less the ``pending_nodes`` (of healthd jobs that have not started) that
       are no longer probeable: a user took them, they are not idle, and their pending probe (cancelled
       after ``pending_timeout_s``) must not keep the other idle nodes waiting;
-    - multi-node probes (``nodes_per_job > 1``) group due nodes of the same node class, and rotate
-      partners: their jitter is drawn anew each round (salted with the last attempt), nodes due at
-      the same time are taken in an order shuffled by their due time (:func:`_tie_break`), a node
-      does not join a group holding one of its partners of its last run of the probe
-      (``last_partners``) while another group can take it, and a group left holding last partners
-      trades a node with a planned job where that clears both (:func:`_trade`), else runs as it is:
-      a node never waits for want of a new partner. A node always tested with the same partner
-      could never be told from it, and one partner on a failing switch would flag it every round
-      (``rotate=False``: nodes due together are grouped in due order, by name);
+    - multi-node probes (``nodes_per_job > 1``) group due nodes of the same node class; with
+      ``rotate`` (``[scheduler] rotate_partners``) they rotate partners: their jitter is drawn anew
+      each round (salted with the last attempt), nodes due at the same time are taken in an order
+      shuffled by their due time (:func:`_tie_break`), a node does not join a group holding one of
+      its partners of its last run of the probe (``last_partners``) while another group can take
+      it, and a group left holding last partners trades a node with a planned job where that clears
+      both (:func:`_trade`), else runs as it is: a node never waits for want of a new partner. A node
+      always tested with the same partner could never be told from it, and one partner on a failing
+      switch would flag it every round (without: nodes due together are grouped in due order, by
+      name);
     - ``priority`` requests come first, in order, within the same caps; a request whose nodes
       are not all free now, or whose job cannot be filled with free partners, waits;
     - ``combine`` (``[scheduler] combine_probes``): a single-node probe that can run in a check

@@ -1,9 +1,10 @@
 """Layer 3: the fleet (pure): robust outliers within a node class, and fleet events.
 
 Outliers: for the same probe, measurement and labels (GPUs pooled), the class's latest values
-give a median and a robust spread (1.4826 x MAD); a value is an outlier when its robust z-score
-is below ``-z_threshold`` *and* it is at least ``min_deviation`` worse than the median, so a
-straggler that still passes its floor is flagged, and a very tight fleet does not flag noise.
+give a median and a robust spread (1.4826 x MAD, reweighted once: :func:`core_stats`); a value is
+an outlier when its robust z-score is below ``-z_threshold`` *and* it is at least ``min_deviation``
+worse than the median, so a straggler that still passes its floor is flagged, and a very tight fleet
+does not flag noise.
 
 The z-score is taken on the log scale when the peers' values are all positive (bandwidths,
 throughputs, times: ratio-scale quantities whose noise is a share of the value). For a fleet at a

@@ -16,11 +16,11 @@ def ids() -> itertools.count[int]:
 def run(nodes: list[Node], last: dict[tuple[str, str], float] | None = None, *, probes: dict[str, ProbeSettings]
         | None = None, busy: set[str] | None = None, in_flight: int = 0, now: float = 1000.0,
         limits: PlanLimits | None = None, partners: dict[tuple[str, str], frozenset[str]] | None = None,
-        ) -> list[tuple[str, tuple[str, ...]]]:
+        rotate: bool = False) -> list[tuple[str, tuple[str, ...]]]:
     counter = ids()
     jobs = plan(nodes, probes=probes or PROBES, last_attempts=last or {}, busy_nodes=busy or set(),
                 in_flight=in_flight, now=now, limits=limits or PlanLimits(), make_run_id=lambda: f"r{next(counter)}",
-                last_partners=partners or {})
+                last_partners=partners or {}, rotate=rotate)
     return [(j.probe, j.nodes) for j in jobs]
 
 
@@ -121,7 +121,8 @@ def test_multi_node_jobs_group_nodes_of_one_class() -> None:
     assert run(nodes[:1], probes=probes) == []
 
 
-def _rounds(names: list[str], probes: dict[str, ProbeSettings], count: int) -> list[list[tuple[str, ...]]]:
+def _rounds(names: list[str], probes: dict[str, ProbeSettings], count: int,
+            rotate: bool = True) -> list[list[tuple[str, ...]]]:
     """``count`` rounds of regular planning, each job's nodes attempted at the round's time."""
     nodes = [idle(n) for n in names]
     last: dict[tuple[str, str], float] = {}
@@ -129,7 +130,7 @@ def _rounds(names: list[str], probes: dict[str, ProbeSettings], count: int) -> l
     out = []
     for i in range(count):
         now = 1000.0 + 200.0 * i
-        jobs = run(nodes, last, probes=probes, now=now, partners=partners)
+        jobs = run(nodes, last, probes=probes, now=now, partners=partners, rotate=rotate)
         for probe, group in jobs:
             for n in group:
                 last[(n, probe)] = now
@@ -140,7 +141,8 @@ def _rounds(names: list[str], probes: dict[str, ProbeSettings], count: int) -> l
 
 def test_pair_partners_rotate_from_round_to_round() -> None:
     """Nodes of one job fall due together; by name (or by a fixed jitter) they would be paired again every
-    round: node1 with node10 under lexical order, forever. Without jitter and with it."""
+    round: node1 with node10 under lexical order, forever (``rotate_partners`` off, the default). With
+    rotation, without jitter and with it, no pair repeats from one round to the next."""
     names = [f"node{i}" for i in range(1, 17)]
     for jitter_s in (0.0, 60.0):
         rounds = _rounds(names, {"nccl": ProbeSettings(interval_s=100.0, jitter_s=jitter_s, nodes_per_job=2)}, 8)
@@ -153,17 +155,21 @@ def test_pair_partners_rotate_from_round_to_round() -> None:
                 seen[a].add(b)
                 seen[b].add(a)
         assert min(len(p) for p in seen.values()) >= 4, (jitter_s, seen)
+    fixed = _rounds(names, {"nccl": ProbeSettings(interval_s=100.0, nodes_per_job=2)}, 3, rotate=False)
+    assert fixed[0] == fixed[1] == fixed[2] and ("node1", "node10") in fixed[0]  # the default: partners kept
 
 
 def test_a_last_partner_is_taken_again_when_no_other_is_free() -> None:
     probes = {"nccl": ProbeSettings(nodes_per_job=2)}
     partners = {("a", "nccl"): frozenset({"b"}), ("b", "nccl"): frozenset({"a"})}
-    assert run([idle("a"), idle("b")], probes=probes, partners=partners) == [("nccl", ("a", "b"))]
+    assert run([idle("a"), idle("b")], probes=probes, partners=partners, rotate=True) == [("nccl", ("a", "b"))]
     partners |= {("c", "nccl"): frozenset({"d"}), ("d", "nccl"): frozenset({"c"})}
-    assert run([idle(n) for n in "abcd"], probes=probes, partners=partners) == [
+    assert run([idle(n) for n in "abcd"], probes=probes, partners=partners, rotate=True) == [
         ("nccl", ("a", "c")), ("nccl", ("b", "d"))]
+    assert run([idle(n) for n in "abcd"], probes=probes, partners=partners) == [  # not rotating: by name
+        ("nccl", ("a", "b")), ("nccl", ("c", "d"))]
     # the budget still holds: one pair, not one per conflict-free grouping
-    assert run([idle(n) for n in "abcd"], probes=probes, partners=partners,
+    assert run([idle(n) for n in "abcd"], probes=probes, partners=partners, rotate=True,
                limits=PlanLimits(max_jobs_in_flight=1)) == [("nccl", ("a", "c"))]
 
 
