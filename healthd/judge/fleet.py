@@ -1,10 +1,9 @@
 """Layer 3: the fleet (pure): robust outliers within a node class, and fleet events.
 
 Outliers: for the same probe, measurement and labels (GPUs pooled), the class's latest values
-give a median and a robust spread (1.4826 x MAD, reweighted once: :func:`core_stats`); a value is
-an outlier when its robust z-score is below ``-z_threshold`` *and* it is at least ``min_deviation``
-worse than the median, so a straggler that still passes its floor is flagged, and a very tight fleet
-does not flag noise.
+give a median and a robust spread (1.4826 x MAD); a value is an outlier when its robust z-score
+is below ``-z_threshold`` *and* it is at least ``min_deviation`` worse than the median, so a
+straggler that still passes its floor is flagged, and a very tight fleet does not flag noise.
 
 The z-score is taken on the log scale when the peers' values are all positive (bandwidths,
 throughputs, times: ratio-scale quantities whose noise is a share of the value). For a fleet at a
@@ -59,52 +58,14 @@ class FleetStats:
                           self.log_median, log_spread)
 
 
-REWEIGHT_Z = math.sqrt(5.023886)
-"""The reweighting step's cut: the 97.5% quantile of chi-square with one degree of freedom (2.24
-spreads), as in reweighted robust estimators."""
-_PHI_CUT = 0.5 * (1.0 + math.erf(REWEIGHT_Z / math.sqrt(2.0)))
-
-
-def _truncated_mad_to_sd() -> float:
-    """1 / the MAD of a standard normal truncated at ±``REWEIGHT_Z``: half of the kept mass within ±m."""
-    target = 0.5 + 0.5 * (_PHI_CUT - 0.5)
-    lo, hi = 0.0, REWEIGHT_Z
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if 0.5 * (1.0 + math.erf(mid / math.sqrt(2.0))) < target:
-            lo = mid
-        else:
-            hi = mid
-    return 1.0 / lo
-
-
-REWEIGHT_MAD_TO_SD = _truncated_mad_to_sd()
-
-
-def core_stats(arr: np.ndarray) -> tuple[float, float]:
-    """(median, spread) of ``arr`` after one reweighting step: the median and 1.4826 x MAD, then the same
-    over the values within ``REWEIGHT_Z`` spreads of that median (the MAD scaled for the cut tails). A
-    contaminated sample's first spread is inflated by its bad values (a failing leaf's pairs are 6 of a
-    16-node class's values: 2.2 spreads out, not 3.7); the core's is that of the healthy values, on
-    which the bad ones are then judged. Nothing cut: the first pass's. On clean normal noise (16
-    values) the step lowers the typical spread by ~1%."""
-    median = float(np.median(arr))
-    spread = MAD_TO_SD * float(np.median(np.abs(arr - median)))
-    if spread <= 0:
-        return median, spread
-    core = arr[np.abs(arr - median) <= REWEIGHT_Z * spread]
-    if core.size == arr.size or core.size < max(3, (arr.size + 1) // 2):
-        return median, spread
-    median = float(np.median(core))
-    return median, REWEIGHT_MAD_TO_SD * float(np.median(np.abs(core - median)))
-
-
 def log_stats(values: Sequence[float] | np.ndarray) -> tuple[float, float] | None:
-    """:func:`core_stats` of the natural logs of ``values``, or ``None`` if one is not positive."""
+    """(median, 1.4826 x MAD) of the natural logs of ``values``, or ``None`` if one is not positive."""
     arr = np.asarray(values, dtype=float)
     if arr.size == 0 or not bool(np.all(arr > 0)):
         return None
-    return core_stats(np.log(arr))
+    logs = np.log(arr)
+    median = float(np.median(logs))
+    return median, MAD_TO_SD * float(np.median(np.abs(logs - median)))
 
 
 def fleet_stats(values: Sequence[float] | np.ndarray, *, nodes: int, min_nodes: int, peers: str) -> FleetStats | None:
@@ -112,7 +73,8 @@ def fleet_stats(values: Sequence[float] | np.ndarray, *, nodes: int, min_nodes: 
     if nodes < min_nodes or len(values) == 0:
         return None
     arr = np.asarray(values, dtype=float)
-    median, spread = core_stats(arr)
+    median = float(np.median(arr))
+    spread = MAD_TO_SD * float(np.median(np.abs(arr - median)))
     logs = log_stats(arr)
     return FleetStats(median, spread, int(arr.size), nodes, peers, *(logs or (None, None)))
 

@@ -107,15 +107,6 @@ def throttling(run: RunInput) -> dict[tuple[str, str | None, str | None], str]:
     return out
 
 
-def fleet_peers(ctx: Context, cls: str, fkey: SeriesKey, now: float, cache: FleetCache) -> FleetStats | None:
-    """The class's fleet statistics, their spread at least the class's run-to-run noise: a handful of
-    values (a small class, a fleet event's first rounds, pairs that give both nodes one value) can agree
-    by chance, and a run's noise is no fault."""
-    stats = ctx.fleet(cls, fkey, now, cache)
-    noise = ctx.class_noise(cls, fkey)
-    return stats.with_relative_spread(noise) if stats is not None and noise else stats
-
-
 def gpu_stats(ctx: Context, node: str, fkey: SeriesKey, values: Sequence[float], now: float,
               cache: FleetCache) -> FleetStats:
     """A node's GPUs as peers; their spread is at least what healthy GPUs show: the class's GPUs'
@@ -154,7 +145,7 @@ def judge(ctx: Context, run: RunInput, selected: Sequence[Selected], cache: Flee
             st = ctx.state(node, key)
             rule = ctx.floors.lookup(cls, key)
             st.floor = rule.value if rule is not None else None
-            stats = fleet_peers(ctx, cls, fkey, now, cache)
+            stats = ctx.fleet(cls, fkey, now, cache)
             in_event = ctx.in_event(cls, run.probe)
             if rule is not None:
                 floor = noisy_floor(rule.value, direction, stats.median if stats else None,
