@@ -36,7 +36,7 @@ Why this shape (the cluster's size, not a loosened judge):
 Opt-in (``HEALTHD_SLURM_LEAF=1``), not in CI: 16 nodes of torch processes take 25-35 s a round on 2
 cores, about 4 minutes in all (10 when it fails). What it shows (bench/RESULTS.md, "Switch findings on the
 real Slurm test cluster"): leaf1 named, and only leaf1, in its first round (39-49 s), kept named while
-node11 is localised and drained (220-295 s), no node of leaf1 drained, no fleet event. Passed in 3 of 5 runs
+node11 is localised and drained (209-295 s), no node of leaf1 drained, no fleet event. Passed in 4 of 6 runs
 since the judge's noise went to the log scale and its peers left out what a named switch explains (a pair
 of one round spreads 2-7x here, 90-900 MB/s: on the linear scale no value, not even zero, was 3.7 spreads
 below such a class, and a failing leaf's pairs, a third of a 16-node class's values, hid the rest); it
