@@ -309,7 +309,7 @@ class Daemon:
             priority=priority,
             pending_nodes={n for r in runs if r.state == "submitted" for n in r.nodes},
             combine=s.scheduler.combine_probes,
-            last_partners=self.store.last_partners(),
+            last_partners=self.store.last_partners() if s.scheduler.rotate_partners else {},
             rotate=s.scheduler.rotate_partners,
         )
         if in_flight + len(jobs) < limits.max_jobs_in_flight:

@@ -865,8 +865,8 @@ class Simulation:
         line.requests += len(requests)
         jobs = plan(self.nodes, probes=probes, last_attempts=attempts,
                     busy_nodes={n for r in runs for n in r.nodes}, in_flight=len(runs), now=now,
-                    limits=self.limits, priority=requests, last_partners=self.store.last_partners(),
-                    rotate=self.settings.scheduler.rotate_partners)
+                    limits=self.limits, priority=requests, rotate=self.settings.scheduler.rotate_partners,
+                    last_partners=self.store.last_partners() if self.settings.scheduler.rotate_partners else {})
         self.timings.plan.append(time.perf_counter() - clock)
         for job in jobs:
             self.collector.launch(job)
