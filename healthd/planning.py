@@ -220,8 +220,6 @@ def plan(
             continue
         key = (probe, node.node_class)
         groups = waiting.setdefault(key, [])
-        if any(node in g for g in groups):
-            continue
         group = next((g for g in groups if len(g) < size and not clash(probe, [*g, node])), None)
         if group is None:
             group = []
