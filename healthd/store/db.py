@@ -59,7 +59,7 @@ class Database:
         self._commits = 0
         self._series_ids = SeriesIds()
         self._attempts: dict[tuple[str, str], float] | None = None
-        self._partners: dict[tuple[str, str], frozenset[str]] = {}
+        self._partners: dict[tuple[str, str], frozenset[str]] | None = None
         self._nodes_written: dict[str, tuple[Node, float]] = {}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)

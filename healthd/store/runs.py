@@ -108,11 +108,12 @@ class RunsStore(LatestStore):
                 last = self._attempts.get((n, probe))
                 if last is None or submitted_at >= last:
                     self._attempts[(n, probe)] = submitted_at
-                    partners = frozenset(nodes) - {n}
-                    if partners:
-                        self._partners[(n, probe)] = partners
-                    else:
-                        self._partners.pop((n, probe), None)
+                    if self._partners is not None:
+                        partners = frozenset(nodes) - {n}
+                        if partners:
+                            self._partners[(n, probe)] = partners
+                        else:
+                            self._partners.pop((n, probe), None)
 
     def set_job_id(self, run_id: str, job_id: str) -> None:
         with self._tx() as db:
@@ -398,21 +399,23 @@ class RunsStore(LatestStore):
 
     def last_partners(self) -> dict[tuple[str, str], frozenset[str]]:
         """Per (node, probe): the other nodes of the node's last attempt of the probe (none for single-node
-        runs), for the planner to rotate partners. Kept in memory with :meth:`last_attempts`."""
+        runs), for the planner to rotate partners. Read from the store on the first call (only a daemon
+        that rotates partners asks), then kept in memory as this object adds runs."""
         with self._lock:
             self._load_attempts()
+            if self._partners is None:
+                partners: dict[tuple[str, str], set[str]] = {}
+                for node, probe, other in self._db.execute(
+                        "SELECT a.node, a.probe, n.node FROM attempts a JOIN run_nodes n ON n.run_id = a.run_id"
+                        " WHERE n.node != a.node"):
+                    partners.setdefault((node, probe), set()).add(other)
+                self._partners = {key: frozenset(value) for key, value in partners.items()}
             return dict(self._partners)
 
     def _load_attempts(self) -> dict[tuple[str, str], float]:
         if self._attempts is None:
             self._attempts = {(r[0], r[1]): r[2]
                               for r in self._db.execute("SELECT node, probe, submitted_at FROM attempts")}
-            partners: dict[tuple[str, str], set[str]] = {}
-            for node, probe, other in self._db.execute(
-                    "SELECT a.node, a.probe, n.node FROM attempts a JOIN run_nodes n ON n.run_id = a.run_id"
-                    " WHERE n.node != a.node"):
-                partners.setdefault((node, probe), set()).add(other)
-            self._partners = {key: frozenset(value) for key, value in partners.items()}
         return self._attempts
     # -- measurements -----------------------------------------------------------------------
     def measurements(

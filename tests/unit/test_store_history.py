@@ -284,3 +284,16 @@ def test_a_version_13_store_has_no_partners_until_its_next_runs(tmp_path: Path) 
     store.add_run(run_id="q", probe="nccl", nodes=("n2", "n1"), backend="sim", job_id=None, submitted_at=20.0,
                   result_path=None)
     assert store.last_partners() == {("n1", "nccl"): frozenset({"n2"}), ("n2", "nccl"): frozenset({"n1"})}
+
+
+def test_last_partners_first_asked_after_runs_were_added_read_the_store(tmp_path: Path) -> None:
+    """A daemon that plans without rotation never reads the partners; asked later, they are the store's."""
+    store = Store(tmp_path / "s.sqlite")
+    store.last_attempts()
+    store.add_run(run_id="p", probe="nccl", nodes=("n1", "n2"), backend="sim", job_id=None, submitted_at=10.0,
+                  result_path=None)
+    assert store.last_partners() == {("n1", "nccl"): frozenset({"n2"}), ("n2", "nccl"): frozenset({"n1"})}
+    store.add_run(run_id="q", probe="nccl", nodes=("n1", "n3"), backend="sim", job_id=None, submitted_at=20.0,
+                  result_path=None)
+    assert store.last_partners() == {("n1", "nccl"): frozenset({"n3"}), ("n2", "nccl"): frozenset({"n1"}),
+                                     ("n3", "nccl"): frozenset({"n1"})}
