@@ -342,8 +342,9 @@ write_topology() {  # topology.conf or topology.yaml next to slurm.conf; prints 
 
 add_hosts() {  # the marked line names every node of every cluster started here: never fewer (clusters of
     local line names  # different sizes run side by side; a smaller one must not unname the others' nodes)
-    names=$( { node_names; grep -F "$HOSTS_MARK" /etc/hosts 2>/dev/null | sed 's/#.*//' | tr ' \t' '\n\n' \
-               | grep -E '^node[0-9]+$'; } | sort -u -V | tr '\n' ' ')
+    # `|| true`: a first run has no marked line, and an empty grep must not end the script (set -e, pipefail).
+    names=$( { node_names; { grep -F "$HOSTS_MARK" /etc/hosts 2>/dev/null || true; } | sed 's/#.*//' \
+               | tr ' \t' '\n\n' | { grep -E '^node[0-9]+$' || true; }; } | sort -u -V | tr '\n' ' ')
     line="127.0.0.1 ${names}$HOSTS_MARK"
     if grep -qF "$HOSTS_MARK" /etc/hosts; then
         grep -qxF "$line" /etc/hosts && return 0
