@@ -11,7 +11,8 @@
 # two overlapping runs fail with "Could not get lock /var/lib/apt/lists/lock". An `apt-get update`
 # that meets that lock held by some other apt (not ours) is retried. Without root, a missing package
 # is an error that names the command to run. Exit status 0 when everything asked for is installed.
-set -euo pipefail
+set -Eeuo pipefail
+trap 'printf "install-debian-deps: error: line %s: \`%s\` exited %s\n" "$LINENO" "$BASH_COMMAND" "$?" >&2' ERR
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 LIST=$HERE/debian-packages.txt
 LOCK=${HEALTHD_APT_LOCK:-/run/lock/healthd-apt.lock}
@@ -75,7 +76,10 @@ for attempt in 1 2 3 4 5 6 7 8 9 10; do
     log "apt-get update: the lists lock is held by another apt; retrying in 10 s"
     sleep 10
 done
-"${apt[@]}" install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+"${apt[@]}" install -y -qq --no-install-recommends "${missing[@]}" >/tmp/healthd-apt-install.log 2>&1 || {
+    tail -n 30 /tmp/healthd-apt-install.log >&2
+    die "apt-get install ${missing[*]} failed; log in /tmp/healthd-apt-install.log"
+}
 mapfile -t still < <(missing_packages)
 ((${#still[@]} == 0)) || die "still not installed after apt-get install: ${still[*]}"
 log "installed ${#missing[@]} packages in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s"

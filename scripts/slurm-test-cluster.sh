@@ -6,6 +6,7 @@
 #   scripts/slurm-test-cluster.sh status   sinfo of the cluster
 #   scripts/slurm-test-cluster.sh env      shell lines for `eval "$(scripts/slurm-test-cluster.sh env)"`
 #   scripts/slurm-test-cluster.sh build    only build (or check) the chroot of HEALTHD_SLURM_RELEASE
+#   scripts/slurm-test-cluster.sh hosts    only add the node names to /etc/hosts (HEALTHD_SLURM_HOSTS_FILE: another file)
 #
 # One munged with its own key and socket, one slurmctld, and one `slurmd -N nodeX` per node
 # (multiple-slurmd build), all on 127.0.0.1, each node with two fake GPUs (gres `gpu:tgpu:2` backed by
@@ -44,7 +45,9 @@
 # HEALTHD_SLURM_LEAVES (the tree's leaves, default 2; more for per-switch tests, e.g. 16 nodes in 6 leaves of 3).
 # `env` prints all of these for the cluster it describes, so later calls act on the same cluster.
 
-set -euo pipefail
+set -Eeuo pipefail
+# A command that fails outside a check (set -e) ends the script: say which, so no failure is silent.
+trap 'printf "slurm-test-cluster: error: line %s: \`%s\` exited %s\n" "$LINENO" "$BASH_COMMAND" "$?" >&2' ERR
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 HOST_SUITE=$(. /etc/os-release && printf '%s' "${VERSION_CODENAME:-}")
@@ -67,6 +70,7 @@ MIRROR=${HEALTHD_SLURM_MIRROR:-http://deb.debian.org/debian}
 VENV=${HEALTHD_VENV:-.venv}
 [[ $VENV == /* ]] || VENV=$REPO/$VENV
 HOSTS_MARK="# healthd-slurm-test-cluster"
+HOSTS_FILE=${HEALTHD_SLURM_HOSTS_FILE:-/etc/hosts}  # another file only for tests of `hosts`
 # Slurm and munge: on the host for its own suite, --included in the chroot of any other.
 mapfile -t PACKAGES < <("$REPO/scripts/install-debian-deps.sh" --list slurm)
 ((${#PACKAGES[@]})) || { echo "slurm-test-cluster: no slurm packages in scripts/debian-packages.txt" >&2; exit 1; }
@@ -343,18 +347,18 @@ write_topology() {  # topology.conf or topology.yaml next to slurm.conf; prints 
 add_hosts() {  # the marked line names every node of every cluster started here: never fewer (clusters of
     local line names  # different sizes run side by side; a smaller one must not unname the others' nodes)
     # `|| true`: a first run has no marked line, and an empty grep must not end the script (set -e, pipefail).
-    names=$( { node_names; { grep -F "$HOSTS_MARK" /etc/hosts 2>/dev/null || true; } | sed 's/#.*//' \
+    names=$( { node_names; { grep -F "$HOSTS_MARK" "$HOSTS_FILE" 2>/dev/null || true; } | sed 's/#.*//' \
                | tr ' \t' '\n\n' | { grep -E '^node[0-9]+$' || true; }; } | sort -u -V | tr '\n' ' ')
     line="127.0.0.1 ${names}$HOSTS_MARK"
-    if grep -qF "$HOSTS_MARK" /etc/hosts; then
-        grep -qxF "$line" /etc/hosts && return 0
-        [[ -w /etc/hosts ]] || die "/etc/hosts has an outdated '$HOSTS_MARK' line and is not writable"
+    if grep -qF "$HOSTS_MARK" "$HOSTS_FILE" 2>/dev/null; then
+        grep -qxF "$line" "$HOSTS_FILE" && return 0
+        [[ -w "$HOSTS_FILE" ]] || die "$HOSTS_FILE has an outdated '$HOSTS_MARK' line and is not writable"
         local rest
-        rest=$(grep -vF "$HOSTS_MARK" /etc/hosts)
-        printf '%s\n%s\n' "$rest" "$line" >/etc/hosts  # in place: /etc/hosts may be a bind mount
+        rest=$(grep -vF "$HOSTS_MARK" "$HOSTS_FILE" || true)  # nothing but the marked line: empty, not an error
+        printf '%s%s\n' "${rest:+$rest$'\n'}" "$line" >"$HOSTS_FILE"  # in place: /etc/hosts may be a bind mount
     else
-        [[ -w /etc/hosts ]] || die "node names do not resolve; add '$line' to /etc/hosts (needs root)"
-        printf '%s\n' "$line" >>/etc/hosts
+        [[ -w "$HOSTS_FILE" ]] || die "node names do not resolve; add '$line' to $HOSTS_FILE (needs root)"
+        printf '%s\n' "$line" >>"$HOSTS_FILE"
     fi
 }
 
@@ -519,5 +523,6 @@ case ${1:-} in
     status) cmd_status ;;
     env) cmd_env ;;
     build) cmd_build ;;
-    *) echo "usage: $0 {start|stop|status|env|build}" >&2; exit 2 ;;
+    hosts) add_hosts ;;
+    *) echo "usage: $0 {start|stop|status|env|build|hosts}" >&2; exit 2 ;;
 esac

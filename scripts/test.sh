@@ -10,9 +10,13 @@
 # HEALTHD_TEST_SLURM=0 skips starting the Slurm cluster. As root, the release-sensitive Slurm
 # integration tests (marked slurm_release) also run against Slurm 24.11 (trixie) and 26.05 (sid) in
 # chroots after the main suite (scripts/slurm-matrix.sh; about 3 minutes a release);
-# HEALTHD_TEST_SLURM_MATRIX=0 skips that.
-set -euo pipefail
+# HEALTHD_TEST_SLURM_MATRIX=0 skips that. HEALTHD_TEST_LINT=0 skips ruff and mypy (scripts/pristine-check.sh,
+# whose slice the main run lints anyway).
+# Every step says its name before it runs; a step that fails says which, and where its log is.
+set -Eeuo pipefail
+trap 'echo "test.sh: error: line $LINENO: \`$BASH_COMMAND\` exited $?" >&2' ERR
 cd "$(dirname "$0")/.."
+echo "== the virtualenv (scripts/bootstrap.sh dev)"
 scripts/bootstrap.sh dev
 venv=${HEALTHD_VENV:-.venv}
 export PATH="$PWD/$venv/bin:$PATH"
@@ -20,6 +24,7 @@ export PATH="$PWD/$venv/bin:$PATH"
 # Every Debian package of the whole run (scripts/debian-packages.txt), in one apt-get update and one
 # install, before anything starts in the background: two apt-gets at once fail on apt's lists lock.
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "== Debian packages (scripts/install-debian-deps.sh)"
   scripts/install-debian-deps.sh
   # Debian's prometheus package starts a server on :9090 where systemd runs; tests start their own.
 fi
@@ -36,22 +41,24 @@ fi
 if [ "${HEALTHD_TEST_SLURM:-1}" != 0 ] && [ "$(id -u)" = 0 ] && [ -x scripts/slurm-test-cluster.sh ]; then
   echo "== starting the Slurm test cluster"
   t0=$(date +%s)
-  scripts/slurm-test-cluster.sh start
+  scripts/slurm-test-cluster.sh start || { echo "test.sh: error: the Slurm test cluster did not start (its logs: ${HEALTHD_SLURM_DIR:-/tmp/healthd-slurm}/log)" >&2; exit 1; }
   trap 'scripts/slurm-test-cluster.sh stop >/dev/null 2>&1 || true' EXIT
   eval "$(scripts/slurm-test-cluster.sh env)"
   echo "== Slurm test cluster up in $(( $(date +%s) - t0 )) s"
   export HEALTHD_REQUIRE_SLURM=1
 fi
 
-echo "== ruff"
-ruff check healthd probes tests bench
-echo "== mypy"
-mypy
+if [ "${HEALTHD_TEST_LINT:-1}" != 0 ]; then
+  echo "== ruff"
+  ruff check healthd probes tests bench
+  echo "== mypy"
+  mypy
+fi
 if [ "$matrix" = 1 ]; then
   # Built once per machine (a no-op when cached); on a fresh machine the two builds load both cores,
   # and the timed end-to-end tests (a real slow-down against a noisy baseline) must not run beside them.
   t0=$(date +%s)
-  wait || { cat /tmp/healthd-slurm-chroots.log; exit 1; }
+  wait || { cat /tmp/healthd-slurm-chroots.log; echo "test.sh: error: building the Slurm chroots failed (log above: /tmp/healthd-slurm-chroots.log)" >&2; exit 1; }
   echo "== Slurm chroots ready ($(( $(date +%s) - t0 )) s waited)"
 fi
 echo "== pytest"
