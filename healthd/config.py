@@ -37,7 +37,8 @@ from probes.catalogue import PROBE_NAMES
 
 DEFAULT_CONFIG_PATH = Path("/etc/healthd/healthd.toml")
 SERVICE_STATE_DIR = Path("/var/lib/healthd")
-"""The service's ``state_dir`` unless its config sets one: the unit's ``StateDirectory=healthd``."""
+"""The service's ``state_dir`` unless its config sets one: the unit's ``StateDirectory=healthd``
+(``$HEALTHD_SERVICE_STATE_DIR`` for tests and unusual installs, see ``service_state_dir``)."""
 
 MIN_SECONDS = 0.01
 MAX_SECONDS = 366 * 86400.0
@@ -72,6 +73,11 @@ def service_config_path() -> Path:
     """The service's config file: ``$HEALTHD_SERVICE_CONFIG`` (tests, unusual installs), else
     ``DEFAULT_CONFIG_PATH``, where the unit reads it."""
     return Path(os.environ.get("HEALTHD_SERVICE_CONFIG") or DEFAULT_CONFIG_PATH)
+
+
+def service_state_dir() -> Path:
+    """``$HEALTHD_SERVICE_STATE_DIR``, else ``SERVICE_STATE_DIR``."""
+    return Path(os.environ.get("HEALTHD_SERVICE_STATE_DIR") or SERVICE_STATE_DIR)
 
 
 def is_service_config(path: Path | None) -> bool:
@@ -825,7 +831,7 @@ def load_settings(path: str | Path | None = None) -> tuple[Settings, Path | None
             raise ConfigError(f"{config_path}: cannot read the config file: {exc.strerror or exc}") from None
     if (is_service_config(config_path) and "state_dir" not in data
             and not os.environ.get("STATE_DIRECTORY") and not os.environ.get("HEALTHD_STATE_DIR")):
-        data["state_dir"] = SERVICE_STATE_DIR
+        data["state_dir"] = service_state_dir()
     try:
         settings = Settings(**data)
     except ValidationError as exc:
