@@ -5,7 +5,9 @@ every command reads it and so uses the service's ``state_dir`` whoever runs it. 
 
 - a command that only reads opens the store read-only (SQLite ``mode=ro``): it never migrates it and
   never writes it; SQLite gives the ``-wal``/``-shm`` files a read-only opener may create as root the
-  database file's owner, so no file owned by another user is left behind;
+  database file's owner, so no file owned by another user is left behind; a reader who may not write
+  the directory (a member of the service's group) reads a stopped service's store as it is
+  (``healthd.store.db.Database``);
 - a command that writes runs as the service's user (``[service] user``, else the owner of the
   store's directory): root switches to that user for the rest of the command, anyone else is refused
   with the command to type instead;

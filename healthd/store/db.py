@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -67,9 +68,7 @@ class Database:
         self._nodes_written: dict[str, tuple[Node, float]] = {}
         try:
             if read_only:
-                self._db = sqlite3.connect(f"file:{quote(str(path.absolute()))}?mode=ro", uri=True,
-                                           check_same_thread=False, isolation_level=None, timeout=BUSY_TIMEOUT_S)
-                self._check_version(path)
+                self._open_read_only(path)
             else:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None,
@@ -78,6 +77,24 @@ class Database:
             self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_POLL_S * 1000)}")
         except (sqlite3.Error, OSError) as exc:
             raise StoreError(f"cannot open the state store {path}: {exc}") from None
+
+    def _open_read_only(self, path: Path) -> None:
+        """``mode=ro``. A reader that may not write the store's directory cannot create the ``-shm`` file
+        SQLite needs for a WAL store, so where no ``-wal`` file exists (no writer has the store open, the
+        last one checkpointed it) the file is read as ``immutable``: complete as it is, no locks."""
+        uri = f"file:{quote(str(path.absolute()))}?mode=ro"
+        try:
+            self._db = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None,
+                                       timeout=BUSY_TIMEOUT_S)
+            self._check_version(path)
+        except sqlite3.OperationalError:
+            if Path(f"{path}-wal").exists() or os.access(path.parent, os.W_OK):
+                raise
+            with suppress(sqlite3.Error):
+                self._db.close()
+            self._db = sqlite3.connect(uri + "&immutable=1", uri=True, check_same_thread=False,
+                                       isolation_level=None, timeout=BUSY_TIMEOUT_S)
+            self._check_version(path)
 
     def _check_version(self, path: Path) -> None:
         version = int(self._db.execute("PRAGMA user_version").fetchone()[0])

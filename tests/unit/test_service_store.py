@@ -176,3 +176,17 @@ def test_check_config_checks_the_results_dir_against_the_service_user(site: tupl
     os.chown(results, 0, 0)
     done = healthd("check-config", env=env)
     assert done.returncode == 2 and f"belongs to uid 0, not to healthd (uid {SERVICE_UID})" in done.stderr
+
+
+@needs_root
+def test_a_member_of_the_service_group_reads_a_stopped_service_store(site: tuple[Path, dict[str, str]]) -> None:
+    """The directory 0750 (the unit's StateDirectoryMode): a group member may read but not create the -shm file
+    SQLite's read-only WAL open needs; with no -wal (the service stopped) the store is read as it is."""
+    state, env = site
+    (state / "healthd.sqlite").chmod(0o640)
+    prefix = ["setpriv", f"--reuid={OTHER_UID}", f"--regid={OTHER_UID}", f"--groups={SERVICE_UID}"]
+    done = subprocess.run([*prefix, sys.executable, "-m", "healthd.cli", "audit"], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, check=False, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "no remediation actions recorded\n"
+    assert set(owners(state)) == {"healthd.sqlite"}
