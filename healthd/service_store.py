@@ -9,8 +9,8 @@ every command reads it and so uses the service's ``state_dir`` whoever runs it. 
   the directory (a member of the service's group) reads a stopped service's store as it is
   (``healthd.store.db.Database``);
 - a command that writes runs as the service's user (``[service] user``, else the owner of the
-  store's directory): root switches to that user for the rest of the command, anyone else is refused
-  with the command to type instead;
+  store's directory): root runs it again as that user, anyone else is refused with the command to
+  type instead;
 - a command that would create a new store while the service's config is installed, in a place the
   service does not read, is refused and names the service's store.
 """
@@ -20,7 +20,9 @@ from __future__ import annotations
 import os
 import pwd
 import shlex
+import shutil
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -91,8 +93,17 @@ def _refuse_new_store(path: Path, config_path: Path | None) -> None:
                            f"(its config is {service_config_path()}): drop --config/$HEALTHD_CONFIG to use it")
 
 
-def become(user: ServiceUser) -> None:
-    """Switch this process (root) to ``user`` for good: its groups, its gid, its uid."""
+def become(user: ServiceUser, argv: Sequence[str] | None) -> None:
+    """Run the rest of the command (root) as ``user``: the command again, ``healthd ARGV``, in a fresh
+    process as that user (``setpriv``, where it and ``argv`` are there), else this process switched for
+    good to its groups, its gid, its uid. A fresh process imports from the start as that user: a switch
+    in the middle leaves modules still to import that the user may not read."""
+    setpriv = shutil.which("setpriv")
+    if argv is not None and setpriv is not None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(setpriv, [setpriv, f"--reuid={user.uid}", f"--regid={user.gid}", "--init-groups",
+                           sys.executable, "-m", "healthd.cli", *argv])
     try:
         os.initgroups(user.name, user.gid)
     except (OSError, KeyError):
@@ -101,8 +112,10 @@ def become(user: ServiceUser) -> None:
     os.setuid(user.uid)
 
 
-def open_store(settings: Settings, config_path: Path | None, *, write: bool, command: str) -> Store:
-    """The store ``command`` works on, opened as described in this module.
+def open_store(settings: Settings, config_path: Path | None, *, write: bool, command: str,
+               argv: Sequence[str] | None = None) -> Store:
+    """The store ``command`` works on, opened as described in this module; ``argv``: the command line's
+    arguments, to run it again as the service's user (``become``).
 
     :raises HealthdError: no store (and none may be created here), or it belongs to the service's
         user and this caller may not act as that user; the message says what to do.
@@ -125,7 +138,7 @@ def open_store(settings: Settings, config_path: Path | None, *, write: bool, com
             raise HealthdError(
                 f"{path} belongs to the service's user {user.name} ({user.source}); a command that writes it "
                 f"runs as that user: sudo -u {shlex.quote(user.name)} healthd {command} ... (or as root)")
-        become(user)
+        become(user, argv)
     try:
         return Store(path, read_only=not write)
     except StoreError as exc:

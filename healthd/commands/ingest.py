@@ -119,7 +119,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     from healthd.service_store import open_store
 
     settings, config_path = settings_from(args)
-    store = open_store(settings, config_path, write=True, command="ingest")
+    store = open_store(settings, config_path, write=True, command="ingest", argv=getattr(args, "argv", None))
     trouble = False
     try:
         for path in args.files:

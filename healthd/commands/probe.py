@@ -120,7 +120,7 @@ def cmd_probe_nodes(args: argparse.Namespace) -> int:
     if not settings.store_path.exists():
         print(f"healthd: no store at {settings.store_path}: is the daemon running with this config?", file=sys.stderr)
         return EXIT_TROUBLE
-    store = open_store(settings, config_path, write=True, command="probe")
+    store = open_store(settings, config_path, write=True, command="probe", argv=getattr(args, "argv", None))
     try:
         ids = store.add_probe_requests(args.name, names, at=time.time(), by=getpass.getuser())
         if not args.json:

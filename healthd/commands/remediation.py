@@ -58,7 +58,8 @@ def _store(args: argparse.Namespace, *, write: bool) -> tuple[Settings, Any]:
     from healthd.service_store import open_store
 
     settings, config_path = settings_from(args)
-    return settings, open_store(settings, config_path, write=write, command=args.command)
+    return settings, open_store(settings, config_path, write=write, command=args.command,
+                                argv=getattr(args, "argv", None))
 
 
 def _when(ts: float | None) -> str:

@@ -8,6 +8,10 @@ in the guide (``<!-- guide-test: KEY: what it lacks -->``) and replaced by the e
 states for that key; an unknown key fails, no block is skipped. The service's user ``healthd`` is
 ``nobody`` here (the lab cannot add users to the machine).
 
+Then the runbooks' commands (every ``healthd ...`` line of docs/alerts.md, ``NODE`` the node an admin drained
+by hand) run against that daemon: none is a usage error or a crash, and healthd refuses to drain or undrain
+a node drained by someone else.
+
 Done when (issue 38): a running service, Prometheus scraping it with the rules loaded, the Epilog running
 the node check, ``healthd doctor`` exiting 0, ``healthd status`` as root showing the service's nodes,
 and the service still writing its store afterwards.
@@ -32,6 +36,7 @@ import pytest
 
 from tests.integration.conftest import CLUSTER_SCRIPT, REPO, SlurmTestCluster
 from tests.integration.daemons import free_port, get
+from tests.unit.test_docs_commands import command_lines
 
 GUIDE = REPO / "docs" / "admin-guide.md"
 END = "<!-- guide-test: end -->"
@@ -339,3 +344,52 @@ def test_the_admin_guide_runs(lab: Lab) -> None:
     assert again.returncode == 0, again.stderr
     lab.wait("the service to store node1's next documents (it still writes)",
              lambda: boundary_runs(lab).get("node1", 0) > before["node1"], timeout=90)
+    check_runbooks(lab)
+
+
+RUNBOOK_NOT_RUN = {
+    "healthd probe nccl": "a probe on the admin node itself (the runbook says so: what not to type mid-incident)",
+}
+
+
+def runbook_commands() -> list[str]:
+    """The ``healthd ...`` lines of docs/alerts.md, ``NODE`` made node2, install-files under the lab's prefix."""
+    lines = []
+    for line in command_lines():
+        text = line.text.replace("NODE", "node2")
+        if not line.where.startswith("docs/alerts.md") or text in RUNBOOK_NOT_RUN or text in lines:
+            continue
+        lines.append(text)
+    return lines
+
+
+def run_runbooks(lab: Lab) -> dict[str, subprocess.CompletedProcess[str]]:
+    drained = lab.sh('scontrol update nodename=node2 state=drain reason="disk swap (admin)"')
+    assert drained.returncode == 0, drained.stderr
+    done = {}
+    for text in runbook_commands():
+        argv = lab.mapped(text) + (f" --prefix {lab.root}/" if "install-files" in text else "")
+        if "probe" in text and "--node" in text:
+            argv += " --timeout 60"
+        done[text] = result = lab.sh(argv, timeout=120)
+        print(f"runbook: {text}: exit {result.returncode}")
+        assert result.returncode in (0, 1), f"{text}: exit {result.returncode}\n{result.stderr}"
+        assert "Traceback" not in result.stderr, f"{text}:\n{result.stderr}"
+    return done
+
+
+def check_runbooks(lab: Lab) -> None:
+    """The runbooks' commands against the guide's daemon, with node2 drained by an admin (one cluster and one
+    daemon for both: the lab's start is most of the time)."""
+    done = run_runbooks(lab)
+    assert {"healthd status", "healthd recommend", "healthd drain node2", "healthd undrain node2",
+            "healthd probe nccl --node node2", "healthd doctor", "healthd check-config"} <= done.keys()
+    assert "drain node2: refused:" in done["healthd drain node2"].stdout
+    assert "undrain node2: refused:" in done["healthd undrain node2"].stdout
+    probe = done["healthd probe nccl --node node2"]
+    assert probe.returncode == 1 and "node2" in probe.stdout, probe.stdout + probe.stderr
+    assert "node2" in lab.sh("sinfo -h -t drain -N -o %N").stdout  # still the admin's drain
+    audit = lab.sh(lab.mapped("healthd audit"))
+    assert audit.stdout.count("refused") >= 2, audit.stdout
+    state = lab.root / "var/lib/healthd"  # root's drain, undrain and probe --node ran as the service's user
+    assert {p.stat().st_uid for p in state.rglob("*")} == {state.stat().st_uid}
