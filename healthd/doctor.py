@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -30,6 +31,7 @@ Status = Literal["ok", "fix", "skipped"]
 HEALTHD_JOB = "healthd"
 """The scrape job name the shipped alert rules select (``up{job="healthd"}``)."""
 RULES_FILE = "grafana/alerts/healthd.rules.yml"
+MISSED_QUERY = f'increase(healthd_node_check_missed_total{{job="{HEALTHD_JOB}"}}[1d]) > 0'
 _ALERT = re.compile(r"^\s+- alert: (\S+)$", re.MULTILINE)
 
 
@@ -75,6 +77,20 @@ def rules_check(groups: Sequence[Mapping[str, Any]], expected: Collection[str], 
         return Check(name, "fix", f"{url} lacks {len(missing)} of healthd's alert rules: {', '.join(missing)}",
                      fix.replace("add the shipped rules", "update the rule file from this healthd's"))
     return Check(name, "ok", f"{url} has all {len(expected)} healthd alert rules")
+
+
+def missed_check(series: Sequence[Mapping[str, Any]], url: str) -> Check:
+    """From ``increase(healthd_node_check_missed_total[1d]) > 0`` (the daemon's count of job ends not followed
+    by a node check document, ``healthd.node_check_watch``): the nodes whose Epilog did not run the check."""
+    name = "node check at job ends"
+    nodes = sorted({str(s["metric"].get("node", "")) for s in series})
+    if not nodes:
+        return Check(name, "ok", f"no job end without a node check document in the last day ({url})")
+    counts = {str(s["metric"].get("node", "")): float(s["value"][1]) for s in series}
+    shown = ", ".join(f"{n} ({counts[n]:.0f})" for n in nodes[:10]) + (
+        f" and {len(nodes) - 10} more" if len(nodes) > 10 else "")
+    return Check(name, "fix", f"job ends without a node check document in the last day: {shown}",
+                 "on each node: journalctl -t healthd-node-check says why its Epilog wrapper did not run the check")
 
 
 def boundary_check(nodes: Sequence[str], with_documents: Collection[str], results_dir: Path) -> Check:
@@ -185,9 +201,10 @@ def prometheus_checks(url: str | None, fetch: Fetch | None, port: int, expected:
     try:
         series = [r["metric"] for r in fetch("/api/v1/query?query=healthd_build_info")["result"]]
         groups = fetch("/api/v1/rules?type=alert")["groups"]
+        missed = fetch("/api/v1/query?query=" + urllib.parse.quote(MISSED_QUERY))["result"]
     except (HealthdError, KeyError, TypeError) as exc:
         return [Check("prometheus", "fix", f"{exc}", "check the URL, and that Prometheus runs")]
-    return [scrape_check(series, url, port), rules_check(groups, expected, url)]
+    return [scrape_check(series, url, port), rules_check(groups, expected, url), missed_check(missed, url)]
 
 
 def report(checks: Sequence[Check]) -> dict[str, Any]:

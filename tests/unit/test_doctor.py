@@ -11,7 +11,16 @@ from pathlib import Path
 import pytest
 
 from healthd.cli import main
-from healthd.doctor import Check, boundary_check, format_report, report, rules_check, scrape_check, shipped_alerts
+from healthd.doctor import (
+    Check,
+    boundary_check,
+    format_report,
+    missed_check,
+    report,
+    rules_check,
+    scrape_check,
+    shipped_alerts,
+)
 from healthd.model import Node, Outcome, RunKind
 from healthd.resources import data_root
 from healthd.store import Store
@@ -49,6 +58,14 @@ def test_rules_check() -> None:
     assert partial.found.endswith("lacks 1 of healthd's alert rules: HealthdNodeCheckSilent")
     assert partial.do.startswith("update the rule file from this healthd's")
     assert rules_check(rule_groups(sorted(ALERTS)), ALERTS, URL).status == "ok"
+
+
+def test_missed_check() -> None:
+    assert missed_check([], URL).status == "ok"
+    found = missed_check([{"metric": {"node": "n2"}, "value": [0, "3"]},
+                          {"metric": {"node": "n1"}, "value": [0, "1.02"]}], URL)
+    assert found.status == "fix" and found.found.endswith("in the last day: n1 (1), n2 (3)")
+    assert "journalctl -t healthd-node-check" in found.do
 
 
 def test_boundary_check() -> None:
