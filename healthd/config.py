@@ -1,7 +1,10 @@
 """Settings: a TOML file plus ``HEALTHD_...`` environment overrides, validated with pydantic.
 
-Where the file comes from, first match wins: ``--config PATH``, ``$HEALTHD_CONFIG``,
-``/etc/healthd/healthd.toml`` if it exists, else built-in defaults only. Environment
+Where the file comes from, first match wins: ``--config PATH``, ``$HEALTHD_CONFIG``, the service's
+config (``/etc/healthd/healthd.toml``, or ``$HEALTHD_SERVICE_CONFIG``) if it exists, else built-in
+defaults only. With the service's config, ``state_dir`` defaults to the service's
+(``/var/lib/healthd``, systemd's ``StateDirectory=``) whoever runs the command, so the CLI and the
+service share one store (``healthd.service_store``). Environment
 variables override file values key by key: ``HEALTHD_HTTP__PORT=9555`` sets ``[http] port``.
 Every model forbids unknown keys, so a typo is an error, reported by ``load_settings`` as a
 ``ConfigError`` naming the file, the key and the problem.
@@ -33,6 +36,9 @@ from healthd.model import validate_node_name
 from probes.catalogue import PROBE_NAMES
 
 DEFAULT_CONFIG_PATH = Path("/etc/healthd/healthd.toml")
+SERVICE_STATE_DIR = Path("/var/lib/healthd")
+"""The service's ``state_dir`` unless its config sets one: the unit's ``StateDirectory=healthd``
+(``$HEALTHD_SERVICE_STATE_DIR`` for tests and unusual installs, see ``service_state_dir``)."""
 
 MIN_SECONDS = 0.01
 MAX_SECONDS = 366 * 86400.0
@@ -61,6 +67,34 @@ def default_state_dir() -> Path:
         return Path(os.environ["STATE_DIRECTORY"].split(":")[0])
     xdg = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(xdg) / "healthd"
+
+
+def service_config_path() -> Path:
+    """The service's config file: ``$HEALTHD_SERVICE_CONFIG`` (tests, unusual installs), else
+    ``DEFAULT_CONFIG_PATH``, where the unit reads it."""
+    return Path(os.environ.get("HEALTHD_SERVICE_CONFIG") or DEFAULT_CONFIG_PATH)
+
+
+def service_state_dir() -> Path:
+    """``$HEALTHD_SERVICE_STATE_DIR``, else ``SERVICE_STATE_DIR``."""
+    return Path(os.environ.get("HEALTHD_SERVICE_STATE_DIR") or SERVICE_STATE_DIR)
+
+
+def is_service_config(path: Path | None) -> bool:
+    """Whether ``path`` is the service's config file (the same file, however it is named)."""
+    if path is None:
+        return False
+    try:
+        return path.samefile(service_config_path())
+    except OSError:
+        return False
+
+
+class ServiceSettings(_Section):
+    user: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._][A-Za-z0-9._-]{0,31}$")
+    """The user the service runs as (the unit's ``User=``). Default: the owner of the store's directory.
+    ``check-config`` checks the results directory's owner against it; CLI commands that write the
+    store run as it (root switches to it) or refuse."""
 
 
 class HttpSettings(_Section):
@@ -686,6 +720,7 @@ class Settings(BaseSettings):
 
     backend: Literal["auto", "local", "slurm"] = "auto"
     state_dir: Path = Field(default_factory=default_state_dir)
+    service: ServiceSettings = ServiceSettings()
     http: HttpSettings = HttpSettings()
     metrics: MetricsSettings = MetricsSettings()
     store: StoreSettings = StoreSettings()
@@ -752,8 +787,8 @@ def resolve_config_path(explicit: str | Path | None) -> Path | None:
         return Path(explicit)
     if os.environ.get("HEALTHD_CONFIG"):
         return Path(os.environ["HEALTHD_CONFIG"])
-    if DEFAULT_CONFIG_PATH.exists():
-        return DEFAULT_CONFIG_PATH
+    if service_config_path().exists():
+        return service_config_path()
     return None
 
 
@@ -794,6 +829,9 @@ def load_settings(path: str | Path | None = None) -> tuple[Settings, Path | None
             raise ConfigError(f"{config_path}: not valid TOML: nested too deeply") from None
         except OSError as exc:
             raise ConfigError(f"{config_path}: cannot read the config file: {exc.strerror or exc}") from None
+    if (is_service_config(config_path) and "state_dir" not in data
+            and not os.environ.get("STATE_DIRECTORY") and not os.environ.get("HEALTHD_STATE_DIR")):
+        data["state_dir"] = service_state_dir()
     try:
         settings = Settings(**data)
     except ValidationError as exc:

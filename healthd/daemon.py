@@ -44,6 +44,7 @@ from healthd.judge.persist import judge_ingested, judge_passive_poll, judge_runs
 from healthd.logging import get_logger, setup_logging
 from healthd.metrics import DaemonMetrics, Exposition, PassiveMetrics, PassiveSignalCollector
 from healthd.model import Node, ProbeJob, RunKind
+from healthd.node_check_watch import JobEndCollector, JobEndWatch
 from healthd.passive.model import PassivePoll
 from healthd.passive.source import PassiveSource
 from healthd.planning import (
@@ -78,6 +79,9 @@ FAILING_TICKS = 3
 """Consecutive failures of one tick after which ``/healthz`` answers 503."""
 COVERAGE_MAX_AGE_S = 60.0
 """How often the coverage and budget figures are read again from the store's run history (after a tick)."""
+JOB_END_SLACK_S = 60.0
+"""Beyond the epilog's budget and two collections: how much later a job end's node check document may still
+arrive before the end counts as missed (``healthd.node_check_watch``)."""
 
 
 class Daemon:
@@ -112,6 +116,9 @@ class Daemon:
         self.judge = load_judge(self.store, settings.judge, now=time.time())
         self._judge_stale = False
         self.registry.register(PassiveSignalCollector(lambda: self.judge.passive_signals()))
+        self.job_ends = JobEndWatch(grace_s=settings.node_check.epilog_budget_s
+                                    + 2 * settings.scheduler.collect_interval_s + JOB_END_SLACK_S)
+        self.registry.register(JobEndCollector(self.job_ends))
         self.topology: Topology | None = None
         self._topology_read = False
         """Whether a topology read has succeeded yet (until then ``/healthz`` says none was read)."""
@@ -267,11 +274,17 @@ class Daemon:
 
     def discover(self) -> None:
         nodes = self.observed.list_nodes()
-        self.store.upsert_nodes(nodes, time.time())
+        now = time.time()
+        self.store.upsert_nodes(nodes, now)
         try:
             write_expectations(self.settings.results_dir, nodes, self._expectations)
         except OSError as exc:
             log.warning("node_expectation_not_written", error=str(exc))
+        if ended := self.job_ends.see(nodes, now):
+            documents = {r.node: r.last_run_at for r in self.store.last_runs(ended) if r.probe == "boundary"}
+            for node in self.job_ends.settle(documents, now):
+                log.warning("node_check_missed", node=node, why="a job ended on it and no node check document "
+                            "followed: see journalctl -t healthd-node-check on the node")
 
     def plan_and_launch(self) -> None:
         """Plan from the node states read now and submit; nothing while the backend is down.

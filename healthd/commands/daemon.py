@@ -25,16 +25,20 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_check_config(args: argparse.Namespace) -> int:
     from healthd.collector import results_dir_problem
     from healthd.errors import ConfigError
+    from healthd.service_store import service_user
     from healthd.webconfig import load_web_config
 
     settings, path = settings_from(args)
-    if problem := results_dir_problem(settings.results_dir):
+    user = service_user(settings)
+    if problem := results_dir_problem(settings.results_dir, owner=user.uid if user else None):
         raise ConfigError(problem)
     if settings.http.web_config_file:
         web = load_web_config(settings.http.web_config_file)
         print(f"web config OK: {settings.http.web_config_file} (TLS {'on' if web.tls else 'off'},"
               f" {len(web.users)} basic auth user(s))")
     print(f"config OK: {path or 'built-in defaults'}")
+    if user is not None:
+        print(f"  service user: {user.name} (uid {user.uid}; {user.source})")
     print(f"  backend: {settings.backend}; store: {settings.store_path}; "
           f"http: {settings.http.host}:{settings.http.port}; remediation: {settings.remediation.mode}")
     for name, probe in sorted(settings.probes.items()):

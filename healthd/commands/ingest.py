@@ -116,10 +116,10 @@ def _store_one(store: Store, item: Prepared, path: Path) -> str:
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
-    from healthd.store import Store
+    from healthd.service_store import open_store
 
-    settings, _ = settings_from(args)
-    store = Store(settings.store_path)
+    settings, config_path = settings_from(args)
+    store = open_store(settings, config_path, write=True, command="ingest", argv=getattr(args, "argv", None))
     trouble = False
     try:
         for path in args.files:

@@ -111,16 +111,16 @@ def requested_nodes(node: list[str], nodes: str) -> list[str]:
 
 
 def cmd_probe_nodes(args: argparse.Namespace) -> int:
-    from healthd.store import Store
+    from healthd.service_store import open_store
 
-    settings, _ = settings_from(args)
+    settings, config_path = settings_from(args)
     if args.probe_args:
         raise ConfigError("probe options cannot be passed with --node: the daemon runs the probe as configured")
     names = requested_nodes(args.node, args.nodes)
     if not settings.store_path.exists():
         print(f"healthd: no store at {settings.store_path}: is the daemon running with this config?", file=sys.stderr)
         return EXIT_TROUBLE
-    store = Store(settings.store_path)
+    store = open_store(settings, config_path, write=True, command="probe", argv=getattr(args, "argv", None))
     try:
         ids = store.add_probe_requests(args.name, names, at=time.time(), by=getpass.getuser())
         if not args.json:

@@ -53,12 +53,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=cmd_audit)
 
 
-def _store(settings: Settings) -> Any:
-    from healthd.store import Store
+def _store(args: argparse.Namespace, *, write: bool) -> tuple[Settings, Any]:
+    """The settings and the store (``healthd.service_store.open_store``: read-only unless ``write``)."""
+    from healthd.service_store import open_store
 
-    if not settings.store_path.exists():
-        raise HealthdError(f"no state store at {settings.store_path}: has the daemon run with this config?")
-    return Store(settings.store_path)
+    settings, config_path = settings_from(args)
+    return settings, open_store(settings, config_path, write=write, command=args.command,
+                                argv=getattr(args, "argv", None))
 
 
 def _when(ts: float | None) -> str:
@@ -75,8 +76,7 @@ def _actor() -> str:
 def cmd_recommend(args: argparse.Namespace) -> int:
     from healthd.remediation import recommendations_document
 
-    settings, _ = settings_from(args)
-    store = _store(settings)
+    settings, store = _store(args, write=False)
     try:
         doc = recommendations_document(store, settings.remediation)
         closed = store.recommendations(states=("cleared", "withdrawn", "dismissed"), limit=200) if args.all else []
@@ -115,11 +115,11 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     return EXIT_TROUBLE if recs else EXIT_OK
 
 
-def _remediator(settings: Settings) -> tuple[Any, Any]:
+def _remediator(args: argparse.Namespace) -> tuple[Any, Any]:
     from healthd.cluster import make_backend
     from healthd.remediation import Remediator
 
-    store = _store(settings)
+    settings, store = _store(args, write=True)
     return Remediator(store, make_backend(settings, runs_probes=False), settings.remediation), store
 
 
@@ -133,8 +133,7 @@ def cmd_undrain(args: argparse.Namespace) -> int:
 
 def _by_hand(args: argparse.Namespace, act: Callable[[Remediator], Action]) -> int:
     """An operator's drain or undrain: the same ownership rules, one audit line, printed."""
-    settings, _ = settings_from(args)
-    remediator, store = _remediator(settings)
+    remediator, store = _remediator(args)
     try:
         action = act(remediator)
     finally:
@@ -146,8 +145,7 @@ def _by_hand(args: argparse.Namespace, act: Callable[[Remediator], Action]) -> i
 def cmd_breaker(args: argparse.Namespace) -> int:
     from healthd.remediation import BREAKER_KEY, Remediator
 
-    settings, _ = settings_from(args)
-    store = _store(settings)
+    settings, store = _store(args, write=args.reset)
     try:
         if args.reset:
             action = Remediator(store, _NoCluster(), settings.remediation).reset_breaker(actor=_actor())
@@ -179,8 +177,7 @@ class _NoCluster:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    settings, _ = settings_from(args)
-    store = _store(settings)
+    _, store = _store(args, write=False)
     try:
         rows = store.audit(limit=args.limit, node=args.node)
     finally:

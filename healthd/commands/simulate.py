@@ -90,7 +90,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     now = time.time()
     since = parse_when(args.since, now=now)
     until = parse_when(args.until, now=now) if args.until else math.inf
-    store = Store(store_path)
+    store = Store(store_path, read_only=True)
     try:
         report = replay(store, old, new, since=since, until=until,
                         old_source=str(current_path or "built-in defaults"), new_source=str(new_path))

@@ -9,7 +9,6 @@ from datetime import UTC, datetime
 
 from healthd.commands.common import EXIT_OK, EXIT_TROUBLE, add_config_option, settings_from
 from healthd.config import Settings
-from healthd.errors import HealthdError
 from healthd.model import Outcome
 from healthd.topology import Topology, describe
 from healthd.units import human
@@ -38,13 +37,11 @@ def _topology(settings: Settings) -> Topology | None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from healthd.http import nodes_document
-    from healthd.store import Store
+    from healthd.service_store import open_store
 
-    settings, _ = settings_from(args)
-    if not settings.store_path.exists():
-        raise HealthdError(f"no state store at {settings.store_path}: has the daemon run with this config?")
+    settings, config_path = settings_from(args)
+    store = open_store(settings, config_path, write=False, command="status")
     topology = _topology(settings) if args.by_switch else None
-    store = Store(settings.store_path)
     try:
         doc = nodes_document(store.snapshot(), topology)
     finally:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -15,11 +16,12 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from healthd.errors import StoreError, StoreUnavailable
 from healthd.model import Node
 from healthd.store.rows import canonical_labels
-from healthd.store.schema import migrate
+from healthd.store.schema import SCHEMA_VERSION, migrate
 from healthd.store.series import SeriesIds
 
 BUSY_TIMEOUT_S = 30.0
@@ -53,7 +55,10 @@ def collector_paused() -> Iterator[None]:
 
 
 class Database:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, read_only: bool = False) -> None:
+        """Open (and create, and migrate) the store at ``path``; ``read_only``: open an existing store
+        with SQLite's ``mode=ro``, never migrating it (one at another schema version is refused) and
+        never writing it (a write fails with ``StoreError``)."""
         self.path = path
         self._lock = threading.RLock()
         self._commits = 0
@@ -62,12 +67,43 @@ class Database:
         self._partners: dict[tuple[str, str], frozenset[str]] | None = None
         self._nodes_written: dict[str, tuple[Node, float]] = {}
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=BUSY_TIMEOUT_S)
-            self._set_up(path)
+            if read_only:
+                self._open_read_only(path)
+            else:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None,
+                                           timeout=BUSY_TIMEOUT_S)
+                self._set_up(path)
             self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_POLL_S * 1000)}")
         except (sqlite3.Error, OSError) as exc:
             raise StoreError(f"cannot open the state store {path}: {exc}") from None
+
+    def _open_read_only(self, path: Path) -> None:
+        """``mode=ro``. A reader that may not write the store's directory cannot create the ``-shm`` file
+        SQLite needs for a WAL store, so where no ``-wal`` file exists (no writer has the store open, the
+        last one checkpointed it) the file is read as ``immutable``: complete as it is, no locks."""
+        uri = f"file:{quote(str(path.absolute()))}?mode=ro"
+        try:
+            self._db = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None,
+                                       timeout=BUSY_TIMEOUT_S)
+            self._check_version(path)
+        except sqlite3.OperationalError:
+            if Path(f"{path}-wal").exists() or os.access(path.parent, os.W_OK):
+                raise
+            with suppress(sqlite3.Error):
+                self._db.close()
+            self._db = sqlite3.connect(uri + "&immutable=1", uri=True, check_same_thread=False,
+                                       isolation_level=None, timeout=BUSY_TIMEOUT_S)
+            self._check_version(path)
+
+    def _check_version(self, path: Path) -> None:
+        version = int(self._db.execute("PRAGMA user_version").fetchone()[0])
+        if version != SCHEMA_VERSION:
+            newer = "newer than" if version > SCHEMA_VERSION else "older than"
+            self._db.close()
+            raise sqlite3.OperationalError(
+                f"schema version {version}, {newer} this healthd's ({SCHEMA_VERSION}); read-only commands never "
+                "migrate a store: the service brings it forward when it starts with this healthd")
 
     def _set_up(self, path: Path) -> None:
         """WAL mode and the migrations, retried while another opener holds the new file: switching a

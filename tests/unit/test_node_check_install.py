@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def wrapper(tmp_path: Path, python: str, context: str = "health") -> Path:
+    (tmp_path / "results").mkdir(exist_ok=True)
     path = tmp_path / f"node-check-{context}"
     path.write_text(node_check_wrapper(context, python, tmp_path / "results"))
     path.chmod(0o755)
@@ -46,6 +47,37 @@ def test_a_missing_python_is_not_a_drain(tmp_path: Path) -> None:
     done = subprocess.run([wrapper(tmp_path, str(tmp_path / "no-python"))], capture_output=True, text=True,
                           timeout=30, check=False)
     assert done.returncode == 0 and "not run (exit 0)" in done.stderr
+
+
+def logger_on_path(tmp_path: Path) -> dict[str, str]:
+    """A ``logger`` first on PATH that appends its arguments to ``logged`` (the journal stands in)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "logger").write_text(f'#!/bin/sh\necho "$*" >> {tmp_path / "logged"}\n')
+    (bin_dir / "logger").chmod(0o755)
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+
+
+def test_what_stops_the_check_goes_to_the_journal(tmp_path: Path) -> None:
+    env = logger_on_path(tmp_path)
+    path = wrapper(tmp_path, str(tmp_path / "no-python"), "epilog")
+    done = subprocess.run([path], capture_output=True, text=True, timeout=30, check=False, env=env)
+    assert done.returncode == 0
+    assert (tmp_path / "logged").read_text() == (
+        f"-t healthd-node-check -p daemon.warning -- epilog: {tmp_path / 'no-python'} is not there; not run (exit 0)\n")
+    (tmp_path / "results").rmdir()
+    path = wrapper(tmp_path, fake_python(tmp_path, "exit 1"), "prolog")
+    (tmp_path / "results").rmdir()
+    done = subprocess.run([path], capture_output=True, text=True, timeout=30, check=False, env=env)
+    assert done.returncode == 0
+    assert (tmp_path / "logged").read_text().splitlines()[-1] == (
+        f"-t healthd-node-check -p daemon.warning -- prolog: the results directory {tmp_path / 'results'} is not "
+        "there; not run (exit 0)")
+    done = subprocess.run([wrapper(tmp_path, fake_python(tmp_path, "exit 3"))], capture_output=True, text=True,
+                          timeout=30, check=False, env=env)
+    assert done.returncode == 0
+    assert (tmp_path / "logged").read_text().splitlines()[-1].endswith(
+        "health: ended with status 3: not the node's fault (exit 0)")
 
 
 def test_the_wrapper_runs_the_real_check_into_the_results_dir(tmp_path: Path) -> None:
@@ -78,7 +110,42 @@ def test_install_files_writes_the_wrappers_and_prints_the_lines(tmp_path: Path,
     assert os.access(epilog, os.X_OK)
     text = epilog.read_text()
     assert "PY=/opt/healthd/bin/python" in text
-    assert "--context epilog --results-dir /shared/healthd/results" in text
+    assert "RESULTS=/shared/healthd/results" in text and '--context epilog --results-dir "$RESULTS"' in text
     epilog.write_text("site's own\n")
     assert main(["install-files", "--prefix", str(tmp_path / "root"), "--config", str(conf)]) == 0
     assert epilog.read_text() == "site's own\n"
+
+
+@pytest.mark.parametrize("config", ["none", "example"])
+def test_no_wrappers_before_the_config_is_edited(tmp_path: Path, config: str, capsys: pytest.CaptureFixture[str],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HEALTHD_CONFIG", raising=False)
+    monkeypatch.setenv("HEALTHD_SERVICE_CONFIG", str(tmp_path / "etc" / "healthd.toml"))
+    argv = ["install-files", "--prefix", str(tmp_path / "root")]
+    if config == "example":
+        example = tmp_path / "healthd.toml"
+        example.write_bytes((ROOT / "healthd.example.toml").read_bytes())
+        argv += ["--config", str(example)]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    why = "there is no config yet" if config == "none" else f"{tmp_path / 'healthd.toml'} is still the shipped example"
+    assert f"node-check wrappers NOT written: {why}" in err
+    assert "Edit " in err and "[slurm] python" in err and "results_dir" in err
+    assert not (tmp_path / "root/usr/libexec/healthd").exists()
+
+
+def test_force_never_overwrites_an_edited_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    conf = tmp_path / "root/etc/healthd/healthd.toml"
+    conf.parent.mkdir(parents=True)
+    conf.write_text('[slurm]\nresults_dir = "/shared/healthd/results"\n')
+    assert main(["install-files", "--prefix", str(tmp_path / "root"), "--config", str(conf), "--force"]) == 0
+    out = capsys.readouterr().out
+    assert conf.read_text() == '[slurm]\nresults_dir = "/shared/healthd/results"\n'
+    new = conf.with_name("healthd.toml.new")
+    assert new.read_bytes() == (ROOT / "healthd.example.toml").read_bytes()
+    assert f"kept the edited {conf}; wrote the shipped example to {new}" in out
+    assert (tmp_path / "root/usr/libexec/healthd/node-check-epilog").exists()
+    conf.write_bytes(new.read_bytes())
+    new.unlink()
+    assert main(["install-files", "--prefix", str(tmp_path / "root"), "--config", str(conf), "--force"]) == 0
+    assert f"unchanged: {conf}" in capsys.readouterr().out and not new.exists()
