@@ -399,6 +399,7 @@ class Daemon:
     def collect(self) -> None:
         boundary = collect_boundary(self.collector, known=lambda names: {n.name for n in self.store.nodes(names=names)})
         self._judge(self.collector.collect() + boundary)
+        self.remediator.repair_tick()
         self.remediator.adopt_boundary_drains(boundary_failures(boundary))
         ingested = self._saving_judgement(lambda: judge_ingested(self.judge, self.store, now=time.time()))
         if ingested is not None:

@@ -114,6 +114,13 @@ class Remediator:
         """Keep recommendations in step with ``output`` and, in ``enforce`` mode, act on them."""
         return self._tick(output, self.clock(), self.settings)
 
+    def repair_tick(self) -> list[Action]:
+        """Move repairs on when nothing was judged (a reboot takes ticks with no run collected): with
+        ``repair`` set in ``enforce`` mode, a tick over no new judgement; else nothing."""
+        if self.settings.repair == "none" or self.settings.mode != "enforce":
+            return []
+        return self.apply(JudgeOutput(at=self.clock()))
+
     def enforce(self, now: float, actions: list[Action]) -> None:
         """Drain nodes with fresh active recommendations, undrain own drains that pass again."""
         actions += self._tick(JudgeOutput(at=now), now, self.settings.model_copy(update={"mode": "enforce"}))

@@ -77,8 +77,9 @@ def test_a_hard_fault_is_rebooted_validated_and_returned_to_service(tmp_path: Pa
     rig.slurm.finish_reboot("n01")  # back DOWN, the drain cleared (22.05)
     assert rig.tick() == [("repair", "n01", "info")]
     assert rig.state("n01") == ("idle", frozenset({"DRAIN"}), "healthd: repair validating hang after reboot")
-    assert rig.slurm.commands[-2:] == [("resume", "n01"),
-                                       ("drain", "n01", "healthd: repair validating hang after reboot")]
+    assert rig.slurm.commands[-3:] == [("resume", "n01"),
+                                       ("drain", "n01", "healthd: repair validating hang after reboot"),
+                                       ("delete_reservation", "healthd_recheck")]  # the drain holds it now
     assert rig.remediator.recheck_nodes() == {"n01": ("gemm", "nccl")}  # the full check
     started = rig.remediator.validating_since()["n01"]
     rig.results("n01", Severity.NONE, "gemm")
