@@ -19,7 +19,7 @@ from typing import Any
 from healthd.errors import StoreError, StoreUnavailable
 from healthd.model import Node
 from healthd.store.rows import canonical_labels
-from healthd.store.schema import migrate
+from healthd.store.schema import SCHEMA_VERSION, migrate
 from healthd.store.series import SeriesIds
 
 BUSY_TIMEOUT_S = 30.0
@@ -53,7 +53,10 @@ def collector_paused() -> Iterator[None]:
 
 
 class Database:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, read_only: bool = False) -> None:
+        """``read_only``: open an existing store of this healthd's schema for reading only (SQLite's
+        ``mode=ro``): nothing is created, migrated or written, so a reader of another user leaves no file
+        of its own behind; a missing store or another schema version is a ``StoreError``."""
         self.path = path
         self._lock = threading.RLock()
         self._commits = 0
@@ -61,6 +64,9 @@ class Database:
         self._attempts: dict[tuple[str, str], float] | None = None
         self._partners: dict[tuple[str, str], frozenset[str]] | None = None
         self._nodes_written: dict[str, tuple[Node, float]] = {}
+        if read_only:
+            self._open_read_only(path)
+            return
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=BUSY_TIMEOUT_S)
@@ -68,6 +74,21 @@ class Database:
             self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_POLL_S * 1000)}")
         except (sqlite3.Error, OSError) as exc:
             raise StoreError(f"cannot open the state store {path}: {exc}") from None
+
+    def _open_read_only(self, path: Path) -> None:
+        if not path.is_file():
+            raise StoreError(f"no state store at {path}")
+        try:
+            self._db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False,
+                                       isolation_level=None, timeout=BUSY_TIMEOUT_S)
+            self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_POLL_S * 1000)}")
+            version = int(self._db.execute("PRAGMA user_version").fetchone()[0])
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open the state store {path} to read: {exc}") from None
+        if version != SCHEMA_VERSION:
+            self._db.close()
+            raise StoreError(f"{path} has schema version {version}, this healthd reads {SCHEMA_VERSION}: "
+                             "start the daemon of this version once to bring it forward")
 
     def _set_up(self, path: Path) -> None:
         """WAL mode and the migrations, retried while another opener holds the new file: switching a

@@ -25,6 +25,7 @@ import pytest
 
 from healthd.cluster.slurm import SlurmBackend
 from healthd.collector import Collector
+from healthd.evidence import evidence_document
 from healthd.config import JudgeSettings, ProbeSettings, RemediationSettings
 from healthd.jobs import LaunchSettings
 from healthd.judge.engine import Judge
@@ -192,6 +193,18 @@ def test_a_hard_fault_is_rebooted_validated_and_returned_to_service_or_left_drai
     assert [(r.node, r.state) for r in rig.store.repairs()] == [("node3", "passed"), ("node2", "failed")]
     assert rig.node("node2")[1] == reason
     assert rig.node("node5") == ("idle+DRAIN", "hw: bad PSU ticket 42")
+
+    # the evidence for node2's ticket, read back read-only from the store all this filled
+    reader = Store(rig.store.path, read_only=True)
+    try:
+        doc = evidence_document(reader, "node2")
+    finally:
+        reader.close()
+    assert [(r["kind"], r["state"], r["reason"]) for r in doc["repairs"]] == [("reboot", "failed", reason)]
+    assert [(d["reason"], d["probes"]) for d in doc["drains"]] == [(reason, [])]
+    assert [a["action"] for a in doc["audit"]][:4] == ["repair", "repair", "repair", "drain"]
+    assert {r["outcome"] for r in doc["runs"]} == {"fail"} and len(doc["runs"]) == 3
+    assert all("0 GPU(s) visible, 2 expected" in r["reason"] for r in doc["runs"])
 
 
 @pytest.mark.slurm_release  # scontrol reboot ASAP nextstate=DOWN, the node's return, resume: what releases differ in
