@@ -25,8 +25,8 @@ import pytest
 
 from healthd.cluster.slurm import SlurmBackend
 from healthd.collector import Collector
-from healthd.evidence import evidence_document
 from healthd.config import JudgeSettings, ProbeSettings, RemediationSettings
+from healthd.evidence import evidence_document
 from healthd.jobs import LaunchSettings
 from healthd.judge.engine import Judge
 from healthd.judge.model import JudgeOutput, ReasonCode, RecommendationCandidate
