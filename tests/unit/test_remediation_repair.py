@@ -209,3 +209,43 @@ def test_a_version_14_store_keeps_its_drains_and_gains_repairs(tmp_path: Path) -
                                 evidence={}, at=rig.now)
     assert rig.tick() == [("repair", "n01", "done")]  # an old store's drain is repaired like a new one
     assert store.repairs()[0].state == "rebooting"
+
+
+def test_the_daemon_moves_a_repair_on_without_runs_and_plans_its_full_check_at_once(tmp_path: Path) -> None:
+    """The daemon's ticks (``Daemon.collect``, ``Daemon.plan_and_launch``) over the Slurm backend and a fake
+    Slurm: the reboot starts and the node's return is seen with no run collected, and the full check is
+    submitted in healthd's reservation at once although gemm ran on the node minutes ago (its interval is an
+    hour)."""
+    import time
+
+    from healthd.config import Settings
+    from healthd.daemon import Daemon
+
+    settings = Settings(backend="slurm", state_dir=tmp_path / "state", http={"host": "127.0.0.1", "port": 0},
+                        probes={"gemm": {"interval_s": 3600.0, "timeout_s": 120.0}, "nccl": {"enabled": False}},
+                        remediation={"mode": "enforce", **REPAIR})
+    fake = FakeSlurmClient([gpu_node("gpu01"), gpu_node("gpu02")])
+    d = Daemon(settings, None, backend=fake_backend(fake, settings.results_dir))
+    try:
+        d.discover()
+        before = time.time() - 300
+        d.store.add_run(run_id="r0", probe="gemm", nodes=["gpu01"], backend="slurm", job_id=None,
+                        submitted_at=before, result_path=None)
+        d.store.finish_run("r0", outcome=Outcome.FAIL, reason="hang on gpu01: stuck", finished_at=before + 60)
+        now = time.time()
+        d.remediator.apply(JudgeOutput(at=now, evaluated={("gpu01", "gemm")}, recommendations=[
+            RecommendationCandidate("gpu01", "gemm", Outcome.FAIL, ReasonCode.HANG, "hang on gpu01",
+                                    {"run_ids": ["r0"]}, now)]))
+        assert fake.drains()[-1][0] == "gpu01"
+        d.collect()  # nothing collected: the repair starts all the same
+        assert ("reboot", "gpu01", "healthd: repair reboot hang") in fake.commands
+        fake.finish_reboot("gpu01")
+        d.collect()
+        assert d.remediator.repairs_open() == {"gpu01": "validating"}
+        d.plan_and_launch()
+        (job,) = fake.jobs_by_id.values()
+        assert (job.nodes, job.reservation) == (("gpu01",), "healthd_recheck")
+        assert fake.reservations["healthd_recheck"].nodes == ("gpu01",)
+    finally:
+        d.http._server.server_close()
+        d.store.close()
