@@ -38,4 +38,12 @@ setsid bash -c '
     sleep "$delay"
     exec "$exe" -b -f "$conf" -N "$node"
 ' slurm-test-reboot "$pid" "$exe" "$conf" "$node" "$delay" </dev/null >/dev/null 2>&1 &
+# 26.05's slurmd kills this script's process group once it exits: wait until the restarter is in a
+# session of its own (setsid done) before exiting
+child=$!
+for ((i = 0; i < 50; i++)); do
+    sid=$(awk '{print $6}' "/proc/$child/stat" 2>/dev/null) || break
+    [[ $sid == "$child" ]] && break
+    sleep 0.1
+done
 exit 0

@@ -9,7 +9,7 @@ A node healthd drained itself for a confirmed finding of a ``repair_on`` kind is
    once the node is back). Refused while the breaker is open; counted in the hourly cap.
 2. **back**: Slurm shows the reboot over (no ``REBOOT_*`` flag). 22.05 clears the DRAIN flag on the way
    and brings the node back DOWN with ``<reason> : reboot issued : reboot complete``; with
-   ``ReturnToService=2`` it is IDLE seconds later. healthd resumes it if DOWN, drains it again with
+   ``ReturnToService=2`` it is IDLE seconds later (22.05 without a reason, 24.11 keeping it). healthd resumes it if DOWN, drains it again with
    ``<prefix> repair validating ...`` (the drain's checks are now the full check, counted from here) and
    takes it out of the reservation: the drain keeps users' jobs off from now on.
 3. **full check**: the recheck of healthd's own drains runs every probe of it in the reservation; one pass
@@ -42,9 +42,9 @@ def phase(node: Node | None, kind: RepairKind, prefix: str) -> Phase:
         return "rebooting"
     if node.reason and not node.owned_by(prefix):
         return "taken"
-    if node.state == "down" or (not node.drained and not node.reason):
-        return "back"
-    if kind == "command" and node.drained:
+    if node.state == "down" or not node.drained:
+        return "back"  # DOWN, or IDLE after ReturnToService=2 (22.05 clears the reason, 24.11 keeps it)
+    if kind == "command":
         return "back"  # the command returned with the node back, still drained by healthd
     return "waiting"
 

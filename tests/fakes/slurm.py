@@ -227,16 +227,18 @@ class FakeSlurmClient:
 
     def finish_reboot(self, node: str, *, return_to_service: bool = False) -> None:
         """The node's slurmd registers after its reboot: DOWN, the DRAIN flag cleared, the reason ending in
-        ``: reboot complete`` (22.05, ``nextstate=DOWN``); with ``return_to_service`` (``ReturnToService=2``)
-        it is IDLE with no reason, as the lab cluster's node is seconds later."""
+        ``: reboot complete`` (22.05 and 24.11, ``nextstate=DOWN``); with ``return_to_service``
+        (``ReturnToService=2``) it is IDLE, as the lab cluster's node is seconds later: without a reason on
+        22.05, still with it on 24.11 (the fake's ``release``)."""
         current = self._known(node)
         flags = frozenset(f for f in current.flags if f != "DRAIN" and not f.startswith("REBOOT"))
-        if return_to_service:
+        reason = f"{current.reason} : reboot issued : reboot complete"
+        if return_to_service and self.release[:2] < (24, 11):
             self.node_map[node] = replace(current, state="idle", flags=flags, reason=None, reason_user=None,
                                           reason_time=None)
         else:
-            self.node_map[node] = replace(current, state="down", flags=flags,
-                                          reason=f"{current.reason} : reboot issued : reboot complete")
+            self.node_map[node] = replace(current, state="idle" if return_to_service else "down", flags=flags,
+                                          reason=reason)
 
     def resume(self, node: str) -> None:
         self._reachable("scontrol")

@@ -100,6 +100,8 @@ def test_a_fault_that_survives_the_reboot_stays_drained_and_is_not_rebooted_agai
     rig.confirm("n02", ReasonCode.GPUS_MISSING)
     assert rig.tick() == [("repair", "n02", "done")]
     rig.slurm.finish_reboot("n02", return_to_service=True)  # ReturnToService=2: IDLE, still in the reservation
+    assert rig.state("n02") == ("idle", frozenset(), "healthd: repair reboot gpus_missing : reboot issued : reboot "
+                                                     "complete")  # 24.11 keeps the reason
     assert rig.tick() == [("repair", "n02", "info")]
     assert ("resume", "n02") not in rig.slurm.commands
     rig.results("n02", Severity.FAIL, "gemm")
@@ -115,6 +117,17 @@ def test_a_fault_that_survives_the_reboot_stays_drained_and_is_not_rebooted_agai
     assert rig.tick(after=86400.0) == []
     assert [c for c in rig.slurm.commands if c[0] == "reboot"] == [("reboot", "n02",
                                                                     "healthd: repair reboot gpus_missing")]
+
+
+def test_a_node_back_in_service_without_a_reason_is_back_too(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    rig.slurm.release = (22, 5, 8)  # 22.05 clears the reason when ReturnToService=2 returns the node
+    rig.confirm("n02")
+    rig.tick()
+    rig.slurm.finish_reboot("n02", return_to_service=True)
+    assert rig.state("n02") == ("idle", frozenset(), None)
+    assert rig.tick() == [("repair", "n02", "info")]
+    assert rig.state("n02")[2] == "healthd: repair validating hang after reboot"
 
 
 def test_never_a_node_drained_by_someone_else_nor_a_kind_not_listed(tmp_path: Path) -> None:
