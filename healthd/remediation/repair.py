@@ -7,11 +7,12 @@ A node healthd drained itself for a confirmed finding of a ``repair_on`` kind is
    user's job starts there), then ``scontrol reboot ASAP nextstate=DOWN reason="<prefix> repair reboot
    ..."`` (``repair = "reboot"``, Slurm's ``RebootProgram``) or the site's ``repair_command`` (it returns
    once the node is back). Refused while the breaker is open; counted in the hourly cap.
-2. **back**: Slurm shows the reboot over (no ``REBOOT_*`` flag). 22.05 clears the DRAIN flag on the way
-   and brings the node back DOWN with ``<reason> : reboot issued : reboot complete``; with
-   ``ReturnToService=2`` it is IDLE seconds later (22.05 without a reason, 24.11 keeping it). healthd resumes it if DOWN, drains it again with
-   ``<prefix> repair validating ...`` (the drain's checks are now the full check, counted from here) and
-   takes it out of the reservation: the drain keeps users' jobs off from now on.
+2. **back**: Slurm shows the reboot over (no ``REBOOT_*`` flag). 22.05, 24.11 and 26.05 clear the DRAIN
+   flag on the way and bring the node back DOWN with ``<reason> : reboot issued : reboot complete``; with
+   ``ReturnToService=2`` it is IDLE seconds later (24.11 keeps the reason then, 22.05 and 26.05 clear it).
+   healthd resumes it if DOWN, drains it again with ``<prefix> repair validating ...`` (the drain's checks
+   are now the full check, counted from here) and takes it out of the reservation: the drain keeps users'
+   jobs off from now on.
 3. **full check**: the recheck of healthd's own drains runs every probe of it in the reservation; one pass
    of each returns the node to service (its own drain only); a failure drains it with ``<prefix> repair
    failed ...`` and no checks: left to humans, not repaired again within ``repeat_window_s``.
