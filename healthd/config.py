@@ -469,6 +469,14 @@ class SweepSettings(_Section):
     ranks_per_node: int | None = Field(default=None, ge=1, le=4096)
 
 
+_REPAIR_ON_DEFAULT = ("gpus_missing", "hang", "crash", "cuda_error", "xid_79")
+"""Hard faults a reboot often clears (a GPU off the bus, a hung or crashed driver), and XID 79 (fell off the bus)."""
+_FINDING_KIND = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+_NOT_REPAIRABLE = frozenset({"ok", "fleet_event", "group_suspect", "repeated_errors", "probe_error",
+                             "measurement_missing", "manual"})
+"""Reason codes that never drain a node (a fleet event, a suspect group, could-not-check, an operator's drain)."""
+
+
 class RemediationSettings(_Section):
     mode: Literal["observe", "recommend", "enforce"] = "recommend"
     reason_prefix: str = Field(default="healthd:", pattern=r"^[A-Za-z0-9._/-]{1,32}:$")
@@ -492,6 +500,46 @@ class RemediationSettings(_Section):
     repeat_window_s: PositiveSeconds = 7 * 86400.0
     repeat_max_drains: int = Field(default=2, ge=1, le=10_000)
     """A node drained this often within ``repeat_window_s`` is left to humans: recommend only."""
+    repair: Literal["none", "reboot", "command"] = "none"
+    """What healthd does to a node it drained for a confirmed finding of a ``repair_on`` kind
+    (``healthd.remediation.repair``): ``reboot`` through Slurm (``scontrol reboot ASAP nextstate=DOWN``,
+    needs slurm.conf's ``RebootProgram``), ``command`` (``repair_command``, e.g. a BMC power cycle), then
+    the full check in the recheck reservation: a pass returns it to service, a failure leaves it drained
+    with ``repair failed`` and no second repair within ``repeat_window_s``."""
+    repair_on: list[str] = Field(default_factory=lambda: list(_REPAIR_ON_DEFAULT), max_length=64)
+    """The finding kinds (a recommendation's reason code: ``gpus_missing``, ``hang``, ``crash``,
+    ``cuda_error``, ``nccl_error``, ``check_failed``, a passive signal's ``xid_79``...) that qualify."""
+    repair_command: list[str] = Field(default_factory=list, max_length=64)
+    """``repair = "command"``: the argv run (no shell) for a node, ``{node}`` replaced by its name; it must
+    return once the node is back (exit 0) or fail (non-zero); killed after ``repair_timeout_s``."""
+    repair_timeout_s: PositiveSeconds = 1800.0
+    """A repair whose reboot (or command) and full check are not over this long after it started is failed."""
+
+    @field_validator("repair_on")
+    @classmethod
+    def _repair_kinds(cls, kinds: list[str]) -> list[str]:
+        for kind in kinds:
+            if not _FINDING_KIND.match(kind):
+                raise ValueError(f"repair_on: {kind!r} is not a finding kind (lower case, digits and '_')")
+            if kind in _NOT_REPAIRABLE:
+                raise ValueError(f"repair_on: {kind!r} never drains a node, so it never leads to a repair")
+        return kinds
+
+    @model_validator(mode="after")
+    def _repair_needs(self) -> RemediationSettings:
+        if self.repair == "none":
+            return self
+        if self.repair == "command":
+            if not self.repair_command:
+                raise ValueError("repair = 'command' needs repair_command (an argv list with '{node}')")
+            if not any("{node}" in a for a in self.repair_command):
+                raise ValueError("repair_command must name the node: put '{node}' in one of its arguments")
+        if not self.repair_on:
+            raise ValueError(f"repair = {self.repair!r} needs repair_on (the finding kinds to repair)")
+        if self.mode == "enforce" and (not self.recheck_drained or self.undrain_after_passes < 1):
+            raise ValueError(f"repair = {self.repair!r} validates the node before it returns: it needs "
+                             "recheck_drained = true and undrain_after_passes >= 1")
+        return self
 
 
 class BudgetSettings(_Section):

@@ -130,7 +130,8 @@ class Daemon:
         self.passive_metrics = PassiveMetrics(self.registry) if self.passive is not None else None
         self.passive_poll: PassivePoll | None = None
         """The last poll of the site's Prometheus (``/healthz`` says whether it answered)."""
-        self.remediator = Remediator(self.store, self.backend, settings.remediation)
+        self.remediator = Remediator(self.store, self.backend, settings.remediation,
+                                     full_check=sorted(n for n, p in settings.probes.items() if p.enabled))
         self.collector = Collector(
             self.store, self.observed, settings.results_dir,
             pending_timeout_s=settings.slurm.pending_timeout_s,
@@ -310,7 +311,10 @@ class Daemon:
             runs = self.store.unfinished_runs()
             in_flight = jobs_in_flight(runs, now, s.scheduler.plan_interval_s)
         last_attempts = self.store.last_attempts()
-        priority = self.judge.priority_requests(self.remediator.recheck_nodes(), s.probes, last_attempts, now)
+        validating = self.remediator.validating_since()  # a repaired node's full check is due at once
+        priority = self.judge.priority_requests(
+            self.remediator.recheck_nodes(), s.probes,
+            {k: at for k, at in last_attempts.items() if at >= validating.get(k[0], float("-inf"))}, now)
         jobs = plan(
             known,
             probes=s.probes,
@@ -408,6 +412,7 @@ class Daemon:
     def collect(self) -> None:
         boundary = collect_boundary(self.collector, known=lambda names: {n.name for n in self.store.nodes(names=names)})
         self._judge(self.collector.collect() + boundary)
+        self.remediator.repair_tick()
         self.remediator.adopt_boundary_drains(boundary_failures(boundary))
         ingested = self._saving_judgement(lambda: judge_ingested(self.judge, self.store, now=time.time()))
         if ingested is not None:

@@ -35,6 +35,8 @@
 # HEALTHD_SLURM_PROLOG, HEALTHD_SLURM_EPILOG, HEALTHD_SLURM_HEALTH_CHECK (opt-in: Prolog=, Epilog=,
 # HealthCheckProgram= of slurm.conf, e.g. healthd's node-check wrappers; unset: none) and
 # HEALTHD_SLURM_HEALTH_CHECK_INTERVAL (HealthCheckInterval=, default 60),
+# HEALTHD_SLURM_REBOOT_PROGRAM (opt-in RebootProgram=, e.g. scripts/slurm-test-reboot.sh: restarts the
+# node's own slurmd with -b, so `scontrol reboot` completes as a real reboot would; unset: none),
 # HEALTHD_SLURM_PROLOG_EPILOG_TIMEOUT (seconds: PrologEpilogTimeout= before 25.05, PrologTimeout= and
 # EpilogTimeout= from 25.05; unset: Slurm's default), HEALTHD_SLURM_TOPOLOGY
 # (the network topology slurmctld is given: `tree` (default; topology/tree with a topology.conf of
@@ -241,6 +243,7 @@ write_config() {
     [[ -n ${HEALTHD_SLURM_PROLOG:-} ]] && boundary+=$'\n'"Prolog=$HEALTHD_SLURM_PROLOG"
     [[ -n ${HEALTHD_SLURM_EPILOG:-} ]] && boundary+=$'\n'"Epilog=$HEALTHD_SLURM_EPILOG"
     [[ -n ${HEALTHD_SLURM_HEALTH_CHECK:-} ]] && boundary+=$'\n'"HealthCheckProgram=$HEALTHD_SLURM_HEALTH_CHECK"$'\n'"HealthCheckInterval=${HEALTHD_SLURM_HEALTH_CHECK_INTERVAL:-60}"$'\n'"HealthCheckNodeState=ANY"
+    [[ -n ${HEALTHD_SLURM_REBOOT_PROGRAM:-} ]] && boundary+=$'\n'"RebootProgram=$HEALTHD_SLURM_REBOOT_PROGRAM"$'\n'"ResumeTimeout=60"
     local pe_timeout=${HEALTHD_SLURM_PROLOG_EPILOG_TIMEOUT:-}  # 25.05 split PrologEpilogTimeout in two
     if [[ -n $pe_timeout ]]; then
         [[ $pe_timeout =~ ^[1-9][0-9]*$ ]] || die "HEALTHD_SLURM_PROLOG_EPILOG_TIMEOUT must be whole seconds, not '$pe_timeout'"

@@ -32,11 +32,12 @@ import probes
 from healthd.cluster.base import BackendTraits
 from healthd.cluster.slurm_cli import SlurmCli, SlurmClient
 from healthd.config import LauncherSettings, NodeClassRule, Settings
-from healthd.errors import BackendError, PolicyRefused, SlurmError
+from healthd.errors import BackendError, CommandTimeout, HealthdError, PolicyRefused, SlurmError
 from healthd.jobs import Launcher, LaunchSettings, render_batch_script, run_id_from_job_name
 from healthd.logging import get_logger
 from healthd.model import JobStatus, Node, ProbeJob, RunKind, validate_node_name
 from healthd.node_class import classed
+from healthd.process import run as run_command
 from healthd.topology import Topology
 from probes.catalogue import probe_spec
 
@@ -349,6 +350,69 @@ class SlurmBackend:
         if not current.owned_by(self.reason_prefix):
             raise PolicyRefused(f"{node} was drained by someone else (reason: {current.reason!r}); not undraining")
         self.client.undrain(node)
+
+    # -- repairs (healthd.remediation.repair) ---------------------------------------------------------
+    def _own_drained(self, node: str) -> Node:
+        current = self._node(node)
+        if not current.drained or not current.owned_by(self.reason_prefix):
+            raise PolicyRefused(f"{node} is not drained by healthd (reason: {current.reason!r}); not repairing it")
+        return current
+
+    def start_reboot(self, node: str, reason: str) -> None:
+        """Hold ``node`` (drained by healthd) in the recheck reservation, then ``scontrol reboot ASAP
+        nextstate=DOWN reason=<reason>``: whatever state Slurm brings it back in (22.05: DOWN without the
+        drain; ``ReturnToService=2``: IDLE), no other user's job starts on it before its full check."""
+        if not reason.startswith(self.reason_prefix):
+            raise PolicyRefused(f"a repair reason must start with {self.reason_prefix!r}")
+        self._own_drained(node)
+        self._reserve([node])
+        try:
+            self.client.reboot(node, reason)
+        except BackendError:
+            self._release([node])
+            raise
+        log.info("repair_reboot_requested", node=node, reason=reason, reservation=self.recheck_reservation)
+
+    def run_repair_command(self, node: str, argv: tuple[str, ...], timeout_s: float) -> None:
+        """Hold ``node`` (drained by healthd) in the recheck reservation, then run the site's ``argv`` (no
+        shell) until it exits: 0 means the node is back."""
+        self._own_drained(node)
+        self._reserve([node])
+        try:
+            done = run_command(list(argv), timeout=timeout_s)
+        except CommandTimeout:
+            raise SlurmError(f"repair command {argv[0]} did not end within {timeout_s:g} s") from None
+        except HealthdError as exc:
+            raise SlurmError(f"repair command {argv[0]}: {exc}") from None
+        if done.returncode != 0:
+            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
+            raise SlurmError(f"repair command {argv[0]} exited {done.returncode}: {tail[0][:200]}")
+        log.info("repair_command_done", node=node, argv=list(argv))
+
+    def back_from_repair(self, node: str, reason: str) -> None:
+        """``node`` is back from its repair (DOWN, or IDLE after Slurm's ``ReturnToService``): resume it if
+        DOWN and drain it with ``reason`` for its full check, then take it out of the reservation (the drain
+        keeps users' jobs off now; each recheck puts it back in while it lifts the drain)."""
+        if not reason.startswith(self.reason_prefix):
+            raise PolicyRefused(f"a drain reason must start with {self.reason_prefix!r}")
+        current = self._node(node)
+        if current.reason and not current.owned_by(self.reason_prefix):
+            raise PolicyRefused(f"{node} has someone else's reason now ({current.reason!r}); not touching it")
+        held = self.client.reservation(self.recheck_reservation)
+        if held is None or node not in held.nodes:
+            self._reserve([node])
+        if current.state == "down":
+            self.client.resume(node)
+        self.client.drain(node, reason)
+        self._release([node])
+        log.info("repair_back", node=node, reason=reason)
+
+    def release_repair(self, node: str) -> None:
+        self._release([validate_node_name(node)])
+
+    def reboot_program(self) -> str | None:
+        """slurm.conf's ``RebootProgram`` (``None``: not set; ``repair = "reboot"`` cannot work)."""
+        return self.client.reboot_program()
 
     def topology(self, name: str | None = None) -> Topology | None:
         """``scontrol show topology [name]`` (``TopologySource``)."""

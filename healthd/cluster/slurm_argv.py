@@ -25,15 +25,18 @@ __all__ = [
     "JsonDialect",
     "Release",
     "drain_argv",
+    "reboot_argv",
     "reservation_create_argv",
     "reservation_delete_argv",
     "reservation_show_argv",
     "reservation_update_argv",
+    "resume_argv",
     "sbatch_argv",
     "scancel_argv",
     "scontrol_node_argv",
     "scontrol_nodes_json_argv",
     "scontrol_topology_argv",
+    "show_config_argv",
     "sinfo_json_argv",
     "sinfo_text_argv",
     "squeue_json_argv",
@@ -204,6 +207,24 @@ def drain_argv(scontrol: Sequence[str], node: str, reason: str) -> list[str]:
 def undrain_argv(scontrol: Sequence[str], node: str) -> list[str]:
     """UNDRAIN clears the drain and leaves the base state alone (a DOWN node stays DOWN)."""
     return [*scontrol, "update", f"NodeName={validate_node_name(node)}", "State=UNDRAIN"]
+
+
+def reboot_argv(scontrol: Sequence[str], node: str, reason: str) -> list[str]:
+    """``scontrol reboot ASAP nextstate=DOWN reason=<reason> <node>``: Slurm drains the node, reboots it through
+    its ``RebootProgram`` once idle, and brings it back DOWN (22.05 clears the DRAIN flag on the way; a cluster
+    with ``ReturnToService=2`` even returns it to service by itself), so healthd keeps the node in its recheck
+    reservation across the reboot."""
+    return [*scontrol, "reboot", "ASAP", "nextstate=DOWN", f"reason={_reason(reason)}", validate_node_name(node)]
+
+
+def resume_argv(scontrol: Sequence[str], node: str) -> list[str]:
+    """RESUME: a DOWN node (back from a reboot) becomes usable again; a drain is cleared too."""
+    return [*scontrol, "update", f"NodeName={validate_node_name(node)}", "State=RESUME"]
+
+
+def show_config_argv(scontrol: Sequence[str]) -> list[str]:
+    """``scontrol show config``: ``Key = value`` lines (``RebootProgram = (null)`` when there is none)."""
+    return [*scontrol, "show", "config"]
 
 
 def scontrol_node_argv(scontrol: Sequence[str], node: str | None = None) -> list[str]:

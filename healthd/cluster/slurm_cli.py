@@ -115,6 +115,18 @@ class SlurmClient(Protocol):
         """``State=UNDRAIN``: clear a drain, leave the base state (a DOWN node stays DOWN)."""
         ...
 
+    def reboot(self, node: str, reason: str) -> None:
+        """``scontrol reboot ASAP nextstate=DOWN reason=<reason> <node>`` (``slurm_argv.reboot_argv``)."""
+        ...
+
+    def resume(self, node: str) -> None:
+        """``State=RESUME``: a DOWN node (back from a reboot) becomes usable; a drain is cleared too."""
+        ...
+
+    def reboot_program(self) -> str | None:
+        """slurm.conf's ``RebootProgram`` (``scontrol show config``); ``None`` when there is none."""
+        ...
+
     def reservation(self, name: str) -> parse.Reservation | None:
         """The reservation ``name`` (one of healthd's: the name starts with ``healthd``), or ``None``."""
         ...
@@ -392,6 +404,16 @@ class SlurmCli:
 
     def undrain(self, node: str) -> None:
         self._run("scontrol", argv.undrain_argv(self.commands.scontrol, node), _nothing)
+
+    def reboot(self, node: str, reason: str) -> None:
+        self._run("scontrol", argv.reboot_argv(self.commands.scontrol, node, reason), _nothing)
+
+    def resume(self, node: str) -> None:
+        self._run("scontrol", argv.resume_argv(self.commands.scontrol, node), _nothing)
+
+    def reboot_program(self) -> str | None:
+        return self._run("scontrol", argv.show_config_argv(self.commands.scontrol),
+                         lambda done: parse.parse_config_value(done.stdout, "RebootProgram"))
 
     def reservation(self, name: str) -> parse.Reservation | None:
         def read(done: Completed) -> parse.Reservation | None:

@@ -329,6 +329,21 @@ def expand_nodes(expr: str) -> tuple[str, ...]:
         raise ParseError(f"node list {expr!r}: {exc}") from None
 
 
+def parse_config_value(text: str, key: str) -> str | None:
+    """The value of ``key`` in ``scontrol show config``'s ``Key = value`` lines; ``None`` when the key is
+    missing or its value is ``(null)`` (not set).
+
+    >>> parse_config_value("RebootProgram           = /sbin/reboot\\nResumeTimeout = 60 sec", "RebootProgram")
+    '/sbin/reboot'
+    """
+    for line in text.splitlines():
+        name, sep, value = line.partition("=")
+        if sep and name.strip() == key:
+            value = value.strip()
+            return None if value in ("", "(null)") else value
+    return None
+
+
 def parse_version(text: str) -> tuple[int, int, int]:
     """``slurm 22.05.8`` / ``slurm-wlm 22.05.8`` (``--version`` of any command) → ``(22, 5, 8)``."""
     match = re.search(r"\bslurm(?:-wlm)?\s+(\d+)\.(\d+)\.(\d+)", text)

@@ -107,6 +107,10 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         print(f"    {r['text']}")
         if r["refused"]:
             print(f"    not drained: {r['refused']}")
+        if r["repair"]:
+            print(f"    repair: {r['repair']}")
+    for p in doc["repairs"]:
+        print(f"repair under way: {p['node']} {p['kind']} since {_when(p['started_at'])}, {p['state']}: {p['reason']}")
     for d in doc["drained_by_healthd"]:
         print(f"drained by healthd: {d['node']} since {_when(d['since'])}: {d['reason']}")
     for r in closed:

@@ -57,6 +57,7 @@ from healthd.remediation.decide import (
     reset_breaker,
     undrain_by_hand,
 )
+from healthd.remediation.repair import plan_text
 from healthd.store import Store
 from healthd.store.remediation import BREAKER_KEY
 from healthd.store.rows import AuditEntry, BreakerState, OpenDrain, RemediationChanges, RemediationWrite
@@ -88,9 +89,12 @@ class Remediator:
 
     def __init__(
         self, store: RemediationRecords, cluster: DrainCapability, settings: RemediationSettings, *,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.time, full_check: Sequence[str] = (),
     ) -> None:
+        """``full_check``: the probes a repaired node must pass (with those it was drained for) before it
+        returns to service (``healthd.remediation.repair``)."""
         self.store = store
+        self.full_check = tuple(full_check)
         self.cluster = cluster
         self.settings = settings
         self.clock = clock
@@ -110,6 +114,13 @@ class Remediator:
         """Keep recommendations in step with ``output`` and, in ``enforce`` mode, act on them."""
         return self._tick(output, self.clock(), self.settings)
 
+    def repair_tick(self) -> list[Action]:
+        """Move repairs on when nothing was judged (a reboot takes ticks with no run collected): with
+        ``repair`` set in ``enforce`` mode, a tick over no new judgement; else nothing."""
+        if self.settings.repair == "none" or self.settings.mode != "enforce":
+            return []
+        return self.apply(JudgeOutput(at=self.clock()))
+
     def enforce(self, now: float, actions: list[Action]) -> None:
         """Drain nodes with fresh active recommendations, undrain own drains that pass again."""
         actions += self._tick(JudgeOutput(at=now), now, self.settings.model_copy(update={"mode": "enforce"}))
@@ -121,17 +132,21 @@ class Remediator:
         nodes = None
         if {m.node for m in output.marks} & {d.node for d in snap.open_drains}:
             self._nodes = None  # a recheck of an own drain: the backend lifted and restored it meanwhile
+        if any(r.ended_at is None for r in snap.repairs):
+            self._nodes = None  # a repair under way: its node's state is read at every tick
         if needs_nodes(snap, output, settings, now):
             try:
                 nodes = self._cluster_nodes(now)
             except BackendError as exc:
                 log.warning("remediation_cannot_list_nodes", error=str(exc))
         plan = self._carry_out(
-            lambda results: decide(snap, output, settings, now=now, nodes=nodes, results=results), now)
+            lambda results: decide(snap, output, settings, now=now, nodes=nodes, results=results,
+                                   full_check=self.full_check), now)
         return plan.actions
 
     def _carry_out(self, decide_: Callable[[CallResults], Plan], at: float) -> Plan:
-        plan, results = carry_out(self.store, self.cluster, decide_, at=at)
+        plan, results = carry_out(self.store, self.cluster, decide_, at=at,
+                                  repair_timeout_s=self.settings.repair_timeout_s)
         if any(r.result == "done" for r in results.values()):
             self._nodes = None
         return plan
@@ -198,7 +213,23 @@ class Remediator:
         ``recheck_drained`` is set (``Judge.recheck_requests`` turns them into planner requests)."""
         if not self.settings.recheck_drained or self.settings.mode != "enforce":
             return {}
-        return {d.node: d.probes for d in self.store.drains(open_only=True) if d.automatic and d.probes}
+        rebooting = {node for node, state in self.repairs_open().items() if state == "rebooting"}
+        return {d.node: d.probes for d in self.store.drains(open_only=True)
+                if d.automatic and d.probes and d.node not in rebooting}
+
+    def repairs_open(self) -> dict[str, str]:
+        """Node → state of the repairs under way (``rebooting``, ``validating``)."""
+        if self.settings.repair == "none":
+            return {}
+        return {r.node: r.state for r in self.store.repairs(since=float("inf"), open_too=True)}
+
+    def validating_since(self) -> dict[str, float]:
+        """Node → when its full check after a repair began: its probes are due at once, whatever their
+        interval (the planner's last attempts before then do not count)."""
+        if self.settings.repair == "none":
+            return {}
+        return {r.node: r.validating_at for r in self.store.repairs(since=float("inf"), open_too=True)
+                if r.state == "validating" and r.validating_at is not None}
 
     # -- operators ------------------------------------------------------------------------------
     def drain(self, node: str, text: str, *, actor: str) -> Action:
@@ -234,8 +265,13 @@ def recommendations_document(store: Store, settings: RemediationSettings) -> dic
         "recommendations": [
             {"node": r.node, "probe": r.probe, "outcome": r.outcome, "reason_code": r.reason_code, "text": r.text,
              "evidence": r.evidence, "since": r.since, "updated_at": r.updated_at, "escalated": r.escalated,
-             "refused": r.last_refusal or None}
+             "refused": r.last_refusal or None, "repair": repair_text(settings, r.node, r.reason_code)}
             for r in store.recommendations()
+        ],
+        "repairs": [
+            {"node": r.node, "kind": r.kind, "reason_code": r.reason_code, "state": r.state, "started_at": r.started_at,
+             "full_check": list(r.probes), "reason": r.reason}
+            for r in store.repairs(since=float("inf"), open_too=True)
         ],
         "fleet_events": [
             {"node_class": e["node_class"], "probe": e["probe"], "started_at": e["started_at"], "text": e["text"]}
@@ -260,6 +296,15 @@ def recommendations_document(store: Store, settings: RemediationSettings) -> dic
             for d in store.drains(open_only=True)
         ],
     }
+
+
+def repair_text(settings: RemediationSettings, node: str, reason_code: str) -> str | None:
+    """What healthd does (``enforce``) or would do (``recommend``: a dry run) to repair ``node`` for a
+    finding of ``reason_code``; ``None`` when no repair applies."""
+    if settings.repair == "none" or reason_code not in settings.repair_on or settings.mode == "observe":
+        return None
+    text = plan_text(settings.repair, settings.repair_command, node)
+    return text if settings.mode == "enforce" else f"would {text} (recommend mode: nothing is done)"
 
 
 def action_counts(actions: Sequence[Action]) -> Counter[tuple[str, str]]:

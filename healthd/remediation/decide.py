@@ -21,6 +21,7 @@ from healthd.judge.model import JudgeOutput, ReasonCode
 from healthd.judge.sources.passive import PROBE as PASSIVE
 from healthd.model import Node, Outcome
 from healthd.node_class import class_of
+from healthd.remediation import repair as rp
 from healthd.store.rows import (
     AuditAction,
     AuditEntry,
@@ -32,10 +33,14 @@ from healthd.store.rows import (
     JudgedMark,
     NoteRecommendation,
     OpenDrain,
+    OpenRepair,
     RecommendationRow,
     RemediationSnapshot,
     RemediationWrite,
+    RepairRow,
+    ReviseDrain,
     SetBreaker,
+    SetRepair,
     UpsertRecommendation,
 )
 from healthd.units import human
@@ -57,9 +62,13 @@ class Action:
 
 @dataclass(frozen=True)
 class BackendCall:
-    verb: Literal["drain", "undrain"]
+    """``drain``/``undrain``; a repair's ``reboot`` (``reason``), ``repair_command`` (``argv``), ``back`` (resume
+    a node back from its repair and drain it with ``reason``) and ``release`` (out of healthd's reservation)."""
+
+    verb: Literal["drain", "undrain", "reboot", "repair_command", "back", "release"]
     node: str
     reason: str = ""
+    argv: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -161,7 +170,8 @@ def drains_since(settings: RemediationSettings, now: float) -> float:
 
 # -- the daemon's tick ---------------------------------------------------------------------------------
 def decide(snap: RemediationSnapshot, output: JudgeOutput, settings: RemediationSettings, *, now: float,
-           nodes: Mapping[str, Node] | None, results: CallResults | None = None) -> Plan:
+           nodes: Mapping[str, Node] | None, results: CallResults | None = None,
+           full_check: Sequence[str] = ()) -> Plan:
     """Keep recommendations in step with ``output`` and, in ``enforce`` mode, drain and undrain.
     ``nodes``: the cluster's nodes (``None``: not known, so no drain or undrain is decided)."""
     b = _Builder(results or {})
@@ -171,7 +181,7 @@ def decide(snap: RemediationSnapshot, output: JudgeOutput, settings: Remediation
         return b.plan()
     active = _sync(b, snap, output, settings, now)
     if settings.mode == "enforce" and nodes is not None and _enforcing(snap, active, settings, now):
-        _Enforcement(b, snap, settings, nodes, now).run(_fresh(active, settings, now))
+        _Enforcement(b, snap, settings, nodes, now, full_check).run(_fresh(active, settings, now), active)
     return b.plan()
 
 
@@ -237,19 +247,23 @@ def _own_open(snap: RemediationSnapshot) -> list[DrainRow]:
 def _enforcing(snap: RemediationSnapshot, active: Mapping[RecKey, RecommendationRow],
                settings: RemediationSettings, now: float) -> bool:
     undrain_due = settings.undrain_after_passes > 0 and bool(_own_open(snap))
-    return undrain_due or bool(_fresh(active, settings, now))
+    repairing = settings.repair != "none" and (bool(_own_open(snap)) or any(r.ended_at is None for r in snap.repairs))
+    return undrain_due or repairing or bool(_fresh(active, settings, now))
 
 
 class _Enforcement:
     """One tick's drains and undrains; tracks what this tick changed (breaker, drains, notes)."""
 
     def __init__(self, b: _Builder, snap: RemediationSnapshot, settings: RemediationSettings,
-                 nodes: Mapping[str, Node], now: float) -> None:
+                 nodes: Mapping[str, Node], now: float, full_check: Sequence[str] = ()) -> None:
         self.b, self.snap, self.s, self.nodes, self.now = b, snap, settings, nodes, now
         self.breaker = snap.breaker
         self.drains = list(snap.recent_drains)
+        self.full_check = tuple(full_check)
+        self.open_repairs = {r.node: r for r in snap.repairs if r.ended_at is None}
+        self.started_repairs: list[float] = [r.started_at for r in snap.repairs]
 
-    def run(self, fresh: Sequence[RecommendationRow]) -> None:
+    def run(self, fresh: Sequence[RecommendationRow], active: Mapping[RecKey, RecommendationRow]) -> None:
         s, now = self.s, self.now
         breaker = self.breaker
         if breaker.open and s.breaker_cooldown_s > 0 and breaker.opened_at is not None \
@@ -271,6 +285,8 @@ class _Enforcement:
         if s.undrain_after_passes > 0:
             for drain in _own_open(self.snap):
                 self._undrain(drain)
+        if s.repair != "none":
+            self._repairs(active)
 
     def _set_breaker(self, state: BreakerState) -> None:
         self.breaker = state
@@ -304,7 +320,7 @@ class _Enforcement:
             self._refuse(rec, "circuit breaker open: no automatic drains")
             return
         recent = self._automatic_since(now - s.breaker_window_s)
-        if sum(1 for d in recent if d.drained_at >= now - HOUR_S) >= s.max_actions_per_hour:
+        if self._actions_last_hour() >= s.max_actions_per_hour:
             self._refuse(rec, f"hourly cap of {s.max_actions_per_hour} automatic drains reached; waiting")
             return
         cls = class_of(node)
@@ -334,14 +350,24 @@ class _Enforcement:
         self.b.audit("drain", rec.node, "done", reason,
                      detail={"probe": rec.probe, "since": rec.since, "evidence": rec.evidence})
 
+    def _actions_last_hour(self) -> int:
+        """healthd's automatic drains and repairs started within the last hour (the hourly cap)."""
+        since = self.now - HOUR_S
+        return (sum(1 for d in self._automatic_since(since))
+                + sum(1 for at in self.started_repairs if at >= since))
+
     def _undrain(self, drain: DrainRow) -> None:
-        """Undrain when every probe the node was drained for passed ``undrain_after_passes`` times in a row."""
+        """Undrain when every probe the node was drained for passed ``undrain_after_passes`` times in a row
+        (once, for the full check of a repair)."""
         s, now, name = self.s, self.now, drain.node
         if not drain.probes:
             return
+        repair = self.open_repairs.get(name)
+        if repair is not None and repair.state != "validating":
+            return
         marks = self.snap.marks.get((name, drain.drained_at), ())
         streak = min(pass_streak(marks, probe) for probe in drain.probes)
-        if streak < s.undrain_after_passes:
+        if streak < (1 if repair is not None else s.undrain_after_passes):
             return
         history = [d for d in self.drains if d.node == name and d.drained_at >= now - s.repeat_window_s]
         if sum(1 for d in history if d.automatic) >= s.repeat_max_drains:
@@ -359,6 +385,118 @@ class _Enforcement:
         self.b.write(CloseDrain(name, by=ACTOR))
         self.b.write(CloseRecommendations(name, None, "cleared", f"{streak} consecutive passes"))
         self.b.audit("undrain", name, "done", f"{streak} consecutive passes since the drain")
+        if repair is not None:
+            why = f"passed the full check ({', '.join(drain.probes)}) after the {repair.kind}: back in service"
+            self.b.write(SetRepair(name, "passed", why))
+            self.b.audit("repair", name, "done", why, detail={"kind": repair.kind, "started_at": repair.started_at,
+                                                               "in_service_after_s": round(now - repair.started_at, 1)})
+            del self.open_repairs[name]
+
+    # -- repairs (healthd.remediation.repair) -----------------------------------------------------------
+    def _repairs(self, active: Mapping[RecKey, RecommendationRow]) -> None:
+        for repair in list(self.open_repairs.values()):
+            self._repair_step(repair)
+        codes: dict[str, RecommendationRow] = {}
+        for rec in sorted(active.values(), key=lambda r: (r.since, r.id)):
+            if rec.reason_code in self.s.repair_on:
+                codes.setdefault(rec.node, rec)
+        for drain in _own_open(self.snap):
+            qualifying = codes.get(drain.node)
+            if qualifying is not None and drain.node not in self.open_repairs and drain.probes:
+                self._start_repair(drain, qualifying)
+
+    def _repair_note(self, node: str, result: AuditResult, why: str, **detail: Any) -> None:
+        """A repair's refusal or wait, unless it is the node's newest audit entry already."""
+        last = self.b.last_audit(node) or self.snap.last_audit.get(node)
+        if last is not None and last.action == "repair" and last.reason == why:
+            return
+        self.b.audit("repair", node, result, why, detail=detail)
+
+    def _start_repair(self, drain: DrainRow, rec: RecommendationRow) -> None:
+        s, now, name = self.s, self.now, drain.node
+        kind: Literal["reboot", "command"] = "reboot" if s.repair == "reboot" else "command"
+        earlier = [r for r in self.snap.repairs if r.node == name and r.started_at >= now - s.repeat_window_s]
+        if earlier:
+            return  # one repair per node and repeat window: a failed one is left to humans
+        node = self.nodes.get(name)
+        if node is None or not node.drained or not node.owned_by(s.reason_prefix):
+            return  # healthd's drain is not (or not yet, after a recheck) on the node: nothing of healthd's to repair
+        if self.breaker.open:
+            self._repair_note(name, "refused", "circuit breaker open: no automatic repairs")
+            return
+        if self._actions_last_hour() >= s.max_actions_per_hour:
+            self._repair_note(name, "refused", f"hourly cap of {s.max_actions_per_hour} automatic actions reached;"
+                                               " waiting")
+            return
+        probes = tuple(sorted({*(p for p in drain.probes if p != PASSIVE), *self.full_check}))
+        if not probes:
+            self._repair_note(name, "refused", "no probe to validate the node with after a repair")
+            return
+        reason = rp.start_reason(s.reason_prefix, kind, rec.reason_code)
+        if kind == "reboot":
+            call = BackendCall("reboot", name, reason)
+        else:
+            call = BackendCall("repair_command", name, reason, rp.repair_argv(s.repair_command, name))
+        result = self.b.call(call)
+        if result.result != "done":
+            self._repair_note(name, result.result, f"{kind} not started: {result.message}")
+            return
+        self.b.write(OpenRepair(name, kind, rec.reason_code, probes, reason))
+        self.b.audit("repair", name, "done", reason, detail={"kind": kind, "probe": rec.probe,
+                                                             "reason_code": rec.reason_code, "full_check": probes,
+                                                             "argv": list(call.argv)})
+        self.open_repairs[name] = RepairRow(0, name, kind, rec.reason_code, probes, "rebooting", now, None, None,
+                                            reason)
+        self.started_repairs.append(now)
+
+    def _repair_step(self, repair: RepairRow) -> None:
+        s, now, name = self.s, self.now, repair.node
+        node = self.nodes.get(name)
+        where = rp.phase(node, repair.kind, s.reason_prefix)
+        if where == "taken":
+            assert node is not None
+            self._end_repair(repair, f"someone else's reason is on the node now ({node.reason!r}); not touching it",
+                             drain=False)
+            return
+        if now - repair.started_at > s.repair_timeout_s:
+            step = "its reboot" if repair.state == "rebooting" else "its full check"
+            self._end_repair(repair, f"{step} not over within {s.repair_timeout_s:g} s")
+            return
+        if repair.state == "rebooting":
+            if where != "back":
+                return
+            reason = rp.validating_reason(s.reason_prefix, repair.kind, repair.reason_code)
+            result = self.b.call(BackendCall("back", name, reason))
+            if result.result != "done":
+                self._repair_note(name, "failed", f"back from the {repair.kind}, not resumed: {result.message}")
+                return
+            self.b.write(ReviseDrain(name, reason, repair.probes))
+            why = f"back from the {repair.kind}; full check: {', '.join(repair.probes)}"
+            self.b.write(SetRepair(name, "validating", reason))
+            self.b.audit("repair", name, "info", why, detail={"kind": repair.kind,
+                                                              "back_after_s": round(now - repair.started_at, 1)})
+            return
+        drain = next((d for d in _own_open(self.snap) if d.node == name), None)
+        marks = self.snap.marks.get((name, drain.drained_at), ()) if drain is not None else ()
+        bad = rp.failed_check(marks, repair.probes)
+        if bad is not None:
+            self._end_repair(repair, f"{bad[1]} {bad[3]} in the full check")
+
+    def _end_repair(self, repair: RepairRow, why: str, *, drain: bool = True) -> None:
+        """The repair failed: drained with ``repair failed`` and no checks (left to humans), out of the
+        reservation; ``drain=False``: the node is someone else's now, only the reservation is left."""
+        s, name = self.s, repair.node
+        reason = one_line_reason(rp.failed_reason(s.reason_prefix, repair.kind, repair.reason_code, why))[:MAX_REASON]
+        if drain:
+            result = self.b.call(BackendCall("drain", name, reason))
+            if result.result != "done":
+                self._repair_note(name, "failed", f"repair failed ({why}), but not drained: {result.message}")
+                return
+            self.b.write(ReviseDrain(name, reason, ()))
+        self.b.call(BackendCall("release", name))
+        self.b.write(SetRepair(name, "failed", reason if drain else why))
+        self.b.audit("repair", name, "failed", reason if drain else why, detail={"kind": repair.kind})
+        del self.open_repairs[name]
 
     def _note_once(self, node: str, why: str) -> None:
         """A refused undrain, unless it is the node's newest audit entry already."""

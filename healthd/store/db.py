@@ -82,6 +82,8 @@ class Database:
         """``mode=ro``. A reader that may not write the store's directory cannot create the ``-shm`` file
         SQLite needs for a WAL store, so where no ``-wal`` file exists (no writer has the store open, the
         last one checkpointed it) the file is read as ``immutable``: complete as it is, no locks."""
+        if not path.is_file():
+            raise StoreError(f"no state store at {path}")
         uri = f"file:{quote(str(path.absolute()))}?mode=ro"
         try:
             self._db = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None,

@@ -23,11 +23,15 @@ from healthd.store.rows import (
     DrainRow,
     NoteRecommendation,
     OpenDrain,
+    OpenRepair,
     RecommendationRow,
     RemediationChanges,
     RemediationSnapshot,
     RemediationWrite,
+    RepairRow,
+    ReviseDrain,
     SetBreaker,
+    SetRepair,
     UpsertRecommendation,
 )
 
@@ -37,6 +41,7 @@ REMEDIATION_PRUNE = (
     "DELETE FROM remediation_audit WHERE at < ?",
     "DELETE FROM recommendations WHERE state != 'active' AND closed_at < ?",
     "DELETE FROM drains WHERE undrained_at IS NOT NULL AND undrained_at < ?",
+    "DELETE FROM repairs WHERE ended_at IS NOT NULL AND ended_at < ?",
 )
 """Retention (housekeeping): audit rows, closed recommendations and closed drains past the cut-off."""
 
@@ -57,10 +62,11 @@ class RemediationStore(JudgementStore):
                 open_drains=open_drains,
                 recent_drains=tuple(self.drains(since=drains_since)),
                 breaker=self.breaker_state(),
-                marks={(d.node, d.drained_at): tuple(sorted(self.marks_since(d.node, d.drained_at)
-                                                            + self.group_marks_since(d.node, d.drained_at)))
+                marks={(d.node, d.drained_at): tuple(sorted(self.marks_since(d.node, d.checks_from)
+                                                            + self.group_marks_since(d.node, d.checks_from)))
                        for d in own},
                 last_audit=last_audit,
+                repairs=tuple(self.repairs(since=drains_since, open_too=True)),
             )
 
     def apply_remediation(self, changes: RemediationChanges) -> None:
@@ -100,6 +106,19 @@ class RemediationStore(JudgementStore):
                 if not closed and w.unrecorded is not None:
                     self._insert_drain(db, w.unrecorded, at, (at, w.by))
                 return closed
+            case ReviseDrain():
+                return bool(db.execute("UPDATE drains SET reason = ?, probes = ?, check_since = ? WHERE node = ?"
+                                       " AND undrained_at IS NULL", (w.reason, json.dumps(sorted(w.probes)), at,
+                                                                     w.node)).rowcount)
+            case OpenRepair():
+                db.execute("INSERT INTO repairs (node, kind, reason_code, probes, state, started_at, reason)"
+                           " VALUES (?, ?, ?, ?, 'rebooting', ?, ?)",
+                           (w.node, w.kind, w.reason_code, json.dumps(list(w.probes)), at, w.reason))
+                return True
+            case SetRepair():
+                column = "validating_at" if w.state == "validating" else "ended_at"
+                return bool(db.execute(f"UPDATE repairs SET state = ?, reason = ?, {column} = ? WHERE node = ?"
+                                       " AND ended_at IS NULL", (w.state, w.reason, at, w.node)).rowcount)
             case SetBreaker():
                 s = w.state
                 self._set_state(db, BREAKER_KEY, {"open": s.open, "opened_at": s.opened_at, "reason": s.reason,
@@ -195,7 +214,21 @@ class RemediationStore(JudgementStore):
         rows = self._query(f"SELECT * FROM drains WHERE {' AND '.join(clauses)} ORDER BY drained_at, id", params)
         return [DrainRow(node=r["node"], node_class=r["node_class"], reason=r["reason"], actor=r["actor"],
                          automatic=bool(r["automatic"]), drained_at=r["drained_at"], undrained_at=r["undrained_at"],
-                         undrained_by=r["undrained_by"], probes=tuple(json.loads(r["probes"]))) for r in rows]
+                         undrained_by=r["undrained_by"], probes=tuple(json.loads(r["probes"])),
+                         check_since=r["check_since"]) for r in rows]
+
+    def repairs(self, *, node: str | None = None, since: float = 0.0, open_too: bool = False) -> list[RepairRow]:
+        """Repairs started since ``since`` (``open_too``: and every open one), oldest first."""
+        where = "(started_at >= ?" + (" OR ended_at IS NULL)" if open_too else ")")
+        params: list[Any] = [since]
+        if node is not None:
+            where += " AND node = ?"
+            params.append(node)
+        rows = self._query(f"SELECT * FROM repairs WHERE {where} ORDER BY started_at, id", params)
+        return [RepairRow(id=r["id"], node=r["node"], kind=r["kind"], reason_code=r["reason_code"],
+                          probes=tuple(json.loads(r["probes"])), state=r["state"], started_at=r["started_at"],
+                          validating_at=r["validating_at"], ended_at=r["ended_at"], reason=r["reason"])
+                for r in rows]
 
     def remediation_state(self, key: str) -> Any:
         rows = self._query("SELECT value FROM remediation_state WHERE key = ?", (key,))

@@ -14,7 +14,9 @@ RunState = Literal["submitted", "running", "finished"]
 RecommendationState = Literal["active", "cleared", "withdrawn", "dismissed"]
 AuditResult = Literal["done", "refused", "failed", "info"]
 ProbeRequestState = Literal["pending", "launched", "refused", "expired"]
-AuditAction = Literal["recommend", "clear", "withdraw", "drain", "undrain", "breaker_open", "breaker_close"]
+AuditAction = Literal["recommend", "clear", "withdraw", "drain", "undrain", "breaker_open", "breaker_close", "repair"]
+RepairKind = Literal["reboot", "command"]
+RepairState = Literal["rebooting", "validating", "passed", "failed"]
 JudgedMark: TypeAlias = tuple[float, str, int, str]
 """(at, probe, severity, code) of one judged result a node took part in."""
 
@@ -212,6 +214,30 @@ class DrainRow:
     undrained_at: float | None
     undrained_by: str | None
     probes: tuple[str, ...] = ()
+    check_since: float | None = None
+    """Set when a repair revised the drain: its checks count from then (``None``: from ``drained_at``)."""
+
+    @property
+    def checks_from(self) -> float:
+        return self.drained_at if self.check_since is None else self.check_since
+
+
+@dataclass(frozen=True)
+class RepairRow:
+    """One repair (``healthd.remediation.repair``): started, rebooting (or the command ran), validating, ended."""
+
+    id: int
+    node: str
+    kind: RepairKind
+    reason_code: str
+    probes: tuple[str, ...]
+    """The full check the node must pass before it returns to service."""
+    state: RepairState
+    started_at: float
+    validating_at: float | None
+    ended_at: float | None
+    reason: str
+    """Why it ended (or the drain reason it set last)."""
 
 
 
@@ -238,6 +264,8 @@ class RemediationSnapshot:
     """Per open automatic drain (node, drained_at): the node's judged results since, oldest first."""
     last_audit: Mapping[str, AuditRow]
     """Per node of an open automatic drain: its newest audit row."""
+    repairs: tuple[RepairRow, ...] = ()
+    """Open repairs and those started since ``drains_since``, oldest first."""
 
 
 # -- remediation's writes: applied in order, in one transaction (``RemediationStore.apply_remediation``) --
@@ -311,8 +339,35 @@ class SetBreaker:
     state: BreakerState
 
 
+@dataclass(frozen=True)
+class ReviseDrain:
+    """The node's open drain gets a new reason and checks, counted from now (a repair's step)."""
+
+    node: str
+    reason: str
+    probes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class OpenRepair:
+    node: str
+    kind: RepairKind
+    reason_code: str
+    probes: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class SetRepair:
+    """The node's open repair moves on (``validating``) or ends (``passed``, ``failed``)."""
+
+    node: str
+    state: RepairState
+    reason: str
+
+
 RemediationWrite: TypeAlias = (UpsertRecommendation | CloseRecommendations | NoteRecommendation | AuditEntry
-                               | OpenDrain | CloseDrain | SetBreaker)
+                               | OpenDrain | CloseDrain | SetBreaker | ReviseDrain | OpenRepair | SetRepair)
 
 
 @dataclass(frozen=True)

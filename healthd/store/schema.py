@@ -457,6 +457,26 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE attempts ADD COLUMN run_id TEXT
     """,
+    # 15: repairs (healthd.remediation.repair): a reboot or a site's command for a node healthd drained, then
+    # its full check; one open repair per node. A drain's checks count from `check_since` once a repair
+    # revised it (NULL: from the drain)
+    """
+    CREATE TABLE repairs (
+        id            INTEGER PRIMARY KEY,
+        node          TEXT NOT NULL,
+        kind          TEXT NOT NULL CHECK (kind IN ('reboot', 'command')),
+        reason_code   TEXT NOT NULL,
+        probes        TEXT NOT NULL,
+        state         TEXT NOT NULL CHECK (state IN ('rebooting', 'validating', 'passed', 'failed')),
+        started_at    REAL NOT NULL,
+        validating_at REAL,
+        ended_at      REAL,
+        reason        TEXT NOT NULL DEFAULT ''
+    );
+    CREATE INDEX repairs_node ON repairs (node, started_at);
+    CREATE UNIQUE INDEX repairs_open ON repairs (node) WHERE ended_at IS NULL;
+    ALTER TABLE drains ADD COLUMN check_since REAL
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

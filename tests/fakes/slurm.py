@@ -84,11 +84,14 @@ class FakeSlurmClient:
         self.commands: list[tuple[str, ...]] = []
         """healthd's commands that changed something, in order: ``("sbatch", job_id)``,
         ``("scancel", *ids)``, ``("drain", node, reason)``, ``("undrain", node)``, ``("reserve", name, *nodes)``,
-        ``("reservation_nodes", name, *nodes)``, ``("delete_reservation", name)``."""
+        ``("reservation_nodes", name, *nodes)``, ``("delete_reservation", name)``, ``("reboot", node, reason)``,
+        ``("resume", node)``."""
         self._next_id = 1000
         self.topology_text = ""
         """``scontrol show topology``'s stdout (see ``topology``)."""
         self.named_topologies: dict[str, str] = {}
+        self.reboot_program_path: str | None = "/usr/sbin/reboot"
+        """slurm.conf's ``RebootProgram`` (``None``: not set, ``reboot`` fails as scontrol does)."""
 
     # --- the test drives the cluster ----------------------------------------------------------
 
@@ -208,6 +211,46 @@ class FakeSlurmClient:
                                       reason=current.reason if keep_reason else None,
                                       reason_user=current.reason_user if keep_reason else None,
                                       reason_time=current.reason_time if keep_reason else None)
+
+    def reboot(self, node: str, reason: str) -> None:
+        """As 22.05 does (seen on the lab cluster): the node is drained with ``reason`` and flagged
+        ``REBOOT_REQUESTED`` until the test calls ``finish_reboot``."""
+        self._reachable("scontrol")
+        if not reason:
+            raise ValueError("a reboot needs a reason")
+        if self.reboot_program_path is None:
+            raise SlurmError("scontrol exited 1: RebootProgram isn't defined")
+        self._known(node)
+        self.commands.append(("reboot", node, reason))
+        self._set_drain(node, reason, self.user)
+        self.node_map[node] = replace(self.node_map[node], flags=self.node_map[node].flags | {"REBOOT_REQUESTED"})
+
+    def finish_reboot(self, node: str, *, return_to_service: bool = False) -> None:
+        """The node's slurmd registers after its reboot: DOWN, the DRAIN flag cleared, the reason ending in
+        ``: reboot complete`` (22.05 and 24.11, ``nextstate=DOWN``); with ``return_to_service``
+        (``ReturnToService=2``) it is IDLE, as the lab cluster's node is seconds later: without a reason on
+        22.05, still with it on 24.11 (the fake's ``release``)."""
+        current = self._known(node)
+        flags = frozenset(f for f in current.flags if f != "DRAIN" and not f.startswith("REBOOT"))
+        reason = f"{current.reason} : reboot issued : reboot complete"
+        if return_to_service and self.release[:2] < (24, 11):
+            self.node_map[node] = replace(current, state="idle", flags=flags, reason=None, reason_user=None,
+                                          reason_time=None)
+        else:
+            self.node_map[node] = replace(current, state="idle" if return_to_service else "down", flags=flags,
+                                          reason=reason)
+
+    def resume(self, node: str) -> None:
+        self._reachable("scontrol")
+        current = self._known(node)
+        self.commands.append(("resume", node))
+        self.node_map[node] = replace(current, state="idle" if current.state == "down" else current.state,
+                                      flags=current.flags - {"DRAIN"}, reason=None, reason_user=None,
+                                      reason_time=None)
+
+    def reboot_program(self) -> str | None:
+        self._reachable("scontrol")
+        return self.reboot_program_path
 
     def reservation(self, name: str) -> Reservation | None:
         self._reachable("scontrol")

@@ -67,6 +67,10 @@ def concrete(synopsis: str) -> list[str]:
     text = text.replace("[", " ").replace("]", " ").replace("…", "x").replace("...", "")
     text = re.sub(r"\{(\w+),[^}]*\}", r"\1", text)
     words = shlex.split(text)[1:]
+    for i, word in enumerate(words):  # the shell's part: a redirection, a pipe, a command list
+        if word in {">", ">>", "<", "|", "&&", "||", ";", "2>&1"} or word.startswith((">", "2>")):
+            words = words[:i]
+            break
     argv: list[str] = []
     for word in words:
         if _PLACEHOLDER.match(word) or word.startswith("$"):
