@@ -11,6 +11,15 @@ few percent of noise this is the linear z-score to within a few percent; for a n
 what keeps a value at a tenth of its peers an outlier: on the linear scale a fleet whose healthy
 values spread 30% cannot flag a value below it by more than 1/0.3 = 3.3 spreads, even at zero.
 
+Round-relative comparison (``round_frame``, ``relative_stats``, ``FleetStats.at_scale``): the
+class's values over the fleet window were measured in different rounds, under different loads; when a
+whole round moves 20-40% together (a loaded host, a busy fabric), pooling the rounds widens the
+spread until a bad value hides in it, and a round's values all sit at one side of the pooled median.
+So each value is taken relative to the median of the class's values measured around the same time
+(within ``width_s``: its round), the spread is that of the relative values, and a node's value is
+compared with the statistics scaled back to its own round's median. A round moving as a whole then
+neither hides a fault nor flags the class.
+
 Fleet events: when a large share of a class is flagged at once on one probe, the cause is a
 fabric, firmware or software change, not that many broken nodes; one fleet verdict is raised
 and the nodes' drops are attributed to it.
@@ -56,6 +65,84 @@ class FleetStats:
         log_spread = floor if self.log_spread is not None else None
         return FleetStats(self.median, max(self.spread, floor * abs(self.median)), self.n, self.nodes, self.peers,
                           self.log_median, log_spread)
+
+    def at_scale(self, factor: float) -> FleetStats:
+        """These statistics (of values relative to their round) at a round whose median is ``factor``: a
+        value's robust z-score against the result is its relative value's against these."""
+        if factor <= 0 or factor == 1.0:
+            return self
+        log_median = self.log_median + math.log(factor) if self.log_median is not None else None
+        return FleetStats(self.median * factor, self.spread * factor, self.n, self.nodes, self.peers, log_median,
+                          self.log_spread)
+
+
+ROUND_BINS = 5
+"""A round's window is this many time bins, centred on the value's bin."""
+
+
+@dataclass(frozen=True)
+class RoundFrame:
+    """The medians of a class's values of one series around each time (its rounds), from ``round_frame``."""
+
+    bin_s: float
+    medians: dict[int, float]
+    """Time bin → the median of the values in it and the ``ROUND_BINS // 2`` bins either side."""
+    overall: float
+    """The median of every value: the reference of a time with too few values around it."""
+
+    def reference(self, at: float) -> float:
+        """The median of the values measured around ``at`` (its round)."""
+        return self.medians.get(math.floor(at / self.bin_s), self.overall)
+
+
+def round_frame(ats: Sequence[float] | np.ndarray, values: Sequence[float] | np.ndarray, *, width_s: float,
+                min_values: int) -> RoundFrame | None:
+    """Each time's round median: the median of the values whose time lies in the window of ``width_s``
+    around it (``ROUND_BINS`` bins of ``width_s / ROUND_BINS``); a window with fewer than ``min_values``
+    values takes the overall median. ``None`` without values or a positive width. Cost: a sort and one
+    median per occupied bin.
+
+    >>> f = round_frame([0, 10, 20, 1000, 1010, 1020], [10, 11, 12, 6, 7, 8], width_s=100, min_values=3)
+    >>> f.reference(15), f.reference(1005), f.reference(500)
+    (11.0, 7.0, 9.0)
+    """
+    arr = np.asarray(values, dtype=float)
+    times = np.asarray(ats, dtype=float)
+    if arr.size == 0 or width_s <= 0 or arr.size != times.size:
+        return None
+    bin_s = width_s / ROUND_BINS
+    bins = np.floor(times / bin_s).astype(np.int64)
+    order = np.argsort(bins, kind="stable")
+    bins, arr_sorted = bins[order], arr[order]
+    occupied = np.unique(bins)
+    half = ROUND_BINS // 2
+    lo = np.searchsorted(bins, occupied - half, side="left")
+    hi = np.searchsorted(bins, occupied + half, side="right")
+    medians: dict[int, float] = {}
+    for b, a, z in zip(occupied.tolist(), lo.tolist(), hi.tolist(), strict=True):
+        if z - a >= min_values:
+            medians[b] = float(np.median(arr_sorted[a:z]))
+    return RoundFrame(bin_s, medians, float(np.median(arr)))
+
+
+def relative_stats(frame: RoundFrame, ats: Sequence[float] | np.ndarray, values: Sequence[float] | np.ndarray, *,
+                   nodes: int, min_nodes: int, peers: str) -> FleetStats | None:
+    """``fleet_stats`` of each value relative to its round's median (``frame.reference``): a median near 1
+    and the spread within rounds. Compare a value measured at ``at`` with
+    ``stats.at_scale(frame.reference(at))``.
+
+    >>> ats = [0.0] * 20 + [1000.0] * 20
+    >>> vals = [100.0 + i % 5 for i in range(20)] + [65.0 + 0.65 * (i % 5) for i in range(20)]
+    >>> frame = round_frame(ats, vals, width_s=100, min_values=5)
+    >>> st = relative_stats(frame, ats, vals, nodes=40, min_nodes=10, peers="c")
+    >>> round(st.median, 6), round(st.at_scale(frame.reference(1000.0)).median, 2)
+    (1.0, 66.3)
+    """
+    arr = np.asarray(values, dtype=float)
+    refs = np.fromiter((frame.reference(float(a)) for a in ats), dtype=float, count=arr.size)
+    if not bool(np.all(refs != 0)):
+        return None
+    return fleet_stats(arr / refs, nodes=nodes, min_nodes=min_nodes, peers=peers)
 
 
 def log_stats(values: Sequence[float] | np.ndarray) -> tuple[float, float] | None:
