@@ -9,7 +9,9 @@ same sample the fleet-event rule reads: each node's latest ``(at, flagged)`` wit
   the switch (so the switch's own failures do not raise the bar it is tested against), never below
   ``switch.rate_floor`` (a clean class does not turn one bad node into a switch); a class whose nodes
   under the switch outnumber its nodes outside is left out of that switch's test (a class-wide
-  change is the fleet event's to name);
+  change is the fleet event's to name), and so is a class with no node outside left to compare
+  with once the switches named already are left out (its rate is unknown, not zero: a class under
+  two spines, both low in a class event, named the second at ``p = 1`` after the first);
 - ``p``: the binomial tail ``P(X >= k)`` of ``k`` flagged among the ``n`` probed nodes at the mean
   chance rate (for nodes of several classes an upper bound of the exact Poisson-binomial tail,
   Hoeffding 1956); multiplied by the number of switches tested (Bonferroni), so that the false
@@ -170,7 +172,9 @@ def switch_checks(
             if total_s[cls] - all_s[cls] < all_s[cls]:
                 continue
             outside = total_s[cls] - all_s[cls] - skip_s[cls]
-            rate = (total_f[cls] - all_f[cls] - skip_f[cls]) / outside if outside > 0 else 0.0
+            if outside <= 0:
+                continue
+            rate = (total_f[cls] - all_f[cls] - skip_f[cls]) / outside
             n += count
             k += in_f[cls]
             expected += count * max(settings.rate_floor, rate)
@@ -219,7 +223,9 @@ def switch_checks(
         r = raw[name]
         spread = False
         if r is not None and len(under) < 2:
-            spread = beyond(name, test(name, excluded))
+            own = test(name, excluded)
+            spread = beyond(name, own)
+            r = own if spread else r
         if (len(under) >= 2 and beyond(name, r)) or spread:
             assert r is not None
             children = tuple(sorted({leaf for c in under for leaf in (named[c].children or (c,))}))

@@ -200,3 +200,17 @@ def test_a_class_that_is_exactly_a_set_of_switches_is_ambiguous() -> None:
     assert ambiguity(topo, cls, node_class="h200x8") is None
     assert ambiguity(None, cls, node_class="h200x8") is None
     assert ambiguity(topo, cls, switches=["nowhere"]) is None
+
+
+def test_a_class_with_nobody_left_to_compare_with_is_not_tested() -> None:
+    """A class under two spines, low in a class event: once the first spine is named (its nodes left
+    out), the class has no node outside the second to give a chance rate; its rate is unknown, not
+    the floor's, so the second spine does not start (today's bug: named at p = 1 as a spread fault)."""
+    topo = fabric(spines=2)
+    cls = dict.fromkeys(topo.leaf_of, "h200")
+    rng = random.Random(2)
+    smp = {n: (float(k), rng.random() < (0.92 if n in topo.nodes_under("spine0") else 0.5))
+           for k, n in enumerate(sorted(topo.leaf_of))}
+    got = switch_checks(topo, "nccl", smp, cls, S)
+    assert "spine1" not in {c.switch for c in got}
+    assert all(c.p_value < S.p_value for c in got)
