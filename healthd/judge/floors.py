@@ -110,7 +110,9 @@ def _rank(f: Finding) -> tuple[int, float]:
 def confirmable(marks: Sequence[Mark]) -> Sequence[Mark]:
     """``marks`` (one node's judged results of one probe, oldest first) with each floor breach that the
     next result did not repeat taken out (see the module docstring). A breach is kept when the result
-    before or after breaches the same series' floor, or when it is in the latest result; a result left
+    before or after breaches the same series' floor; a lone breach in the latest result (its re-probe is
+    still to come) is kept too, unless the series has repeated breaches earlier in ``marks`` (it would
+    add a chance value to them: "3 of the last 5" from a pair and an unrelated one). A result left
     with no finding passes (``Severity.NONE``), else it takes its worst remaining finding's severity,
     code and text. Returns ``marks`` itself when nothing is taken out (the common case: no breach).
 
@@ -129,10 +131,14 @@ def confirmable(marks: Sequence[Mark]) -> Sequence[Mark]:
         return marks
     out = list(marks)
     last = len(out) - 1
+    repeated_keys = {k for i in range(last) for k in breaches[i] & breaches[i + 1]}
     for i, keys in enumerate(breaches):
-        if not keys or i == last:
+        if not keys:
             continue
-        lone = {k for k in keys if k not in breaches[i + 1] and (i == 0 or k not in breaches[i - 1])}
+        if i == last:
+            lone = {k for k in keys if k in repeated_keys and (i == 0 or k not in breaches[i - 1])}
+        else:
+            lone = {k for k in keys if k not in breaches[i + 1] and (i == 0 or k not in breaches[i - 1])}
         if not lone:
             continue
         mk = out[i]

@@ -133,3 +133,14 @@ def test_no_breach_returns_the_marks_themselves() -> None:
     marks = [_mark(0), _mark(1)]
     assert confirmable(marks) is marks
     assert confirmable([]) == []
+
+
+def test_an_unrelated_latest_breach_does_not_add_to_an_earlier_pair() -> None:
+    """Two consecutive tail results long ago and one more now: 2, not "3 of the last 5"."""
+    marks = [_mark(0, _low(3)), _mark(1, _low(3)), _mark(2), _mark(3), _mark(4, _low(3))]
+    assert repeated(marks, 5, Severity.FAIL)[0] == 3
+    kept = confirmable(marks)
+    assert repeated(kept, 5, Severity.FAIL)[0] == 2
+    assert kept[4].severity is Severity.NONE
+    growing = confirmable([_mark(0, _low(3)), _mark(1, _low(3)), _mark(2, _low(3))])
+    assert repeated(growing, 5, Severity.FAIL)[0] == 3
