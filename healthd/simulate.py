@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import tempfile
 import time
 import tomllib
@@ -167,6 +168,8 @@ class EventSpec(_Model):
     labels: dict[str, str] = Field(default_factory=dict)
     """Only the series with these labels (``{ scope = "group" }``: the inter-node fabric, not a node's
     own NVLink); default every series of the name."""
+    per: Literal["gpu", "node", "group"] | None = None
+    """Only the series reported this way (``gpu``: the per-GPU series alone); default every one."""
     factor: float = Field(gt=0)
     from_round: int = Field(ge=1)
     until_round: int = Field(default=0, ge=0)
@@ -175,7 +178,39 @@ class EventSpec(_Model):
         return self.from_round <= rnd and (self.until_round == 0 or rnd <= self.until_round)
 
     def hits(self, series: SeriesSpec) -> bool:
-        return fnmatchcase(series.name, self.name) and all(series.labels.get(k) == v for k, v in self.labels.items())
+        return (fnmatchcase(series.name, self.name) and (self.per is None or series.per == self.per)
+                and all(series.labels.get(k) == v for k, v in self.labels.items()))
+
+
+class ShiftSpec(_Model):
+    """A common-mode shift: in each round it hits (a share ``rate`` of its rounds, drawn per round from
+    the seed), every value of the matching classes and probes measured in that round scales by one
+    factor drawn uniformly between ``factor_min`` and ``factor_max`` (a loaded host, a busy fabric: the
+    whole round moves together, no node more than another)."""
+
+    node_class: str = "*"
+    probe: str = "*"
+    factor_min: float = Field(gt=0)
+    factor_max: float = Field(gt=0)
+    rate: float = Field(default=1.0, ge=0, le=1)
+    from_round: int = Field(default=1, ge=1)
+    until_round: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> ShiftSpec:
+        if self.factor_max < self.factor_min:
+            raise ValueError("factor_max is below factor_min")
+        return self
+
+    def factor(self, seed: int, index: int, rnd: int) -> float:
+        """The shift's factor in round ``rnd`` (1.0 when it does not hit that round); the same for every
+        class and probe it matches, and independent of the scenario's other random draws."""
+        if not (self.from_round <= rnd and (self.until_round == 0 or rnd <= self.until_round)):
+            return 1.0
+        rng = random.Random(f"{seed}:shift:{index}:{rnd}")
+        if rng.random() >= self.rate:
+            return 1.0
+        return rng.uniform(self.factor_min, self.factor_max)
 
 
 class SwitchSpec(_Model):
@@ -192,6 +227,9 @@ class FabricSpec(_Model):
 
     leaf_size: int = Field(ge=1)
     leaves_per_spine: int = Field(default=0, ge=0)
+    by_class: bool = False
+    """Each class cabled under its own leaves and spines: a class's first node starts a new leaf, and
+    its first leaf a new spine (a class bought and cabled as one block)."""
 
 
 class SwitchFaultSpec(_Model):
@@ -246,6 +284,8 @@ class Scenario(_Model):
     classes: list[ClassSpec] = Field(min_length=1)
     faults: list[FaultSpec] = Field(default_factory=list)
     events: list[EventSpec] = Field(default_factory=list)
+    shifts: list[ShiftSpec] = Field(default_factory=list)
+    """Round-wide common-mode shifts (``ShiftSpec``)."""
     users: list[UserSpec] = Field(default_factory=list)
     admin_drains: list[AdminDrainSpec] = Field(default_factory=list)
     switches: list[SwitchSpec] = Field(default_factory=list)
@@ -264,14 +304,20 @@ class Scenario(_Model):
         """The scenario's fabric (``switches`` or ``fabric``), or ``None``."""
         records = [SwitchRecord(s.name, tuple(s.nodes), tuple(s.switches)) for s in self.switches]
         if self.fabric is not None:
-            names, f = self.node_names(), self.fabric
-            leaves = [f"leaf{j}" for j in range((len(names) + f.leaf_size - 1) // f.leaf_size)]
-            records += [SwitchRecord(leaf, tuple(names[j * f.leaf_size:(j + 1) * f.leaf_size]))
-                        for j, leaf in enumerate(leaves)]
-            if f.leaves_per_spine:
-                records += [SwitchRecord(f"spine{k}", switches=tuple(leaves[k * f.leaves_per_spine:
-                                                                            (k + 1) * f.leaves_per_spine]))
-                            for k in range((len(leaves) + f.leaves_per_spine - 1) // f.leaves_per_spine)]
+            f = self.fabric
+            blocks = [self.node_names()] if not f.by_class else [
+                [f"{c.prefix}{i:0{len(str(c.count - 1))}d}" for i in range(c.count)] for c in self.classes]
+            leaves: list[str] = []
+            spines: list[tuple[str, ...]] = []
+            for names in blocks:
+                first = len(leaves)
+                for j in range(0, len(names), f.leaf_size):
+                    leaves.append(f"leaf{len(leaves)}")
+                    records.append(SwitchRecord(leaves[-1], tuple(names[j:j + f.leaf_size])))
+                if f.leaves_per_spine:
+                    spines += [tuple(leaves[k:k + f.leaves_per_spine])
+                               for k in range(first, len(leaves), f.leaves_per_spine)]
+            records += [SwitchRecord(f"spine{k}", switches=below) for k, below in enumerate(spines)]
         return build_topology(records, "tree", source="scenario") if records else None
 
     @model_validator(mode="after")
@@ -549,13 +595,17 @@ class SimCluster:
         group_factor, rack = self._switch_factors(job, rnd)
         events = [e for e in self.scenario.events if e.active(rnd) and e.probe == job.probe
                   and e.node_class == spec.name]
+        shift = 1.0
+        for i, sh in enumerate(self.scenario.shifts):
+            if fnmatchcase(spec.name, sh.node_class) and fnmatchcase(job.probe, sh.probe):
+                shift *= sh.factor(self.scenario.seed, i, rnd)
         measurements: list[Measurement] = []
         off = {m.name: self._outlier(spec) if self.rng.random() < spec.outlier_rate else 1.0 for m in members}
         for index, s in enumerate(spec.series):
             if s.probe != job.probe:
                 continue
             noise = spec.noise if s.noise is None else s.noise
-            base = s.value
+            base = s.value * shift
             for e in events:
                 if e.hits(s):
                     base *= e.factor
@@ -694,6 +744,13 @@ class SimReport:
     """(round, a, b, probe) of every link finding started."""
     false_link_findings: list[tuple[int, str, str, str]] = field(default_factory=list)
     """(round, a, b, probe) of link findings naming no path fault."""
+    false_fleet_events: list[tuple[int, str, str]] = field(default_factory=list)
+    """(round, class, probe) of class events started where no scenario event of the class and probe is on."""
+    chance_switch_findings: list[tuple[int, str, str, float]] = field(default_factory=list)
+    """(round, switch, probe, p) of switch findings that started without their own test beyond chance: the
+    corrected ``p`` their text states (to one significant digit) is above ``[judge.switch] p_value``."""
+    event_false_drains: int = 0
+    """Drains of nodes without a fault of their own, of an event's class, while the event is on."""
 
     @property
     def ok(self) -> bool:
@@ -713,6 +770,10 @@ class SimReport:
             "fleet_events": [{"round": r, "node_class": c, "probe": p, "text": t}
                              for r, c, p, t in self.fleet_events],
             "drains_during_fleet_events": self.event_drains,
+            "false_drains_during_fleet_events": self.event_false_drains,
+            "false_fleet_events": [{"round": r, "node_class": c, "probe": p} for r, c, p in self.false_fleet_events],
+            "chance_switch_findings": [{"round": r, "switch": sw, "probe": pr, "p": p}
+                                       for r, sw, pr, p in self.chance_switch_findings],
             "switch_faults": [{"fault": f.fault.describe(), "switch": f.fault.switch,
                                "injected_round": f.fault.from_round, "named_round": f.named_round,
                                "rounds_to_name": f.rounds_to_name, "named_as": f.named_as,
@@ -767,7 +828,11 @@ class Simulation:
         self.false_recs: list[tuple[int, str, str]] = []
         self.false_drains: list[tuple[int, str, str]] = []
         self.fleet_events: list[tuple[int, str, str, str]] = []
+        self.false_fleet_events: list[tuple[int, str, str]] = []
         self.event_drains = 0
+        self.event_false_drains = 0
+        self.chance_switch_findings: list[tuple[int, str, str, float]] = []
+        self._class_of = {name: n.spec.name for name, n in self.cluster.nodes.items()}
         self.switch_outcomes = [SwitchFaultOutcome(f) for f in scenario.switch_faults]
         self.switch_findings: list[tuple[int, str, int, str, str]] = []
         self.false_switch_findings: list[tuple[int, str, str]] = []
@@ -814,7 +879,8 @@ class Simulation:
         return SimReport(s, lines, self.outcomes, self.false_recs, self.false_drains, self.fleet_events,
                          self.event_drains, self._foreign_touched(), time.perf_counter() - started, self.jobs,
                          self.switch_outcomes, self.switch_findings, self.false_switch_findings, self.passive_recs,
-                         self.link_findings, self.false_link_findings)
+                         self.link_findings, self.false_link_findings, self.false_fleet_events,
+                         self.chance_switch_findings, self.event_false_drains)
 
     def play_round(self, rnd: int) -> RoundLine:
         """Every tick of round ``rnd`` (``run`` plays them all; a benchmark plays them one by one)."""
@@ -885,6 +951,9 @@ class Simulation:
             line.events.append(text)
             if e.active:
                 self.fleet_events.append((rnd, e.node_class, e.probe, e.text))
+                if not any(ev.node_class == e.node_class and ev.probe == e.probe and ev.from_round <= rnd
+                           and (ev.until_round == 0 or rnd <= ev.until_round + 1) for ev in self.scenario.events):
+                    self.false_fleet_events.append((rnd, e.node_class, e.probe))
         self._account_switches(rnd, line, out, actions)
         self._account_links(rnd, line, out)
         for c in out.recommendations:
@@ -901,6 +970,8 @@ class Simulation:
                     self.event_drains += 1
                 if a.node and not self._faulty(a.node, rnd):
                     self.false_drains.append((rnd, a.node, a.reason))
+                    if any(e.active(rnd) and e.node_class == self._class_of.get(a.node) for e in self.scenario.events):
+                        self.event_false_drains += 1
             elif a.action == "undrain" and a.result == "done":
                 line.undrained.append(a.node or "?")
             elif a.result == "refused":
@@ -958,6 +1029,9 @@ class Simulation:
             self._named_now.add((e.switch, e.probe))
             line.events.append(f"switch finding: {e.text}")
             self.switch_findings.append((rnd, e.switch, e.level, e.probe, e.text))
+            p = finding_p(e.text)
+            if p is not None and p > self.settings.judge.switch.p_value:
+                self.chance_switch_findings.append((rnd, e.switch, e.probe, p))
             under = topo.nodes_under(e.switch) if topo is not None else frozenset()
             explained = False
             for so in self.switch_outcomes:
@@ -1004,6 +1078,22 @@ class Simulation:
             if node.drain_reason != d.reason:
                 touched.append(name)
         return touched
+
+
+_P_TEXT = re.compile(r"\(p = ([0-9.eE+-]+)\)")
+
+
+def finding_p(text: str) -> float | None:
+    """The corrected ``p`` a switch finding's text states (``healthd.judge.switches.SwitchCheck.text``).
+
+    >>> finding_p("switch spine1 (level 1): nccl flagged on 35 of the 65 nodes probed under it (...), 47.4 "
+    ...           "expected by chance (p = 1)")
+    1.0
+    >>> finding_p("... 0.4 expected by chance (p = 3e-09); leaves leaf2, leaf3 all beyond chance")
+    3e-09
+    """
+    found = _P_TEXT.search(text)
+    return float(found.group(1)) if found else None
 
 
 def format_round(line: RoundLine) -> str:
@@ -1061,6 +1151,9 @@ def format_report(report: SimReport) -> str:
         f"{len(report.false_drains)}; fleet events raised {len(report.fleet_events)}; foreign drains touched "
         f"{len(report.foreign_touched)}",
     ]
+    if report.scenario.events or report.false_fleet_events:
+        lines.append(f"class events raised where no event is on {len(report.false_fleet_events)}; healthy nodes "
+                     f"drained during events {report.event_false_drains}")
     if report.scenario.switches or report.scenario.fabric is not None:
         named_switches = [so for so in report.switch_faults if so.named_round is not None]
         lines.append(f"switch faults {len(report.switch_faults)}, named {len(named_switches)}; switch findings "
@@ -1069,6 +1162,8 @@ def format_report(report: SimReport) -> str:
                      + ("" if report.scenario.use_topology else " (judged without the topology)"))
         for r, sw, p in report.false_switch_findings[:10]:
             lines.append(f"  false switch finding, round {r}: {sw} {p}")
+        for r, sw, probe, p_value in report.chance_switch_findings[:10]:
+            lines.append(f"  switch finding not beyond chance, round {r}: {sw} {probe} (p = {p_value:.2g})")
     paths = [f for f in report.faults if f.fault.path]
     if paths or report.link_findings:
         lines.append(f"path faults {len(paths)}, measured {sum(f.measured_round is not None for f in paths)}, "

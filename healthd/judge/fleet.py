@@ -11,6 +11,15 @@ few percent of noise this is the linear z-score to within a few percent; for a n
 what keeps a value at a tenth of its peers an outlier: on the linear scale a fleet whose healthy
 values spread 30% cannot flag a value below it by more than 1/0.3 = 3.3 spreads, even at zero.
 
+Round-relative comparison (``round_frame``, ``relative_stats``, ``FleetStats.at_scale``): the
+class's values over the fleet window were measured in different rounds, under different loads; when a
+whole round moves 20-40% together (a loaded host, a busy fabric), pooling the rounds widens the
+spread until a bad value hides in it, and a round's values all sit at one side of the pooled median.
+So each value is taken relative to the median of the class's values measured around the same time
+(within ``width_s``: its round), the spread is that of the relative values, and a node's value is
+compared with the statistics scaled back to its own round's median. A round moving as a whole then
+neither hides a fault nor flags the class.
+
 Fleet events: when a large share of a class is flagged at once on one probe, the cause is a
 fabric, firmware or software change, not that many broken nodes; one fleet verdict is raised
 and the nodes' drops are attributed to it.
@@ -56,6 +65,105 @@ class FleetStats:
         log_spread = floor if self.log_spread is not None else None
         return FleetStats(self.median, max(self.spread, floor * abs(self.median)), self.n, self.nodes, self.peers,
                           self.log_median, log_spread)
+
+    def at_scale(self, factor: float) -> FleetStats:
+        """These statistics (of values relative to their round) at a round whose median is ``factor``: a
+        value's robust z-score against the result is its relative value's against these."""
+        if factor <= 0 or factor == 1.0:
+            return self
+        log_median = self.log_median + math.log(factor) if self.log_median is not None else None
+        return FleetStats(self.median * factor, self.spread * factor, self.n, self.nodes, self.peers, log_median,
+                          self.log_spread)
+
+
+ROUND_BINS = 5
+"""A round's window is this many time bins, centred on the value's bin."""
+MAX_ROUND_BINS = 1_000_000
+"""More bins than this between the oldest and newest value: no round frame (times that make no sense)."""
+
+
+@dataclass(frozen=True)
+class RoundFrame:
+    """The medians of a class's values of one series around each time (its rounds), from ``round_frame``."""
+
+    bin_s: float
+    first_bin: int
+    references: np.ndarray
+    """Per bin from ``first_bin`` on: the median of the bin medians of its window (the overall median
+    where the window holds too few values)."""
+    overall: float
+    """The median of every value: the reference of a time with too few values around it."""
+
+    def reference(self, at: float) -> float:
+        """The median of the values measured around ``at`` (its round)."""
+        b = math.floor(at / self.bin_s) - self.first_bin
+        return float(self.references[b]) if 0 <= b < self.references.size else self.overall
+
+    def references_of(self, ats: np.ndarray) -> np.ndarray:
+        b = np.floor(ats / self.bin_s).astype(np.int64) - self.first_bin
+        inside = (b >= 0) & (b < self.references.size)
+        out = np.full(ats.shape, self.overall)
+        out[inside] = self.references[b[inside]]
+        return out
+
+
+def round_frame(ats: Sequence[float] | np.ndarray, values: Sequence[float] | np.ndarray, *, width_s: float,
+                min_values: int) -> RoundFrame | None:
+    """Each time's round median: the values are put in bins of ``width_s / ROUND_BINS``; a time's reference
+    is the median of the bin medians of the ``ROUND_BINS`` bins centred on its own (the window of
+    ``width_s`` around it), or the overall median when that window holds fewer than ``min_values``
+    values. ``None`` without values or a positive width. Vectorised: one sort, no loop over bins.
+
+    >>> f = round_frame([0, 10, 20, 1000, 1010, 1020], [10, 11, 12, 6, 7, 8], width_s=100, min_values=3)
+    >>> f.reference(15), f.reference(1005), f.reference(500)
+    (11.25, 7.25, 9.0)
+    """
+    arr = np.asarray(values, dtype=float)
+    times = np.asarray(ats, dtype=float)
+    if arr.size == 0 or width_s <= 0 or arr.size != times.size:
+        return None
+    bin_s = width_s / ROUND_BINS
+    bins = np.floor(times / bin_s).astype(np.int64)
+    first, span = int(bins.min()), int(bins.max() - bins.min()) + 1
+    overall = float(np.median(arr))
+    if span > MAX_ROUND_BINS:
+        return None
+    order = np.lexsort((arr, bins))
+    sorted_bins, x = bins[order], arr[order]
+    occupied, start, counts = np.unique(sorted_bins, return_index=True, return_counts=True)
+    medians = (x[start + (counts - 1) // 2] + x[start + counts // 2]) / 2
+    half = ROUND_BINS // 2
+    dense = np.full(span + 2 * half, np.nan)
+    dense_counts = np.zeros(span + 2 * half)
+    dense[occupied - first + half] = medians
+    dense_counts[occupied - first + half] = counts
+    windows = np.lib.stride_tricks.sliding_window_view(dense, ROUND_BINS)
+    in_window = np.lib.stride_tricks.sliding_window_view(dense_counts, ROUND_BINS).sum(axis=1)
+    enough = in_window >= max(1, min_values)
+    references = np.full(span, overall)
+    if bool(enough.any()):
+        references[enough] = np.nanmedian(windows[enough], axis=1)
+    return RoundFrame(bin_s, first, references, overall)
+
+
+def relative_stats(frame: RoundFrame, ats: Sequence[float] | np.ndarray, values: Sequence[float] | np.ndarray, *,
+                   nodes: int, min_nodes: int, peers: str) -> FleetStats | None:
+    """``fleet_stats`` of each value relative to its round's median (``frame.reference``): a median near 1
+    and the spread within rounds. Compare a value measured at ``at`` with
+    ``stats.at_scale(frame.reference(at))``.
+
+    >>> ats = [0.0] * 20 + [1000.0] * 20
+    >>> vals = [100.0 + i % 5 for i in range(20)] + [65.0 + 0.65 * (i % 5) for i in range(20)]
+    >>> frame = round_frame(ats, vals, width_s=100, min_values=5)
+    >>> st = relative_stats(frame, ats, vals, nodes=40, min_nodes=10, peers="c")
+    >>> round(st.median, 6), round(st.at_scale(frame.reference(1000.0)).median, 2)
+    (1.0, 66.3)
+    """
+    arr = np.asarray(values, dtype=float)
+    refs = frame.references_of(np.asarray(ats, dtype=float))
+    if not bool(np.all(refs != 0)):
+        return None
+    return fleet_stats(arr / refs, nodes=nodes, min_nodes=min_nodes, peers=peers)
 
 
 def log_stats(values: Sequence[float] | np.ndarray) -> tuple[float, float] | None:

@@ -2,13 +2,20 @@
 
 The packaged table (``floors.toml`` next to this module) documents the source of every number;
 ``[[judge.floors]]`` rules in the config come first. See ``docs/judgement.md``.
+
+*Floors confirmed like findings* (``confirmable``): a breach counts toward confirming a fault only when
+the node's next result of the probe breaches the same series' floor too (or when it is the node's
+latest: its re-probe is still to come). In a heavy-tailed fleet (1% of results 30-40% low for no
+hardware reason) two unrelated tail results in a node's last few runs are otherwise "confirmed in 2
+of the last 5 runs"; a real fault (a GPU at 60%, every run) breaches every run and is confirmed by
+its first re-probe, as before.
 """
 
 from __future__ import annotations
 
 import tomllib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 from functools import lru_cache
 from importlib import resources
@@ -17,7 +24,7 @@ from pydantic import ValidationError
 
 from healthd.config import FloorRule, JudgeSettings
 from healthd.errors import ConfigError
-from healthd.judge.model import Direction, Finding, ReasonCode, SeriesKey, Severity
+from healthd.judge.model import Direction, Finding, Mark, ReasonCode, SeriesKey, Severity
 from healthd.units import human
 
 
@@ -90,3 +97,58 @@ def below_floor(key: SeriesKey, value: float, floor: float, direction: Direction
     word = "below" if direction == "higher" else "above"
     detail = f"{key.describe()} {human(key.name, value)} is {word} the floor {human(key.name, floor)}"
     return Finding(ReasonCode.BELOW_FLOOR, Severity.FAIL, key, value, floor, floor, detail)
+
+
+def _breaches(mark: Mark) -> frozenset[SeriesKey]:
+    return frozenset(f.key for f in mark.findings if f.code is ReasonCode.BELOW_FLOOR)
+
+
+def _rank(f: Finding) -> tuple[int, float]:
+    return int(f.severity), abs(f.value - f.reference) / abs(f.reference) if f.reference else 0.0
+
+
+def confirmable(marks: Sequence[Mark]) -> Sequence[Mark]:
+    """``marks`` (one node's judged results of one probe, oldest first) with each floor breach that the
+    next result did not repeat taken out (see the module docstring). A breach is kept when the result
+    before or after breaches the same series' floor; a lone breach in the latest result (its re-probe is
+    still to come) is kept too, unless the series has repeated breaches earlier in ``marks`` (it would
+    add a chance value to them: "3 of the last 5" from a pair and an unrelated one). A result left
+    with no finding passes (``Severity.NONE``), else it takes its worst remaining finding's severity,
+    code and text. Returns ``marks`` itself when nothing is taken out (the common case: no breach).
+
+    >>> from healthd.judge.model import Mark
+    >>> key = SeriesKey("gemm", "flop_per_second", (("gpu", "3"),))
+    >>> low = Finding(ReasonCode.BELOW_FLOOR, Severity.FAIL, key, 400.0, 525.0, 525.0, "below the floor")
+    >>> mk = lambda *fs: Mark("r", "n", "gemm", 0.0, max((f.severity for f in fs), default=Severity.NONE),
+    ...                       ReasonCode.OK, "", True, findings=fs)
+    >>> [m.severity.name for m in confirmable([mk(low), mk(), mk(), mk(low)])]
+    ['NONE', 'NONE', 'NONE', 'FAIL']
+    >>> [m.severity.name for m in confirmable([mk(), mk(low), mk(low)])]
+    ['NONE', 'FAIL', 'FAIL']
+    """
+    breaches = [_breaches(mk) for mk in marks]
+    if not any(breaches):
+        return marks
+    out = list(marks)
+    last = len(out) - 1
+    repeated_keys = {k for i in range(last) for k in breaches[i] & breaches[i + 1]}
+    for i, keys in enumerate(breaches):
+        if not keys:
+            continue
+        if i == last:
+            lone = {k for k in keys if k in repeated_keys and (i == 0 or k not in breaches[i - 1])}
+        else:
+            lone = {k for k in keys if k not in breaches[i + 1] and (i == 0 or k not in breaches[i - 1])}
+        if not lone:
+            continue
+        mk = out[i]
+        kept = tuple(f for f in mk.findings if not (f.code is ReasonCode.BELOW_FLOOR and f.key in lone))
+        top = max(kept, key=_rank, default=None)
+        if top is None:
+            dropped = next(f for f in mk.findings if f.key in lone)
+            out[i] = replace(mk, severity=Severity.NONE, code=ReasonCode.OK, findings=(), event_proof=False,
+                             text=f"a floor breach the next run did not repeat: {dropped.detail}")
+        else:
+            out[i] = replace(mk, severity=top.severity, code=top.code, text=top.detail, findings=kept,
+                             event_proof=any(f.event_proof for f in kept))
+    return out

@@ -9,7 +9,9 @@ same sample the fleet-event rule reads: each node's latest ``(at, flagged)`` wit
   the switch (so the switch's own failures do not raise the bar it is tested against), never below
   ``switch.rate_floor`` (a clean class does not turn one bad node into a switch); a class whose nodes
   under the switch outnumber its nodes outside is left out of that switch's test (a class-wide
-  change is the fleet event's to name);
+  change is the fleet event's to name), and so is a class with no node outside left to compare
+  with once the switches named already are left out (its rate is unknown, not zero: a class under
+  two spines, both low in a class event, named the second at ``p = 1`` after the first);
 - ``p``: the binomial tail ``P(X >= k)`` of ``k`` flagged among the ``n`` probed nodes at the mean
   chance rate (for nodes of several classes an upper bound of the exact Poisson-binomial tail,
   Hoeffding 1956); multiplied by the number of switches tested (Bonferroni), so that the false
@@ -20,15 +22,27 @@ same sample the fleet-event rule reads: each node's latest ``(at, flagged)`` wit
   does not end it and let its nodes drain.
 
 Nested levels: a parent switch is named, and its children are not, when at least two of its
-children are beyond chance, or when the parent is beyond chance on its own nodes with those of its
-beyond-chance children left out (a fault spread thinly over its leaves). Otherwise each child
-beyond chance is named on its own. Every probe is tested, single-node ones too (GEMM failing
-together under one leaf is a rack's power or cooling, still not N broken nodes).
+children are beyond chance and so is the parent's own test, or when the parent is beyond chance on
+its own nodes with those of its beyond-chance children left out (a fault spread thinly over its
+leaves). Otherwise each child beyond chance is named on its own: no finding starts without its own
+test beyond chance (a class cabled under its own spines, in a class-wide event, has leaves that
+cross the bar one by one as the event's results come in, while the spine's own test, against the
+class outside it, is at ``p = 1``).
+
+*Ambiguity*: when a class's nodes are exactly those of a set of switches (a class cabled under its
+own switches), a class-wide change and a fault of those switches cannot be told apart from where
+the flags are; ``ambiguity`` says so, for the class event's text to name both ("class h200x8, the
+same nodes as spine5-7"). A switch finding itself never holds a whole class: a class whose nodes
+under a switch outnumber those outside is left out of the switch's test.
+
+Every probe is tested, single-node ones too (GEMM failing together under one leaf is a rack's power
+or cooling, still not N broken nodes).
 """
 
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -158,7 +172,9 @@ def switch_checks(
             if total_s[cls] - all_s[cls] < all_s[cls]:
                 continue
             outside = total_s[cls] - all_s[cls] - skip_s[cls]
-            rate = (total_f[cls] - all_f[cls] - skip_f[cls]) / outside if outside > 0 else 0.0
+            if outside <= 0:
+                continue
+            rate = (total_f[cls] - all_f[cls] - skip_f[cls]) / outside
             n += count
             k += in_f[cls]
             expected += count * max(settings.rate_floor, rate)
@@ -207,18 +223,94 @@ def switch_checks(
         r = raw[name]
         spread = False
         if r is not None and len(under) < 2:
-            spread = beyond(name, test(name, excluded))
-        if len(under) >= 2 or spread:
-            if r is None:
-                parts = [x for x in (raw[c] for c in under) if x is not None]
-                r = (sum(x[0] for x in parts), sum(x[1] for x in parts), sum(x[2] for x in parts),
-                     max(x[3] for x in parts))
+            own = test(name, excluded)
+            spread = beyond(name, own)
+            r = own if spread else r
+        if (len(under) >= 2 and beyond(name, r)) or spread:
+            assert r is not None
             children = tuple(sorted({leaf for c in under for leaf in (named[c].children or (c,))}))
             for c in under:
                 del named[c]
             named[name] = check(name, r, children, spread)
             excluded |= explained_by(sw.nodes)
     return sorted(named.values(), key=lambda c: (c.level, c.switch))
+
+
+def exact_cover(topology: Topology, nodes: Iterable[str]) -> tuple[str, ...] | None:
+    """The fewest switches whose nodes together are exactly ``nodes`` (each the highest one wholly inside
+    them), in name order; ``None`` when no set of switches has exactly those nodes (a node under no switch,
+    or a switch holding some of them and others).
+
+    >>> from healthd.topology import SwitchRecord, build_topology
+    >>> t = build_topology([SwitchRecord("l0", ("a", "b")), SwitchRecord("l1", ("c",)),
+    ...                     SwitchRecord("l2", ("d",)), SwitchRecord("s0", switches=("l0", "l1"))], "tree")
+    >>> exact_cover(t, {"a", "b", "c"}), exact_cover(t, {"a", "b", "d"}), exact_cover(t, {"a"})
+    (('s0',), ('l0', 'l2'), None)
+    """
+    want = frozenset(nodes)
+    if not want or any(n not in topology.leaf_of for n in want):
+        return None
+    picked: list[str] = []
+    covered: set[str] = set()
+    for name, _ in sorted(topology.switches.items(), key=lambda kv: (-kv[1].level, kv[0])):
+        under = topology.nodes_under(name)
+        if under and under <= want and not under & covered:
+            picked.append(name)
+            covered |= under
+    return tuple(sorted(picked)) if covered == want else None
+
+
+def compact_names(names: Sequence[str]) -> str:
+    """Switch names with one prefix and consecutive numbers written as a range.
+
+    >>> compact_names(["spine5", "spine6", "spine7"]), compact_names(["leaf2", "leaf4", "spine1"])
+    ('spine5-7', 'leaf2, leaf4, spine1')
+    """
+    parts = [re.fullmatch(r"(.*?)(\d+)", n) for n in names]
+    if len(names) > 2 and all(parts):
+        prefixes = {m.group(1) for m in parts if m}
+        numbers = sorted(int(m.group(2)) for m in parts if m)
+        if len(prefixes) == 1 and numbers == list(range(numbers[0], numbers[0] + len(numbers))):
+            return f"{prefixes.pop()}{numbers[0]}-{numbers[-1]}"
+    return ", ".join(names)
+
+
+@dataclass(frozen=True)
+class Ambiguity:
+    """A class whose nodes are exactly those of a set of switches: a change of the class and a fault of
+    the switches flag the same nodes (where the flags are cannot tell them apart)."""
+
+    node_class: str
+    switches: tuple[str, ...]
+
+    @property
+    def text(self) -> str:
+        return f"class {self.node_class}, the same nodes as {compact_names(self.switches)}"
+
+
+def ambiguity(topology: Topology | None, classes: Mapping[str, str], *, node_class: str | None = None,
+              switches: Sequence[str] = ()) -> Ambiguity | None:
+    """Whether a class event on ``node_class`` (or, without it, a finding on ``switches``) could as well
+    be the other: the class's nodes (``classes``: node → class, every node the judge knows) are exactly
+    the nodes of a set of switches (for ``switches``: of those switches). ``None`` when not, or without a
+    topology. Pure."""
+    if topology is None:
+        return None
+    members = frozenset(n for n, c in classes.items() if c == node_class) if node_class is not None else None
+    if members is None:
+        if not switches or any(sw not in topology.switches for sw in switches):
+            return None
+        under = frozenset(n for sw in switches for n in topology.nodes_under(sw))
+        found = {classes.get(n) for n in under}
+        single = found.pop() if len(found) == 1 else None
+        if single is None:
+            return None
+        node_class = single
+        members = frozenset(n for n, c in classes.items() if c == single)
+        if members != under:
+            return None
+    cover = exact_cover(topology, members)
+    return Ambiguity(node_class, cover) if cover is not None and node_class is not None else None
 
 
 def shortfall(findings: Sequence[Finding]) -> float | None:

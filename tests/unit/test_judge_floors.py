@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from healthd.config import FloorRule, JudgeSettings
-from healthd.judge.floors import below_floor, find_floor, floor_rules, packaged_floors
-from healthd.judge.model import ReasonCode, SeriesKey, Severity
+from healthd.judge.confirm import repeated
+from healthd.judge.floors import below_floor, confirmable, find_floor, floor_rules, packaged_floors
+from healthd.judge.model import Finding, Mark, ReasonCode, SeriesKey, Severity
 
 GIB = 1 << 30
 
@@ -79,3 +80,67 @@ def test_floor_for_times_is_a_ceiling() -> None:
     finding = below_floor(key, 0.25, 0.2, "lower")
     assert finding is not None and finding.detail == "step_seconds{quantile=0.5} 250 ms is above the floor 200 ms"
     assert below_floor(key, 0.19, 0.2, "lower") is None
+
+
+def _gpu(i: int) -> SeriesKey:
+    return SeriesKey.of("gemm", "flop_per_second", {"dtype": "bf16", "gpu": str(i)})
+
+
+def _mark(i: int, *findings: Finding) -> Mark:
+    sev = max((f.severity for f in findings), default=Severity.NONE)
+    return Mark(f"r{i}", "n1", "gemm", float(i), sev, findings[0].code if findings else ReasonCode.OK,
+                findings[0].detail if findings else "ok", True, findings=findings)
+
+
+def _low(gpu: int, value: float = 420e12) -> Finding:
+    f = below_floor(_gpu(gpu), value, 525e12, "higher")
+    assert f is not None
+    return f
+
+
+def test_two_unrelated_tail_results_are_not_a_confirmed_floor_breach() -> None:
+    marks = [_mark(0, _low(3)), _mark(1), _mark(2), _mark(3), _mark(4, _low(3))]
+    assert repeated(marks, 5, Severity.FAIL)[0] == 2  # today: "confirmed in 2 of the last 5 runs"
+    kept = confirmable(marks)
+    assert repeated(kept, 5, Severity.FAIL)[0] == 1  # the latest waits for its re-probe
+    assert kept[0].severity is Severity.NONE and "did not repeat" in kept[0].text and kept[0].findings == ()
+    assert kept[4] is marks[4]
+
+
+def test_a_breach_the_next_run_repeats_is_confirmed_at_once() -> None:
+    """A GPU at 60%, every run: the trigger and its re-probe confirm it (2 of 2)."""
+    assert repeated(confirmable([_mark(0), _mark(1, _low(5)), _mark(2, _low(5))]), 5, Severity.FAIL)[0] == 2
+    every = [_mark(i, _low(5)) for i in range(5)]
+    assert confirmable(every) == every
+    passed_since = confirmable([_mark(0, _low(5)), _mark(1, _low(5)), _mark(2)])
+    assert [m.severity for m in passed_since] == [Severity.FAIL, Severity.FAIL, Severity.NONE]
+
+
+def test_a_repeat_must_be_on_the_same_series() -> None:
+    kept = confirmable([_mark(0, _low(3)), _mark(1, _low(5))])
+    assert [m.severity for m in kept] == [Severity.NONE, Severity.FAIL]
+
+
+def test_other_findings_of_a_result_stay_when_its_breach_is_taken_out() -> None:
+    outlier = Finding(ReasonCode.FLEET_OUTLIER, Severity.DEGRADED, _gpu(3), 420e12, 700e12, 630e12, "outlier",
+                      event_proof=True)
+    kept = confirmable([_mark(0, _low(3), outlier), _mark(1)])
+    assert (kept[0].severity, kept[0].code, kept[0].findings, kept[0].event_proof) == (
+        Severity.DEGRADED, ReasonCode.FLEET_OUTLIER, (outlier,), True)
+
+
+def test_no_breach_returns_the_marks_themselves() -> None:
+    marks = [_mark(0), _mark(1)]
+    assert confirmable(marks) is marks
+    assert confirmable([]) == []
+
+
+def test_an_unrelated_latest_breach_does_not_add_to_an_earlier_pair() -> None:
+    """Two consecutive tail results long ago and one more now: 2, not "3 of the last 5"."""
+    marks = [_mark(0, _low(3)), _mark(1, _low(3)), _mark(2), _mark(3), _mark(4, _low(3))]
+    assert repeated(marks, 5, Severity.FAIL)[0] == 3
+    kept = confirmable(marks)
+    assert repeated(kept, 5, Severity.FAIL)[0] == 2
+    assert kept[4].severity is Severity.NONE
+    growing = confirmable([_mark(0, _low(3)), _mark(1, _low(3)), _mark(2, _low(3))])
+    assert repeated(growing, 5, Severity.FAIL)[0] == 3
