@@ -41,6 +41,7 @@ from healthd.coverage import CoverageCollector, CoverageInputs
 from healthd.errors import BackendError, ConfigError, HealthdError, SlurmError, StoreError
 from healthd.http import HttpApp, HttpServer
 from healthd.judge.persist import judge_ingested, judge_passive_poll, judge_runs, load_judge, run_from_collected
+from healthd.judge.sources.passive import Passive
 from healthd.logging import get_logger, setup_logging
 from healthd.metrics import DaemonMetrics, Exposition, PassiveMetrics, PassiveSignalCollector
 from healthd.model import Node, ProbeJob, RunKind
@@ -111,7 +112,7 @@ class Daemon:
         self.registry.register(self.coverage)
         self.judge = load_judge(self.store, settings.judge, now=time.time())
         self._judge_stale = False
-        self.registry.register(PassiveSignalCollector(lambda: self.judge.passive_signals()))
+        self.registry.register(PassiveSignalCollector(lambda: self.judge.view(Passive, Passive.signals)))
         self.topology: Topology | None = None
         self._topology_read = False
         """Whether a topology read has succeeded yet (until then ``/healthz`` says none was read)."""
@@ -133,7 +134,7 @@ class Daemon:
         self.http = HttpServer(
             HttpApp(self.registry, self.store, self.healthy, routes, auth=BasicAuth(web.users) if web.users else None,
                     exposition=self.exposition, refresh_on_scrape=False, topology=lambda: self.topology,
-                    passive=lambda: self.judge.passive_signals()),
+                    passive=lambda: self.judge.view(Passive, Passive.signals)),
             settings.http.host, settings.http.port, tls=web.tls.context() if web.tls else None,
             workers=settings.http.workers, request_timeout_s=settings.http.request_timeout_s,
             max_connections=settings.http.max_connections,
@@ -488,7 +489,7 @@ class Daemon:
         self.judge_passive(poll)
 
     def judge_passive(self, poll: PassivePoll) -> None:
-        """The poll judged with everything else (``Judge.observe_passive``), the judgement saved, then
+        """The poll judged with everything else (``Judge.observe``), the judgement saved, then
         remediation: a confirmed passive fault is recommended (and drained, in ``enforce``) like a probe's."""
         self.remediator.apply(self._saving_judgement(
             lambda: judge_passive_poll(self.judge, self.store, poll, now=time.time())))

@@ -78,7 +78,7 @@ def judge_runs(judge: Judge, store: Store, runs: Sequence[RunInput], *, now: flo
 def judge_passive_poll(judge: Judge, store: Store, poll: PassivePoll, *, now: float,
                        nodes: Sequence[Node] | None = None) -> JudgeOutput:
     """Judge one poll of the site's Prometheus (``healthd.passive.source``) and save the judgement."""
-    output = judge.observe_passive(poll, store.nodes() if nodes is None else nodes, now=now)
+    output = judge.observe(poll, store.nodes() if nodes is None else nodes, now=now)
     store.save_judgement(output, keep_s=keep_seconds(judge.settings))
     return output
 
