@@ -276,6 +276,9 @@ class FleetEvent:
     held: tuple[str, ...] = ()
     """A switch finding's switches whose nodes' findings on the probe it holds (itself, or its leaves
     beyond chance)."""
+    cause: str = ""
+    """The registered cause (``healthd.judge.sources``) that declared it, when not the built-in class event or
+    switch rule (empty): the one that restores it after a restart."""
 
     @property
     def active(self) -> bool:

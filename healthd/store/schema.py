@@ -457,6 +457,13 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE attempts ADD COLUMN run_id TEXT
     """,
+    # 15: the registered cause of a fleet event other than a class event or a switch finding
+    # (healthd.judge.sources: one a site or a test registers); empty for those two
+    """
+    ALTER TABLE fleet_events ADD COLUMN cause TEXT NOT NULL DEFAULT '';
+    DROP INDEX fleet_events_active;
+    CREATE UNIQUE INDEX fleet_events_active ON fleet_events (node_class, probe, switch, cause) WHERE ended_at IS NULL
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -86,5 +86,5 @@ class ClassEvents(BaseCause):
 
     def restore(self, ctx: Context, state: JudgeState) -> None:
         for event in state.events:
-            if not event.switch:
+            if not event.switch and not event.cause:
                 self.events[(event.node_class, event.probe)] = event

@@ -107,4 +107,4 @@ class Switches(BaseCause):
                          window_s=ctx.settings.fleet.event_window_s, switch=leaf)
 
     def restore(self, ctx: Context, state: JudgeState) -> None:
-        self.findings.restore(e for e in state.events if e.switch)
+        self.findings.restore(e for e in state.events if e.switch and not e.cause)
