@@ -40,7 +40,14 @@ from healthd.config import PassiveSettings, Settings, load_settings
 from healthd.coverage import CoverageCollector, CoverageInputs
 from healthd.errors import BackendError, ConfigError, HealthdError, SlurmError, StoreError
 from healthd.http import HttpApp, HttpServer
-from healthd.judge.persist import judge_ingested, judge_passive_poll, judge_runs, load_judge, run_from_collected
+from healthd.judge.persist import (
+    judge_declared,
+    judge_ingested,
+    judge_passive_poll,
+    judge_runs,
+    load_judge,
+    run_from_collected,
+)
 from healthd.judge.sources.passive import Passive
 from healthd.logging import get_logger, setup_logging
 from healthd.metrics import DaemonMetrics, Exposition, PassiveMetrics, PassiveSignalCollector
@@ -394,6 +401,10 @@ class Daemon:
         return kept
 
     def collect(self) -> None:
+        declared = self._saving_judgement(lambda: judge_declared(self.judge, self.store, now=time.time()))
+        for e in declared.fleet_events:
+            log.warning("declared_event_started" if e.active else "declared_event_ended", node_class=e.node_class,
+                        text=e.text)
         boundary = collect_boundary(self.collector, known=lambda names: {n.name for n in self.store.nodes(names=names)})
         self._judge(self.collector.collect() + boundary)
         self.remediator.adopt_boundary_drains(boundary_failures(boundary))

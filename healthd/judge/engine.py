@@ -1040,9 +1040,8 @@ class Judge:
 
     # -- documents other than runs ---------------------------------------------------------------
     def observe(self, document: object, nodes: Sequence[Node] = (), *, now: float) -> JudgeOutput:
-        """Judge a document other than a run (a poll of the site's Prometheus, ``healthd.passive.source``):
-        the registered source it belongs to updates what it follows, and the causes are re-tested on it.
-        Thread-safe."""
+        """Judge a document other than a run (a poll of the site's Prometheus, ``healthd.passive.source``; an
+        operator's declared events): the registered source or cause it belongs to takes it. Thread-safe."""
         with self._lock:
             out = JudgeOutput(at=now)
             self._sizes = None
@@ -1050,9 +1049,8 @@ class Judge:
                 self.classes[node.name] = class_of(node)
             if nodes:
                 self.drained = {n.name for n in nodes if n.drained}
-            for source in self.sources:
-                if source.observe(self, document, now, out):
-                    break
+            if not any(source.observe(self, document, now, out) for source in self.sources):
+                any(cause.observe(self, document, now, out) for cause in self.causes)
             return out
 
     # -- persistence --------------------------------------------------------------------------

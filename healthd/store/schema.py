@@ -464,6 +464,20 @@ MIGRATIONS: tuple[str, ...] = (
     DROP INDEX fleet_events_active;
     CREATE UNIQUE INDEX fleet_events_active ON fleet_events (node_class, probe, switch, cause) WHERE ended_at IS NULL
     """,
+    # 16: events an operator declared on a class (``healthd event start/end``): the judge holds the class's
+    # flags as an event's while one is in force (healthd.judge.sources.declared)
+    """
+    CREATE TABLE declared_events (
+        id         INTEGER PRIMARY KEY,
+        node_class TEXT NOT NULL,
+        reason     TEXT NOT NULL,
+        started_at REAL NOT NULL,
+        started_by TEXT NOT NULL,
+        ended_at   REAL,
+        ended_by   TEXT NOT NULL DEFAULT ''
+    );
+    CREATE UNIQUE INDEX declared_events_active ON declared_events (node_class) WHERE ended_at IS NULL
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

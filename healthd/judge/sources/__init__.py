@@ -21,6 +21,7 @@ made, and calls them through the two seams of ``seam``:
   (class event < spine < leaf < link < node < GPU):
 
   - ``events``: a class-wide fleet event (``fleet.check_event``);
+  - ``declared``: a class-wide event an operator declared (``healthd event start``), by intent;
   - ``switch``: a switch's nodes flagged together beyond chance (``healthd.judge.switches``);
   - ``link``: the path between two nodes (``healthd.judge.links``).
 
@@ -31,7 +32,7 @@ made).
 
 from __future__ import annotations
 
-from healthd.judge.sources import boundary, checks, events, link, measurements, passive, switch
+from healthd.judge.sources import boundary, checks, declared, events, link, measurements, passive, switch
 from healthd.judge.sources.seam import (
     BaseCause,
     BaseSource,
@@ -81,5 +82,5 @@ def causes() -> list[Cause]:
 
 for _source in (checks.Checks, measurements.Measurements, passive.Passive, boundary.Boundary):
     register_source(_source)
-for _cause in (events.ClassEvents, switch.Switches, link.Links):
+for _cause in (events.ClassEvents, declared.Declared, switch.Switches, link.Links):
     register_cause(_cause)

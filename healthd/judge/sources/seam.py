@@ -197,6 +197,11 @@ class Cause(Protocol):
 
     def set_topology(self, topology: Topology | None, now: float) -> None: ...
 
+    def observe(self, ctx: Context, document: object, now: float, out: JudgeOutput) -> bool:
+        """A document other than a run that tells of a cause (an operator's declaration): ``True`` when it
+        was this cause's."""
+        ...
+
     def note(self, ctx: Context, node: str, probe: str, findings: Sequence[Finding], *, own: bool,
              members: Sequence[str]) -> None:
         """A node's regular result of the round, with its raw findings (``own``: some are the node's own)."""
@@ -287,6 +292,9 @@ class BaseCause:
 
     def set_topology(self, topology: Topology | None, now: float) -> None:
         return None
+
+    def observe(self, ctx: Context, document: object, now: float, out: JudgeOutput) -> bool:
+        return False
 
     def note(self, ctx: Context, node: str, probe: str, findings: Sequence[Finding], *, own: bool,
              members: Sequence[str]) -> None:
