@@ -456,7 +456,7 @@ class Judge:
         cls = self.node_class(node)
         for cause in self.causes:
             event = cause.holding(node, probe, cls)
-            if event is not None and not cause.resists(f) and at >= event.started_at:
+            if event is not None and not cause.resists(f, event) and at >= event.started_at:
                 return True
         return False
 
@@ -608,7 +608,7 @@ class Judge:
     def _under_event(mark: Mark, event: FleetEvent, cause: Cause) -> Mark:
         if mark.at < event.started_at or not mark.flagged:
             return mark
-        kept = tuple(f for f in mark.findings if cause.resists(f))
+        kept = tuple(f for f in mark.findings if cause.resists(f, event))
         if len(kept) == len(mark.findings):
             return mark
         top = worst(kept)

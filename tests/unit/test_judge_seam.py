@@ -117,7 +117,7 @@ class Pdu(BaseCause):
     def explains(self, node: str, probe: str) -> bool:
         return self.holding(node, probe, "") is not None
 
-    def resists(self, f: Finding) -> bool:
+    def resists(self, f: Finding, event: FleetEvent | None = None) -> bool:
         return f.event_proof
 
     def leaves_out(self, probe: str) -> Callable[[str], bool] | None:

@@ -70,7 +70,7 @@ class Declared(BaseCause):
     def holding(self, node: str, probe: str, cls: str) -> FleetEvent | None:
         return self.events.get(cls) if self.events else None
 
-    def resists(self, f: Finding) -> bool:
+    def resists(self, f: Finding, event: FleetEvent | None = None) -> bool:
         """A performance figure is the change's (a node upgraded before the others stands out from its class
         too); a failed check, missing GPUs, a hang or a crash are not."""
         return f.code not in PERFORMANCE

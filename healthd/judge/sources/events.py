@@ -55,7 +55,7 @@ class ClassEvents(BaseCause):
     def holding(self, node: str, probe: str, cls: str) -> FleetEvent | None:
         return self.events.get((cls, probe)) if self.events else None
 
-    def resists(self, f: Finding) -> bool:
+    def resists(self, f: Finding, event: FleetEvent | None = None) -> bool:
         return f.event_proof
 
     def since(self, cls: str, probe: str) -> float | None:

@@ -223,8 +223,9 @@ class Cause(Protocol):
         """Whether this cause explains the node's latest flag on the probe (left out of broader tests)."""
         ...
 
-    def resists(self, f: Finding) -> bool:
-        """Whether ``f`` is evidence this cause cannot explain (it stays the node's own)."""
+    def resists(self, f: Finding, event: FleetEvent | None = None) -> bool:
+        """Whether ``f`` is evidence this cause (its live ``event``, when given) cannot physically explain:
+        it stays the node's own."""
         ...
 
     def since(self, cls: str, probe: str) -> float | None:
@@ -312,7 +313,7 @@ class BaseCause:
     def explains(self, node: str, probe: str) -> bool:
         return False
 
-    def resists(self, f: Finding) -> bool:
+    def resists(self, f: Finding, event: FleetEvent | None = None) -> bool:
         return False
 
     def since(self, cls: str, probe: str) -> float | None:

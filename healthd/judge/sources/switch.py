@@ -4,8 +4,12 @@ chance are one switch finding (``healthd.judge.switches``), their nodes held, no
 Ranked after the class event (``RANK_SPINE``: spines and leaves, the nesting decided by
 ``switches.switch_checks``). A switch touches only what crosses the fabric: it never claims a by-node
 pseudo-probe (passive signals, boundary checks), nor a switch-proof finding (a failed check, a missing
-GPU). While a finding lasts, the values of the nodes it holds (and of runs with one of them) leave the
-class's statistics. A new recommendation waits while the leaf's other nodes have not been seen
+GPU); and a *fabric* finding (one whose flagged nodes were flagged on figures that cross the fabric: a
+group's busbw, a link between nodes) never claims a node's own figures (its intra-node ``scope=node``
+busbw, a GPU's GEMM): a node fault under a failing leaf or uplink is found while the switch's finding
+lasts. A finding on node-level figures (a rack's power or cooling: every node's GEMM low) holds them.
+While a finding lasts, the values of the nodes it holds (and of runs with one of them) leave the class's
+statistics. A new recommendation waits while the leaf's other nodes have not been seen
 (``rounds.leaf_hold``).
 """
 
@@ -21,6 +25,12 @@ from healthd.judge.switches import SwitchFindings
 from healthd.topology import Topology
 
 
+def node_local(f: Finding) -> bool:
+    """A figure of the node itself, which no fabric touches: intra-node (``scope=node``) or a GPU's own."""
+    labels = f.key.label_dict
+    return labels.get("scope") == "node" or "gpu" in labels
+
+
 class Switches(BaseCause):
     """The switch findings (``switches.SwitchFindings``), driven by the judge's rounds."""
 
@@ -30,6 +40,10 @@ class Switches(BaseCause):
 
     def __init__(self) -> None:
         self.findings = SwitchFindings()
+        self.crossing: dict[tuple[str, str], bool] = {}
+        """(node, probe) → whether its latest flagged regular result was flagged on a figure crossing the fabric."""
+        self.fabric: set[tuple[str, str]] = set()
+        """(switch, probe) of the live findings whose nodes were flagged on the fabric's figures."""
 
     def set_topology(self, topology: Topology | None, now: float) -> None:
         self.findings.set_topology(topology, now)
@@ -37,6 +51,10 @@ class Switches(BaseCause):
     def note(self, ctx: Context, node: str, probe: str, findings: Sequence[Finding], *, own: bool,
              members: Sequence[str]) -> None:
         self.findings.note(node, probe, findings, own=own, members=members)
+        if findings:
+            self.crossing[(node, probe)] = len(members) > 1 and any(not node_local(f) for f in findings)
+        else:
+            self.crossing.pop((node, probe), None)
 
     def update(self, ctx: Context, touched: set[tuple[str, str]], now: float, out: JudgeOutput) -> Update:
         sw = self.findings
@@ -52,6 +70,8 @@ class Switches(BaseCause):
         changes, moved = sw.update(probes, samples, ctx.classes, ctx.settings.switch, now)
         changes = [self._backdated(ctx, e) for e in changes]
         out.switch_findings.extend(changes)
+        self.fabric = {(e.switch, e.probe) for e in sw.active.values()
+                       if any(self.crossing.get((n, e.probe)) for n in e.nodes)}
         keys = {e.probe for e in changes}
         return Update(touched={(n, p) for n, p in ctx.verdicts if p in keys and n in moved})
 
@@ -72,8 +92,8 @@ class Switches(BaseCause):
     def explains(self, node: str, probe: str) -> bool:
         return bool(self.findings.held) and self.findings.explains(node, probe)
 
-    def resists(self, f: Finding) -> bool:
-        return f.switch_proof
+    def resists(self, f: Finding, event: FleetEvent | None = None) -> bool:
+        return f.switch_proof or (event is not None and (event.switch, event.probe) in self.fabric and node_local(f))
 
     def leaves_out(self, probe: str) -> Callable[[str], bool] | None:
         held = self.findings.held
@@ -91,7 +111,8 @@ class Switches(BaseCause):
     def hold(self, ctx: Context, node: str, probe: str, findings: Sequence[Finding], since: float,
              partners: set[str], now: float) -> Hold | None:
         """``rounds.leaf_hold`` for the node's leaf (none without a topology, or for a node under none)."""
-        if findings and all(f.switch_proof for f in findings):
+        held = self.findings.held.get((node, probe))
+        if findings and all(self.resists(f, held) for f in findings):
             return None
         topology = self.findings.topology
         leaf = topology.leaf_of.get(node) if topology is not None else None
