@@ -18,6 +18,13 @@ runs repeat it on the same series, N raised while the class flags results by cha
 shared by a large part of the class is a fleet event and never a recommendation. ``error`` runs
 say nothing about a node: they never make a finding and never erase one (a node erring again and
 again while its class passes gets the ``error`` verdict ``repeated_errors``).
+
+The evidence comes from the registered *sources* and the explanations from the registered *causes*
+(``healthd.judge.sources``: checks, measurements, passive signals, boundary checks; class events, declared
+events, switches, links): this module names none of them and calls them only through the two seams of
+``healthd.judge.sources.seam``. Each round: the sources judge the runs, the causes are re-tested on the
+round's flags (the most specific first), the round's runs are judged again when a cause changed the class
+statistics, and each finding is recorded as the node's own unless a cause holds it (asked in rank order).
 """
 
 from __future__ import annotations
@@ -588,15 +595,15 @@ class Judge:
         return any(mk.flagged and mk.at >= cutoff for mk in self.marks.get((node, probe), ()))
 
     def _recent_marks(self, node: str, probe: str, now: float) -> list[Mark]:
-        """The node's marks in the confirmation window, after its last reset, with findings a fleet
-        event or a switch finding explains taken out (they may predate the event's declaration)."""
+        """The node's marks in the confirmation window, after its last reset, with findings a live cause
+        explains taken out (a fleet event, a switch finding: they may predate the event's declaration), and
+        the chance findings of values measured during an event that has ended (``_after_event``)."""
         cutoff = max(now - self.settings.confirm.window_s, self.resets.get(node, float("-inf")))
         marks = [mk for mk in self.marks.get((node, probe), []) if mk.at >= cutoff]
         cls = self.node_class(node)
         for cause in self.causes:
-            if any(mk.shortfalls for mk in marks):
-                marks = [replace(mk, shortfalls=()) if mk.shortfalls and cause.ended_over(cls, probe, mk.at) else mk
-                         for mk in marks]
+            if any(cause.ended_over(cls, probe, mk.at) for mk in marks):
+                marks = [_after_event(mk) if cause.ended_over(cls, probe, mk.at) else mk for mk in marks]
         for cause in self.causes:
             event = cause.holding(node, probe, cls)
             if event is not None:
@@ -1100,6 +1107,20 @@ def _no_chance(f: Finding) -> bool:
     """A hard fault or a failed check: not a value that noise or a heavy tail makes (the cold-start rule
     of ``rounds.cold_retests`` does not apply)."""
     return f.code in HARD_FAULTS or f.code in (ReasonCode.CHECK_FAILED, ReasonCode.GPUS_MISSING)
+
+
+def _after_event(mark: Mark) -> Mark:
+    """A mark measured during an event that has ended: its figures were taken under the event (and compared
+    with the class as it was then), so they confirm nothing now; the node is probed again first. A hard
+    fault or a failed check stays."""
+    kept = tuple(f for f in mark.findings if _no_chance(f))
+    if len(kept) == len(mark.findings):
+        return replace(mark, shortfalls=()) if mark.shortfalls else mark
+    top = worst(kept)
+    if top is None:
+        return replace(mark, severity=Severity.NONE, code=ReasonCode.FLEET_EVENT, findings=(), shortfalls=(),
+                       text=f"measured during a fleet event that has ended: {mark.text}")
+    return replace(mark, severity=top.severity, code=top.code, text=top.detail, findings=kept, shortfalls=())
 
 
 def _may_confirm(last: Sequence[Mark], flagged: int, need: int, window: int) -> bool:
