@@ -348,6 +348,15 @@ class Judge:
         """Whether a cause ranked above ``above`` explains the node's latest flag on the probe."""
         return any(c.rank > above and c.explains(node, probe) for c in self.causes)
 
+    def set_verdict(self, verdict: Verdict, out: JudgeOutput) -> None:
+        """The node's verdict on the probe now; in ``out`` when it says something new."""
+        key = (verdict.node, verdict.probe)
+        old = self.verdicts.get(key)
+        if old is None or (old.outcome, old.reason_code, old.reason) != (verdict.outcome, verdict.reason_code,
+                                                                          verdict.reason):
+            out.verdicts.append(verdict)
+        self.verdicts[key] = verdict
+
     def ask(self, req: Request, out: JudgeOutput) -> None:
         """A re-probe request, unless one of its nodes is drained or already has one pending on the probe."""
         if any(n in self.drained or (n, req.probe) in self.pending for n in req.nodes):
@@ -802,11 +811,7 @@ class Judge:
             self.held.discard((node, probe))
         if verdict.outcome is Outcome.PASS and bad_n and _may_confirm(marks[-window:], bad_n, need, window):
             self._unsettled.add((node, probe))
-        old = self.verdicts.get((node, probe))
-        if old is None or (old.outcome, old.reason_code, old.reason) != (verdict.outcome, verdict.reason_code,
-                                                                          verdict.reason):
-            out.verdicts.append(verdict)
-        self.verdicts[(node, probe)] = verdict
+        self.set_verdict(verdict, out)
         if recommend:
             out.recommendations.append(RecommendationCandidate(
                 node, probe, verdict.outcome, verdict.reason_code, verdict.reason,

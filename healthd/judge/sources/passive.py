@@ -388,11 +388,7 @@ class Passive(BaseSource):
         at = c.top.last_at if c.top is not None else now
         verdict = Verdict(node, PROBE, c.outcome, c.text, c.code, run_ids, ev, at)
         out.evaluated.add((node, PROBE))
-        old = ctx.verdicts.get((node, PROBE))
-        if old is None or (old.outcome, old.reason_code, old.reason) != (verdict.outcome, verdict.reason_code,
-                                                                          verdict.reason):
-            out.verdicts.append(verdict)
-        ctx.verdicts[(node, PROBE)] = verdict
+        ctx.set_verdict(verdict, out)
         if c.recommend and c.top is not None:
             out.recommendations.append(RecommendationCandidate(
                 node, PROBE, c.outcome, c.code, c.text,

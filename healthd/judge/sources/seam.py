@@ -155,6 +155,10 @@ class Context(Protocol):
         """Re-test every cause on ``touched`` (node, probe) pairs, most specific first."""
         ...
 
+    def set_verdict(self, verdict: Verdict, out: JudgeOutput) -> None:
+        """The node's verdict on the probe now; in ``out`` when it says something new."""
+        ...
+
     def ask(self, req: Request, out: JudgeOutput) -> None:
         """A re-probe request, unless a node of it is drained or has one pending on the probe."""
         ...
