@@ -130,6 +130,9 @@ class Judge:
         self.marks: dict[tuple[str, str], list[Mark]] = {}
         self.status: dict[tuple[str, str], _Status] = {}
         self._unsettled: set[tuple[str, str]] = set()
+        self._after_events: set[tuple[str, str]] = set()
+        """(node, probe) whose latest flagged results were measured during an event that has ended, with no
+        result since: re-probed now (``_after_event``)."""
         """(node, probe) passing now, with an earlier finding in the window that more runs could still
         confirm: re-probed until it is confirmed or drops out (a fault seen in 2 of 3 runs is found now,
         not a probe interval later)."""
@@ -228,6 +231,7 @@ class Judge:
         self._class_noise = None
         self._sizes = None
         self._unsettled = set()
+        self._after_events = set()
         for node in nodes:
             self.classes[node.name] = class_of(node)
         if nodes:
@@ -612,6 +616,8 @@ class Judge:
         cls = self.node_class(node)
         for cause in self.causes:
             if any(cause.ended_over(cls, probe, mk.at) for mk in marks):
+                if marks[-1].flagged and cause.ended_over(cls, probe, marks[-1].at):
+                    self._after_events.add((node, probe))
                 marks = [_after_event(mk) if cause.ended_over(cls, probe, mk.at) else mk for mk in marks]
         for cause in self.causes:
             event = cause.holding(node, probe, cls)
@@ -856,6 +862,8 @@ class Judge:
             ask(kind, probe, (node,), v.reason)
         for node, probe in sorted(self._unsettled):
             ask("reprobe", probe, (node,), "an earlier finding is neither confirmed nor cleared yet")
+        for node, probe in sorted(self._after_events):
+            ask("reprobe", probe, (node,), "flagged during a fleet event that has ended: measured again first")
         for probe, attribution in sorted(attributions.items()):
             for record, cands in attribution.unresolved:
                 if record.at < now - c.window_s:
