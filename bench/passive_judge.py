@@ -1,6 +1,6 @@
 """The judge's cost of a passive poll at fleet scale (issue 29): ``--nodes`` 8-GPU nodes, ``--throttled`` of
 them with a thermal-throttle level on every GPU (a hot machine room: the worst steady load of signals), and a
-handful of new XID 79s each poll. Prints the seconds per ``Judge.observe_passive``.
+handful of new XID 79s each poll. Prints the seconds per ``Judge.observe``.
 
     .venv/bin/python bench/passive_judge.py [--nodes 10000] [--throttled 0.4] [--polls 5]
 """
@@ -26,7 +26,7 @@ def main() -> None:
     names = frozenset(n.name for n in nodes)
     judge = Judge(JudgeSettings())
     t = 1000.0
-    judge.observe_passive(PassivePoll(t, True, (), names), nodes, now=t)
+    judge.observe(PassivePoll(t, True, (), names), nodes, now=t)
     hot = nodes[: int(args.throttled * len(nodes))]
     for k in range(args.polls):
         t += 60
@@ -35,7 +35,7 @@ def main() -> None:
         signals += tuple(PassiveSignal(nodes[i].name, "xid", "xid_79", Strength.FAULT, t, 79.0, "event", "3", None,
                                        "xid 79") for i in range(5 * k, 5 * k + 5))
         start = time.perf_counter()
-        out = judge.observe_passive(PassivePoll(t, True, signals, names), nodes, now=t)
+        out = judge.observe(PassivePoll(t, True, signals, names), nodes, now=t)
         print(f"poll {k + 1}: {len(signals):,} signals on {len(nodes):,} nodes: {time.perf_counter() - start:.2f} s "
               f"({len(out.verdicts):,} verdicts changed, {len(out.requests)} re-probes asked)", flush=True)
 

@@ -40,7 +40,15 @@ from healthd.config import PassiveSettings, Settings, load_settings
 from healthd.coverage import CoverageCollector, CoverageInputs
 from healthd.errors import BackendError, ConfigError, HealthdError, SlurmError, StoreError
 from healthd.http import HttpApp, HttpServer
-from healthd.judge.persist import judge_ingested, judge_passive_poll, judge_runs, load_judge, run_from_collected
+from healthd.judge.persist import (
+    judge_declared,
+    judge_ingested,
+    judge_passive_poll,
+    judge_runs,
+    load_judge,
+    run_from_collected,
+)
+from healthd.judge.sources.passive import Passive
 from healthd.logging import get_logger, setup_logging
 from healthd.metrics import DaemonMetrics, Exposition, PassiveMetrics, PassiveSignalCollector
 from healthd.model import Node, ProbeJob, RunKind
@@ -115,7 +123,7 @@ class Daemon:
         self.registry.register(self.coverage)
         self.judge = load_judge(self.store, settings.judge, now=time.time())
         self._judge_stale = False
-        self.registry.register(PassiveSignalCollector(lambda: self.judge.passive_signals()))
+        self.registry.register(PassiveSignalCollector(lambda: self.judge.view(Passive, Passive.signals)))
         self.job_ends = JobEndWatch(grace_s=settings.node_check.epilog_budget_s
                                     + 2 * settings.scheduler.collect_interval_s + JOB_END_SLACK_S)
         self.registry.register(JobEndCollector(self.job_ends))
@@ -141,7 +149,7 @@ class Daemon:
         self.http = HttpServer(
             HttpApp(self.registry, self.store, self.healthy, routes, auth=BasicAuth(web.users) if web.users else None,
                     exposition=self.exposition, refresh_on_scrape=False, topology=lambda: self.topology,
-                    passive=lambda: self.judge.passive_signals()),
+                    passive=lambda: self.judge.view(Passive, Passive.signals)),
             settings.http.host, settings.http.port, tls=web.tls.context() if web.tls else None,
             workers=settings.http.workers, request_timeout_s=settings.http.request_timeout_s,
             max_connections=settings.http.max_connections,
@@ -410,6 +418,10 @@ class Daemon:
         return kept
 
     def collect(self) -> None:
+        declared = self._saving_judgement(lambda: judge_declared(self.judge, self.store, now=time.time()))
+        for e in declared.fleet_events:
+            log.warning("declared_event_started" if e.active else "declared_event_ended", node_class=e.node_class,
+                        text=e.text)
         boundary = collect_boundary(self.collector, known=lambda names: {n.name for n in self.store.nodes(names=names)})
         self._judge(self.collector.collect() + boundary)
         self.remediator.repair_tick()
@@ -506,7 +518,7 @@ class Daemon:
         self.judge_passive(poll)
 
     def judge_passive(self, poll: PassivePoll) -> None:
-        """The poll judged with everything else (``Judge.observe_passive``), the judgement saved, then
+        """The poll judged with everything else (``Judge.observe``), the judgement saved, then
         remediation: a confirmed passive fault is recommended (and drained, in ``enforce``) like a probe's."""
         self.remediator.apply(self._saving_judgement(
             lambda: judge_passive_poll(self.judge, self.store, poll, now=time.time())))

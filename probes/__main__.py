@@ -8,26 +8,19 @@ Exit codes: 0 the probe ran (outcome ``pass`` or ``fail``), 1 it could not run (
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from probes.catalogue import CATALOGUE, CHECK_COMMAND, PROBE_NAMES, ProbeName
-from probes.context import CommandModule, ProbeModule
+from probes.context import CommandModule, ProbeModule, probe_module
 from probes.dist import LaunchError, detect_launch, node_name
 from probes.expect import parse_uuid_list
 from probes.options import int_at_least, positive_float
 from probes.report import emit, render, reserve_stdout
 from probes.result import Outcome, ProbeResult
 from probes.timing import process_start_time
-
-
-def probe_module(name: ProbeName) -> Any:
-    """``probes.<name>``: a ``ProbeModule``, or a ``CommandModule`` where its catalogue entry says ``torch=False``."""
-    return importlib.import_module(f"probes.{name.value}")
 
 
 def common_parser() -> argparse.ArgumentParser:

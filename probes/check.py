@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from probes.catalogue import CHECK_COMMAND, CHECK_PROBES, ProbeName
-from probes.context import ProbeModule
+from probes.context import ProbeModule, probe_module
 from probes.dist import LaunchError, LaunchInfo, detect_launch, node_name
 from probes.expect import missing_gpus_result
 from probes.options import positive_float
@@ -98,14 +98,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
 
 
 def _module(name: str) -> ProbeModule:
-    from probes.__main__ import probe_module
-
     module: ProbeModule = probe_module(ProbeName(name))
     return module
 
 
 def build_parts(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[CheckPart]:
-    """Each probe's own namespace, as ``python -m probes <probe> ...`` would have parsed it.
+    """Each probe's own namespace, as ``python -m probes <probe> ...`` would have parsed it (``parser``: the
+    ``python -m probes`` parser, with the check's and each probe's subcommand).
 
     :raises SystemExit: (``parser.error``) on an option that does not fit."""
     names: tuple[str, ...] = args.probes
@@ -126,9 +125,7 @@ def build_parts(args: argparse.Namespace, parser: argparse.ArgumentParser) -> li
         if name not in tokens:
             parser.error(f"check: --arg for a probe not in --probes: {name!r}")
         tokens[name].append(token)
-    from probes.__main__ import build_parser
-
-    probe_parser = build_parser()
+    probe_parser = parser
     parts: list[CheckPart] = []
     for name in names:
         own = probe_parser.parse_args([name, *tokens[name]])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -110,3 +111,8 @@ class CommandModule(Protocol):
     ) -> None: ...
 
     def run(self, args: argparse.Namespace) -> int: ...
+
+
+def probe_module(name: ProbeName) -> Any:
+    """``probes.<name>``: a ``ProbeModule``, or a ``CommandModule`` where its catalogue entry says ``torch=False``."""
+    return importlib.import_module(f"probes.{name.value}")

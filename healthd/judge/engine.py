@@ -18,15 +18,22 @@ runs repeat it on the same series, N raised while the class flags results by cha
 shared by a large part of the class is a fleet event and never a recommendation. ``error`` runs
 say nothing about a node: they never make a finding and never erase one (a node erring again and
 again while its class passes gets the ``error`` verdict ``repeated_errors``).
+
+The evidence comes from the registered *sources* and the explanations from the registered *causes*
+(``healthd.judge.sources``: checks, measurements, passive signals, boundary checks; class events, declared
+events, switches, links): this module names none of them and calls them only through the two seams of
+``healthd.judge.sources.seam``. Each round: the sources judge the runs, the causes are re-tested on the
+round's flags (the most specific first), the round's runs are judged again when a cause changed the class
+statistics, and each finding is recorded as the node's own unless a cause holds it (asked in rank order).
 """
 
 from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, TypeVar
 
 from healthd.config import JudgeSettings, ProbeSettings
 from healthd.judge.baseline import baseline_of
@@ -40,10 +47,9 @@ from healthd.judge.confirm import (
     repeated,
     split,
 )
-from healthd.judge.fleet import FleetStats, check_event, fleet_stats
+from healthd.judge.fleet import FleetStats, fleet_stats
 from healthd.judge.floors import FloorTable, floor_rules
 from healthd.judge.hardfault import HARD_FAULTS
-from healthd.judge.links import LinkTracker
 from healthd.judge.model import (
     CONFIRMED,
     Finding,
@@ -51,7 +57,6 @@ from healthd.judge.model import (
     GroupRecord,
     JudgeOutput,
     JudgeState,
-    LinkFinding,
     Mark,
     ReasonCode,
     RecommendationCandidate,
@@ -69,16 +74,18 @@ from healthd.judge.noise import (
     typical,
     unbiased,
 )
-from healthd.judge.rounds import HELD, Hold, cold_retests, event_hold, leaf_hold
+from healthd.judge.rounds import HELD, Hold, cold_retests
 from healthd.judge.series import key_of, missing_required, select
-from healthd.judge.sources import RunFindings, checks, measurements, passive
-from healthd.judge.sources.measurements import FleetCache, Selected
-from healthd.judge.switches import SwitchFindings
+from healthd.judge.sources import causes as registered_causes
+from healthd.judge.sources import sources as registered_sources
+from healthd.judge.sources.seam import Cause, FleetCache, RunFindings, Selected, Source, Update
 from healthd.model import Node, Outcome, Verdict
 from healthd.node_class import DEFAULT_CLASS, class_of
-from healthd.passive.model import PassivePoll, Strength
 from healthd.planning import PriorityRequest
 from healthd.topology import Topology
+
+P = TypeVar("P")
+T = TypeVar("T")
 
 _CODE_RANK = {
     ReasonCode.GPUS_MISSING: 10, ReasonCode.CUDA_ERROR: 9, ReasonCode.NCCL_ERROR: 8, ReasonCode.CRASH: 7,
@@ -87,9 +94,6 @@ _CODE_RANK = {
     ReasonCode.BASELINE_DRIFT: 1,
 }
 PASS_TEXT = "every judged series within its floor, baseline and fleet"
-BY_NODE_PROBES = frozenset({passive.PROBE, "boundary"})
-"""Evidence that is not a probe the planner can run (passive signals, the node check at job boundaries): a
-re-probe asked for it runs the node's single-node probes, and any judged run of the node answers it."""
 
 
 def worst(findings: Iterable[Finding]) -> Finding | None:
@@ -126,6 +130,9 @@ class Judge:
         self.marks: dict[tuple[str, str], list[Mark]] = {}
         self.status: dict[tuple[str, str], _Status] = {}
         self._unsettled: set[tuple[str, str]] = set()
+        self._after_events: set[tuple[str, str]] = set()
+        """(node, probe) whose latest flagged results were measured during an event that has ended, with no
+        result since: re-probed now (``_after_event``)."""
         """(node, probe) passing now, with an earlier finding in the window that more runs could still
         confirm: re-probed until it is confirmed or drops out (a fault seen in 2 of 3 runs is found now,
         not a probe interval later)."""
@@ -142,9 +149,6 @@ class Judge:
         self.flagged_groups: dict[str, list[GroupRecord]] = defaultdict(list)
         self.last_group_pass: dict[str, dict[str, float]] = defaultdict(dict)
         self.samples: dict[tuple[str, str], dict[str, tuple[float, bool]]] = defaultdict(dict)
-        self.events: dict[tuple[str, str], FleetEvent] = {}
-        self.event_spans: dict[tuple[str, str], tuple[float, float]] = {}
-        """(class, probe) → (start, end) of its last ended fleet event: runs then carry no retest shortfalls."""
         self.pending: dict[tuple[str, str], Request] = {}
         self.held: set[tuple[str, str]] = set()
         """(node, probe) whose confirmed finding waits for the event rule (``rounds.event_hold``): judged
@@ -153,24 +157,45 @@ class Judge:
         self.classes: dict[str, str] = {}
         self.drained: set[str] = set()
         self.resets: dict[str, float] = {}
-        self.switches = SwitchFindings()
-        """Switch findings (``healthd.judge.switches``): on while a topology is set."""
-        self.passive: dict[tuple[str, str, str], passive.Track] = {}
-        """The passive signals followed (``healthd.judge.sources.passive``): (node, code, GPU) → track."""
-        self.links = LinkTracker()
-        """Pairs measured together and the link findings (``healthd.judge.links``)."""
+        self._topology: Topology | None = None
+        self.sources: tuple[Source, ...] = tuple(registered_sources())
+        """The evidence sources registered (``healthd.judge.sources``), in their order."""
+        self.causes: tuple[Cause, ...] = tuple(registered_causes())
+        """The causes registered (``healthd.judge.sources``), in rank order: asked in this order whether one
+        holds a value, re-tested in the reverse (the specific ones first, the broad ones on what is left)."""
+        self._by_node = frozenset(p for src in self.sources for p in src.by_node_probes)
+
+    def part(self, kind: type[P]) -> P:
+        """The judge's source or cause of type ``kind`` (its state; read it under ``view``)."""
+        for part in (*self.sources, *self.causes):
+            if isinstance(part, kind):
+                return part
+        raise LookupError(f"no registered source or cause of type {kind.__name__}")
+
+    def view(self, kind: type[P], read: Callable[[P], T]) -> T:
+        """``read`` of the judge's source or cause of type ``kind``, under the judge's lock (thread-safe)."""
+        with self._lock:
+            return read(self.part(kind))
+
+    @property
+    def by_node_probes(self) -> frozenset[str]:
+        """Pseudo-probes of evidence no planner runs (the sources'): a re-probe asked for one runs the
+        node's single-node probes, and any judged run of the node answers it."""
+        return self._by_node
 
     @property
     def topology(self) -> Topology | None:
         """The topology the switch findings are judged with (``set_topology``)."""
-        return self.switches.topology
+        return self._topology
 
     def set_topology(self, topology: Topology | None, *, now: float | None = None) -> None:
         """The cluster's topology (``None``: none known; switch correlation off, findings judged per
         node and per class as without it). Findings on switches it no longer has end at the next
         evaluation."""
         with self._lock:
-            self.switches.set_topology(topology, 0.0 if now is None else now)
+            self._topology = topology
+            for cause in self.causes:
+                cause.set_topology(topology, 0.0 if now is None else now)
 
     def reconfigure(self, settings: JudgeSettings) -> None:
         """New settings (SIGHUP) with the state kept: new thresholds apply from the next evaluation."""
@@ -206,6 +231,7 @@ class Judge:
         self._class_noise = None
         self._sizes = None
         self._unsettled = set()
+        self._after_events = set()
         for node in nodes:
             self.classes[node.name] = class_of(node)
         if nodes:
@@ -249,10 +275,12 @@ class Judge:
             for n in run.nodes:
                 flagged = bool(ev.node_findings.get(n)) or bool(ev.group_findings)
                 self.samples[(self.node_class(n), run.probe)][n] = (run.at, flagged)
-                self.switches.note(n, run.probe, [*ev.node_findings.get(n, ()), *ev.group_findings],
-                                   own=bool(ev.node_findings.get(n)), members=run.nodes)
-        touched |= self._update_switches({p for _, p in touched}, now, out)
-        changed = self._update_events({(self.node_class(n), p) for n, p in touched}, now, out)
+                for cause in self.causes:
+                    cause.note(self, n, run.probe, [*ev.node_findings.get(n, ()), *ev.group_findings],
+                               own=bool(ev.node_findings.get(n)), members=run.nodes)
+        update = self.update_causes(touched, now, out)
+        touched |= update.touched
+        changed = update.rejudge
         if changed:
             cache.clear()
             for run in judged:
@@ -261,7 +289,9 @@ class Judge:
 
         for run in judged:
             self._record(run, evals[run.run_id], out)
-        self._passive_after_runs(judged, out, now)
+        self._answer_by_node(judged, out)
+        for source in self.sources:
+            source.after_runs(self, judged, now, out)
 
         attributions: dict[str, Attribution] = {}
         suspects: dict[str, dict[str, list[GroupRecord]]] = {}
@@ -270,7 +300,8 @@ class Judge:
             suspects[probe] = attributions[probe].suspects()
             for record in self.flagged_groups[probe]:
                 touched.update((m, probe) for m in record.members)
-            self._update_links(probe, now, out)
+            for cause in self.causes:
+                cause.localise(self, probe, now, out)
         for event in out.fleet_events:
             touched.update(key for key in self.verdicts if key[1] == event.probe
                            and self.node_class(key[0]) == event.node_class)
@@ -292,7 +323,63 @@ class Judge:
             any(self.status.get((n, run.probe), _NO_STATUS).run_id == run.run_id for n in run.nodes)
 
     def in_event(self, cls: str, probe: str) -> bool:
-        return (cls, probe) in self.events
+        return any(c.since(cls, probe) is not None for c in self.causes)
+
+    def update_causes(self, touched: set[tuple[str, str]], now: float, out: JudgeOutput) -> Update:
+        """Re-test every cause on the round's (node, probe) pairs, the most specific first: a broader one
+        tests what they leave unexplained (and the pairs they touched)."""
+        total = Update()
+        keys = set(touched)
+        for cause in reversed(self.causes):
+            update = cause.update(self, keys, now, out)
+            keys |= update.touched
+            total.touched |= update.touched
+            total.rejudge |= update.rejudge
+        return total
+
+    def holding(self, node: str, probe: str, *, ranks: range | None = None) -> FleetEvent | None:
+        """The first live event, in rank order (among the causes of ``ranks``), that holds the node's values
+        of the probe."""
+        cls = self.node_class(node)
+        for cause in self.causes:
+            if ranks is None or cause.rank in ranks:
+                event = cause.holding(node, probe, cls)
+                if event is not None:
+                    return event
+        return None
+
+    def explained(self, node: str, probe: str, *, above: int) -> bool:
+        """Whether a cause ranked above ``above`` explains the node's latest flag on the probe."""
+        return any(c.rank > above and c.explains(node, probe) for c in self.causes)
+
+    def set_verdict(self, verdict: Verdict, out: JudgeOutput) -> None:
+        """The node's verdict on the probe now; in ``out`` when it says something new."""
+        key = (verdict.node, verdict.probe)
+        old = self.verdicts.get(key)
+        if old is None or (old.outcome, old.reason_code, old.reason) != (verdict.outcome, verdict.reason_code,
+                                                                          verdict.reason):
+            out.verdicts.append(verdict)
+        self.verdicts[key] = verdict
+
+    def ask(self, req: Request, out: JudgeOutput) -> None:
+        """A re-probe request, unless one of its nodes is drained or already has one pending on the probe."""
+        if any(n in self.drained or (n, req.probe) in self.pending for n in req.nodes):
+            return
+        for n in req.nodes:
+            self.pending[(n, req.probe)] = req
+        out.requests.append(req)
+
+    def _answer_by_node(self, judged: Sequence[RunInput], out: JudgeOutput) -> None:
+        """A judged run of a node answers its pending re-probes of by-node evidence (``by_node_probes``)."""
+        if not self.pending:
+            return
+        for run in judged:
+            for n in run.nodes:
+                for pseudo in self._by_node - {run.probe}:
+                    pending = self.pending.get((n, pseudo))
+                    if pending is not None and pending.requested_at <= run.at:
+                        del self.pending[(n, pseudo)]
+                        out.satisfied.append((n, pseudo))
 
     def _ingest(self, run: RunInput) -> list[Selected]:
         if run.outcome is Outcome.FAIL:
@@ -321,33 +408,42 @@ class Judge:
 
     def fleet(self, cls: str, fkey: SeriesKey, now: float, cache: FleetCache) -> FleetStats | None:
         """The class's fleet statistics of a series (its GPUs pooled) over the fleet window; during a
-        fleet event, since the event began. Values a named switch explains are left out (those of the
-        nodes it holds on the probe, and of runs with one of them): the peers a node is compared with
-        are the class's healthy fabric, not a failing leaf's pairs, which in a small class are half of
-        its values and would hide every bad one (the leaf's finding then ends while the leaf fails)."""
+        class-wide event, since the event began. Values a cause leaves out (``Cause.leaves_out``: a named
+        switch's, those of the nodes it holds on the probe, and of runs with one of them) are left out:
+        the peers a node is compared with are the class's healthy fabric, not a failing leaf's pairs,
+        which in a small class are half of its values and would hide every bad one (the leaf's finding
+        then ends while the leaf fails)."""
         if (cls, fkey) in cache:
             return cache[(cls, fkey)]
         cutoff = now - self.settings.fleet.window_s
-        event = self.events.get((cls, fkey.probe))
-        if event is not None:
-            cutoff = max(cutoff, event.started_at)
+        probe = fkey.probe
+        since: Cause | None = None
+        leaving: list[tuple[Cause, Callable[[str], bool]]] = []
+        for cause in self.causes:
+            start = cause.since(cls, probe)
+            if start is not None and since is None:
+                since, cutoff = cause, max(cutoff, start)
+            out = cause.leaves_out(probe)
+            if out is not None:
+                leaving.append((cause, out))
         values: list[float] = []
         nodes: set[str] = set()
-        held = self.switches.held
-        probe = fkey.probe
-        left_out = False
+        left: set[str] = set()
         for (node, _), st in self.pools.get((cls, fkey), {}).items():
             value = st.last_value
             if st.last_at < cutoff or value is None:
                 continue
-            if held and any((m, probe) in held for m in self.pool_members.get((node, probe), (node,))):
-                left_out = True
-                continue
+            if leaving:
+                members = self.pool_members.get((node, probe), (node,))
+                by = next((c.label for c, out in leaving if any(out(m) for m in members)), None)
+                if by is not None:
+                    left.add(by)
+                    continue
             values.append(value)
             nodes.add(node)
-        peers = f"the {cls} class" + (" since its fleet event began" if event is not None else "")
-        if left_out:
-            peers += " outside the switch findings"
+        peers = f"the {cls} class" + (f" since its {since.label} began" if since is not None else "")
+        if left:
+            peers += " outside the " + " and ".join(sorted(left))
         stats = fleet_stats(values, nodes=len(nodes), min_nodes=self.settings.fleet.min_nodes, peers=peers)
         cache[(cls, fkey)] = stats
         return stats
@@ -356,11 +452,8 @@ class Judge:
         """The run-based sources' findings (``healthd.judge.sources``): a failed run's checks and hard
         fault, the transport check, the measurements against floor, baseline and fleet."""
         ev = RunFindings()
-        if run.outcome is Outcome.FAIL:
-            checks.failed_run(run, ev)
-            return ev
-        checks.transport(run, ev)
-        measurements.judge(self, run, selected, cache, now, ev)
+        for source in self.sources:
+            source.judge_run(self, run, selected, cache, now, ev)
         return ev
 
     def class_noise(self, cls: str, fkey: SeriesKey) -> float | None:
@@ -377,66 +470,15 @@ class Judge:
             self._class_noise = {k: typical(v) for k, v in spreads.items()}
         return self._class_noise.get((cls, fkey))
 
-    # -- fleet events -------------------------------------------------------------------------
-    def _update_events(self, keys: set[tuple[str, str]], now: float, out: JudgeOutput) -> set[tuple[str, str]]:
-        changed: set[tuple[str, str]] = set()
-        cutoff = now - self.settings.fleet.event_window_s
-        for cls, probe in sorted(keys):
-            sample = [s for n, s in self.samples.get((cls, probe), {}).items()
-                      if s[0] >= cutoff and not self.switches.explains(n, probe)]
-            active = self.events.get((cls, probe))
-            check = check_event(sample, self.settings.fleet, active=active is not None)
-            if active is None and check is not None:
-                event = FleetEvent(cls, probe, check.started_at, None, check.flagged, check.sampled, (),
-                                   f"fleet event: {probe} on {cls}: {check.text}")
-                self.events[(cls, probe)] = event
-                out.fleet_events.append(event)
-                changed.add((cls, probe))
-            elif active is not None and check is None:
-                ended = replace(active, ended_at=now, text=active.text + "; over")
-                self.event_spans[(cls, probe)] = (active.started_at, now)
-                del self.events[(cls, probe)]
-                out.fleet_events.append(ended)
-                changed.add((cls, probe))
-        return changed
-
+    # -- causes -------------------------------------------------------------------------------
     def _suppressed(self, node: str, probe: str, f: Finding, at: float) -> bool:
-        event = self.events.get((self.node_class(node), probe))
-        if event is not None and not f.event_proof and at >= event.started_at:
-            return True
-        held = self.switches.holding(node, probe)
-        return held is not None and not f.switch_proof and at >= held.started_at
-
-    def _event_of(self, node: str, probe: str) -> FleetEvent | None:
-        """The class's fleet event on ``probe``, else the switch finding holding the node on it."""
-        return self.events.get((self.node_class(node), probe)) or self.switches.holding(node, probe)
-
-    def _update_switches(self, probes: set[str], now: float, out: JudgeOutput) -> set[tuple[str, str]]:
-        """Re-test the switches on ``probes``; the (node, probe) pairs whose hold changed, to re-judge."""
-        if self.switches.idle:
-            return set()
-        cutoff = now - self.settings.fleet.event_window_s
-        samples: dict[str, dict[str, tuple[float, bool]]] = defaultdict(dict)
-        for (_, probe), sample in self.samples.items():
-            if probe in probes:
-                samples[probe].update((n, s) for n, s in sample.items() if s[0] >= cutoff and not (
-                    s[1] and (n, probe) not in self.switches.held and self.switches.explains(n, probe)))
-        changes, moved = self.switches.update(probes, samples, self.classes, self.settings.switch, now)
-        changes = [self._backdated(e) for e in changes]
-        out.switch_findings.extend(changes)
-        keys = {e.probe for e in changes}
-        return {(n, p) for n, p in self.verdicts if p in keys and n in moved}
-
-    def _backdated(self, event: FleetEvent) -> FleetEvent:
-        """A switch finding named while findings of nodes it holds wait for it (``rounds.leaf_hold``,
-        ``rounds.event_hold``) starts when the first of them began: they are the switch's."""
-        if event.ended_at is not None or not event.switch:
-            return event
-        starts = [float(self.verdicts[(n, p)].evidence.get("held_since") or event.started_at)
-                  for n, p in self.held
-                  if p == event.probe and (n, p) in self.verdicts and self.switches.holding(n, p) is event]
-        earliest = min(starts, default=event.started_at)
-        return self.switches.backdate(event, earliest) if earliest < event.started_at else event
+        """Whether a cause holds the finding (one it can explain, made since its event began)."""
+        cls = self.node_class(node)
+        for cause in self.causes:
+            event = cause.holding(node, probe, cls)
+            if event is not None and not cause.resists(f, event) and at >= event.started_at:
+                return True
+        return False
 
     # -- recording ----------------------------------------------------------------------------
     def _record(self, run: RunInput, ev: RunFindings, out: JudgeOutput) -> None:
@@ -455,7 +497,7 @@ class Judge:
                 if more > 0:
                     text += f" (and {more} more series)"
             elif raw or group_suppressed:
-                event = next((e for e in (self._event_of(m, probe) for m in (n, *run.nodes)) if e), None)
+                event = next((e for e in (self.holding(m, probe) for m in (n, *run.nodes)) if e), None)
                 code, sev = ReasonCode.FLEET_EVENT, Severity.NONE
                 text = (event.text if event is not None else "fleet event") + (f": {worst(raw).detail}"  # type: ignore[union-attr]
                                                                                if raw else "")
@@ -541,7 +583,8 @@ class Judge:
                 last[member] = max(last.get(member, float("-inf")), record.at)
         if record.flagged:
             self.flagged_groups[record.probe].append(record)
-        self.links.note(record)
+        for cause in self.causes:
+            cause.note_group(record)
 
     # -- localisation, verdicts, requests -------------------------------------------------------
     def _localise(self, probe: str, now: float) -> Attribution:
@@ -549,75 +592,45 @@ class Judge:
         records = [r for r in self.flagged_groups.get(probe, []) if r.at >= cutoff]
         self.flagged_groups[probe] = records
         last_pass = self.last_group_pass.get(probe, {})
-        live = [r for r in records if not self._set_aside(r)
-                and not self.links.explains(r, last_pass, cutoff, self._set_aside,
-                                            lambda n: self.group_history.get((n, probe), ()),
-                                            lambda n: self._own_finding(n, probe, cutoff))]
+        live = [r for r in records if not self.set_aside(r)
+                and not any(c.claims_group(self, r, cutoff) for c in self.causes)]
         return attribute(live, last_pass)
 
-    def _set_aside(self, r: GroupRecord) -> bool:
-        """A bad group result no node need explain: from before a member's reset, or one a switch finding
-        holding a member or a fleet event of the class explains."""
+    def set_aside(self, r: GroupRecord) -> bool:
+        """A bad group result no node need explain: from before a member's reset, or one a cause sets
+        aside (a switch finding holding a member, a fleet event of the class)."""
         if any(self.resets.get(m, float("-inf")) > r.at for m in r.members):
             return True
-        held = (self.switches.holding(m, r.probe) for m in r.members)
-        if any(h is not None and r.at >= h.started_at for h in held):
-            return True
-        event = self.events.get((self.node_class(r.members[0]), r.probe))
-        return event is not None and not r.event_proof and r.at >= event.started_at
+        return any(c.sets_aside(self, r) for c in self.causes)
 
-    def _update_links(self, probe: str, now: float, out: JudgeOutput) -> None:
-        """Link findings of ``probe`` (``healthd.judge.links``): started, changed or ended; a pair whose ends
-        both pass with other partners is measured together (a re-probe of the two nodes alone)."""
-        c = self.settings.confirm
-
-        def ended_by(pair: tuple[str, str]) -> str | None:
-            held = next((h for h in (self.switches.holding(n, probe) for n in pair) if h is not None), None)
-            return f"switch {held.switch} explains it" if held is not None else None
-
-        changes, wanted = self.links.update(
-            probe, now, cutoff=now - c.window_s, recheck_s=c.recheck_interval_s,
-            need=lambda pair: self.retests(self.node_class(pair[0]), probe, group=True)[0],
-            last_pass=self.last_group_pass.get(probe, {}), skip=self._set_aside, ended_by=ended_by,
-            history=lambda n: self.group_history.get((n, probe), ()),
-            own=lambda n: self._own_finding(n, probe, now - c.window_s))
-        out.link_findings.extend(changes)
-        for pair in wanted:
-            if any(n in self.drained or (n, probe) in self.pending for n in pair):
-                continue
-            req = Request("reprobe", probe, pair, now, f"measure the link {pair[0]} <-> {pair[1]} again: both "
-                          "ends pass with other partners")
-            for n in pair:
-                self.pending[(n, probe)] = req
-            out.requests.append(req)
-
-    def _own_finding(self, node: str, probe: str, cutoff: float) -> bool:
+    def own_finding(self, node: str, probe: str, cutoff: float) -> bool:
         """Whether the node's own figures of ``probe`` were flagged in one of its recent runs (since ``cutoff``)."""
         return any(mk.flagged and mk.at >= cutoff for mk in self.marks.get((node, probe), ()))
 
-    def link_findings(self) -> list[LinkFinding]:
-        """The live link findings (``healthd_link_finding``, the API)."""
-        with self._lock:
-            return sorted(self.links.active.values(), key=lambda f: (f.probe, f.a, f.b))
-
     def _recent_marks(self, node: str, probe: str, now: float) -> list[Mark]:
-        """The node's marks in the confirmation window, after its last reset, with findings a fleet
-        event or a switch finding explains taken out (they may predate the event's declaration)."""
+        """The node's marks in the confirmation window, after its last reset, with findings a live cause
+        explains taken out (a fleet event, a switch finding: they may predate the event's declaration), and
+        the chance findings of values measured during an event that has ended (``_after_event``)."""
         cutoff = max(now - self.settings.confirm.window_s, self.resets.get(node, float("-inf")))
         marks = [mk for mk in self.marks.get((node, probe), []) if mk.at >= cutoff]
-        start, end = self.event_spans.get((self.node_class(node), probe), (0.0, float("-inf")))
-        marks = [replace(mk, shortfalls=()) if mk.shortfalls and start <= mk.at <= end else mk for mk in marks]
-        for event in (self.events.get((self.node_class(node), probe)), self.switches.holding(node, probe)):
+        cls = self.node_class(node)
+        for cause in self.causes:
+            if any(cause.ended_over(cls, probe, mk.at) for mk in marks):
+                if marks[-1].flagged and cause.ended_over(cls, probe, marks[-1].at):
+                    self._after_events.add((node, probe))
+                marks = [_after_event(mk) if cause.ended_over(cls, probe, mk.at) else mk for mk in marks]
+        for cause in self.causes:
+            event = cause.holding(node, probe, cls)
             if event is not None:
-                marks = [replace(self._under_event(mk, event), shortfalls=()) if mk.at >= event.started_at else mk
-                         for mk in marks]
+                marks = [replace(self._under_event(mk, event, cause), shortfalls=()) if mk.at >= event.started_at
+                         else mk for mk in marks]
         return marks
 
     @staticmethod
-    def _under_event(mark: Mark, event: FleetEvent) -> Mark:
+    def _under_event(mark: Mark, event: FleetEvent, cause: Cause) -> Mark:
         if mark.at < event.started_at or not mark.flagged:
             return mark
-        kept = tuple(f for f in mark.findings if (f.switch_proof if event.switch else f.event_proof))
+        kept = tuple(f for f in mark.findings if cause.resists(f, event))
         if len(kept) == len(mark.findings):
             return mark
         top = worst(kept)
@@ -674,32 +687,11 @@ class Judge:
         if not times:
             return None
         partners = {m for r in self.group_history.get((node, probe), ()) if r.run_id in ids for m in r.members}
-        if not (findings and all(f.event_proof for f in findings)):
-            cls = self.node_class(node)
-            cutoff = now - self.settings.fleet.event_window_s
-            sample = [(n, at, bad) for n, (at, bad) in self.samples.get((cls, probe), {}).items()
-                      if at >= cutoff and (n not in partners or n == node) and not self.switches.explains(n, probe)]
-            hold = event_hold(sample, min(times), node, now, self.settings.fleet)
+        for cause in self.causes:
+            hold = cause.hold(self, node, probe, findings, min(times), partners, now)
             if hold is not None:
                 return hold
-        if findings and all(f.switch_proof for f in findings):
-            return None
-        return self._leaf_hold(node, probe, min(times), partners | {node}, now)
-
-    def _leaf_hold(self, node: str, probe: str, since: float, exclude: set[str], now: float) -> Hold | None:
-        """``rounds.leaf_hold`` for the node's leaf (none without a topology, or for a node under none)."""
-        topology = self.switches.topology
-        leaf = topology.leaf_of.get(node) if topology is not None else None
-        if topology is None or leaf is None:
-            return None
-        cutoff = now - self.settings.fleet.event_window_s
-        mates = []
-        for mate in sorted(topology.nodes_under(leaf) - exclude):
-            sample = self.samples.get((self.node_class(mate), probe), {}).get(mate)
-            if sample is not None and sample[0] >= cutoff:
-                mates.append((mate, sample[0], sample[1] and not self.switches.explains(mate, probe)))
-        return leaf_hold(mates, since, now, min_nodes=self.settings.switch.min_nodes,
-                         window_s=self.settings.fleet.event_window_s, switch=leaf)
+        return None
 
     def _error_shares(self, keys: set[tuple[str, str]]) -> dict[tuple[str, str], float]:
         """(class, probe) → the share of the class's nodes whose latest run of the probe is an error."""
@@ -825,11 +817,7 @@ class Judge:
             self.held.discard((node, probe))
         if verdict.outcome is Outcome.PASS and bad_n and _may_confirm(marks[-window:], bad_n, need, window):
             self._unsettled.add((node, probe))
-        old = self.verdicts.get((node, probe))
-        if old is None or (old.outcome, old.reason_code, old.reason) != (verdict.outcome, verdict.reason_code,
-                                                                          verdict.reason):
-            out.verdicts.append(verdict)
-        self.verdicts[(node, probe)] = verdict
+        self.set_verdict(verdict, out)
         if recommend:
             out.recommendations.append(RecommendationCandidate(
                 node, probe, verdict.outcome, verdict.reason_code, verdict.reason,
@@ -874,6 +862,8 @@ class Judge:
             ask(kind, probe, (node,), v.reason)
         for node, probe in sorted(self._unsettled):
             ask("reprobe", probe, (node,), "an earlier finding is neither confirmed nor cleared yet")
+        for node, probe in sorted(self._after_events):
+            ask("reprobe", probe, (node,), "flagged during a fleet event that has ended: measured again first")
         for probe, attribution in sorted(attributions.items()):
             for record, cands in attribution.unresolved:
                 if record.at < now - c.window_s:
@@ -918,7 +908,7 @@ class Judge:
         out: list[PriorityRequest] = []
         pools: dict[str, dict[str, tuple[str, ...]]] = {}
         for (probe, nodes), req in sorted(groups.items(), key=lambda item: (item[1].requested_at, item[0])):
-            if probe in BY_NODE_PROBES:
+            if probe in self._by_node:
                 out.extend(PriorityRequest(name, nodes, (), 1, reason=f"{req.kind}: {probe}: {req.reason}"[:200])
                            for name, ps in sorted(probes.items()) if ps.enabled and ps.nodes_per_job == 1)
                 continue
@@ -948,7 +938,7 @@ class Judge:
     def _other_side(self, pending: Request, node: str, run: RunInput) -> Request | None:
         """The half of a re-probe split by leaf (``_by_leaf``) still to run after ``run`` ran one side;
         ``None``: the request is answered."""
-        topology = self.switches.topology
+        topology = self._topology
         if topology is None or pending.side or pending.nodes != (node,) or len(run.nodes) < 2 \
                 or pending.kind not in ("reprobe", "localise"):
             return None
@@ -966,7 +956,7 @@ class Judge:
         with partners under other leaves, so that a node fault (both fail) is told from a fault of its leaf's
         uplink (only the cross-leaf one fails). ``None``: no topology, several suspects, or no partner on one
         side (the one plain request then)."""
-        topology = self.switches.topology
+        topology = self._topology
         if topology is None or len(nodes) != 1 or nodes[0] not in topology.leaf_of:
             return None
         node = nodes[0]
@@ -1066,13 +1056,12 @@ class Judge:
 
     def active_events(self) -> list[FleetEvent]:
         with self._lock:
-            return sorted(self.events.values(), key=lambda e: (e.node_class, e.probe))
+            return sorted((e for c in self.causes for e in c.fleet_events()), key=lambda e: (e.node_class, e.probe))
 
-    # -- passive signals ------------------------------------------------------------------------
-    def observe_passive(self, poll: PassivePoll, nodes: Sequence[Node] = (), *, now: float) -> JudgeOutput:
-        """Judge one poll of the site's Prometheus (``healthd.passive.source``): new and repeated signals
-        update their tracks, fault-class signals ask for a re-probe, a signal on a large share of a class
-        is a fleet event. A poll that is not ``up`` changes nothing (could not check is no evidence). Thread-safe."""
+    # -- documents other than runs ---------------------------------------------------------------
+    def observe(self, document: object, nodes: Sequence[Node] = (), *, now: float) -> JudgeOutput:
+        """Judge a document other than a run (a poll of the site's Prometheus, ``healthd.passive.source``; an
+        operator's declared events): the registered source or cause it belongs to takes it. Thread-safe."""
         with self._lock:
             out = JudgeOutput(at=now)
             self._sizes = None
@@ -1080,121 +1069,9 @@ class Judge:
                 self.classes[node.name] = class_of(node)
             if nodes:
                 self.drained = {n.name for n in nodes if n.drained}
-            if not poll.up:
-                return out
-            known = set(self.classes)
-            signals = tuple(s for s in poll.signals if not known or s.node in known)
-            window = self.settings.passive.window_s
-            self.passive, changed = passive.observe(self.passive, replace(poll, signals=signals), window)
-            self.passive, ended = passive.expire(self.passive, now, window)
-            touched = changed | ended | {n for (n, p) in self.verdicts if p == passive.PROBE and n in ended}
-            self._passive_samples(poll, now)
-            classes = {self.node_class(n) for n in poll.covered}
-            self._update_events({(c, passive.PROBE) for c in classes}, now, out)
-            if any(e.probe == passive.PROBE for e in out.fleet_events):
-                touched |= {n for (n, p) in self.verdicts if p == passive.PROBE}
-                touched |= {t.node for t in self.passive.values()}
-            crowded = self._crowded_hints(poll)
-            by_node = self._passive_by_node()
-            for name in sorted(touched):
-                self._conclude_passive(name, by_node.get(name, []), now, out,
-                                       ask=name in changed and self.node_class(name) not in crowded)
+            if not any(source.observe(self, document, now, out) for source in self.sources):
+                any(cause.observe(self, document, now, out) for cause in self.causes)
             return out
-
-    def _crowded_hints(self, poll: PassivePoll) -> set[str]:
-        """Classes with a hint on ``fleet.event_share`` of their covered nodes or more (a hot machine room,
-        a firmware default): a condition of the class, not a reason to probe each of its nodes at once."""
-        covered: dict[str, int] = defaultdict(int)
-        for node in poll.covered:
-            covered[self.node_class(node)] += 1
-        hinted: dict[str, set[str]] = defaultdict(set)
-        for t in self.passive.values():
-            if t.strength is Strength.HINT:
-                hinted[self.node_class(t.node)].add(t.node)
-        share = self.settings.fleet.event_share
-        return {cls for cls, nodes in hinted.items() if covered.get(cls) and len(nodes) >= share * covered[cls]}
-
-    def _passive_samples(self, poll: PassivePoll, now: float) -> None:
-        """Each covered node's sample for the fleet rule: flagged while a fault track of it is live in the
-        event window (at its start), else the poll's time."""
-        cutoff = now - self.settings.fleet.event_window_s
-        faults: dict[str, float] = {}
-        for t in self.passive.values():
-            if t.strength is Strength.FAULT and t.last_at >= cutoff:
-                faults[t.node] = min(faults.get(t.node, t.first_at), t.first_at)
-        for node in poll.covered:
-            if node in self.classes:
-                first = faults.get(node)
-                self.samples[(self.node_class(node), passive.PROBE)][node] = \
-                    (first, True) if first is not None else (poll.at, False)
-
-    def _passive_after_runs(self, judged: Sequence[RunInput], out: JudgeOutput, now: float) -> None:
-        """Judged probe runs answer the passive tracks of their nodes: a failure confirms, a pass makes
-        suspect (``sources.passive.probed``); a pending passive re-probe is satisfied by any of them."""
-        touched: set[str] = set()
-        by_node = self._passive_by_node()
-        tracked = set(by_node)
-        for run in judged:
-            for n in run.nodes:
-                for pseudo in BY_NODE_PROBES - {run.probe}:
-                    pending = self.pending.get((n, pseudo))
-                    if pending is not None and pending.requested_at <= run.at:
-                        del self.pending[(n, pseudo)]
-                        out.satisfied.append((n, pseudo))
-                if n not in tracked:
-                    continue
-                mark = next((mk for mk in reversed(self.marks.get((n, run.probe), ())) if mk.run_id == run.run_id),
-                            None)
-                failed = run.outcome is Outcome.FAIL or (mark is not None and mark.severity is Severity.FAIL)
-                clean = not failed and mark is not None and mark.severity is Severity.NONE and \
-                    mark.code is ReasonCode.OK
-                mine = [self.passive[t.key] for t in by_node.get(n, ()) if t.key in self.passive]
-                for t in passive.probed(mine, run.run_id, run.at, failed=failed, clean=clean):
-                    if t.stage() != self.passive[t.key].stage():
-                        touched.add(n)
-                    self.passive[t.key] = t
-        self.passive, ended = passive.expire(self.passive, now, self.settings.passive.window_s)
-        touched |= {n for n in ended if (n, passive.PROBE) in self.verdicts}
-        by_node = self._passive_by_node()
-        for node in sorted(touched):
-            self._conclude_passive(node, by_node.get(node, []), now, out, ask=False)
-
-    def _passive_by_node(self) -> dict[str, list[passive.Track]]:
-        by_node: dict[str, list[passive.Track]] = defaultdict(list)
-        for t in self.passive.values():
-            by_node[t.node].append(t)
-        return by_node
-
-    def _conclude_passive(self, node: str, tracks: list[passive.Track], now: float, out: JudgeOutput, *,
-                          ask: bool) -> None:
-        event = self.events.get((self.node_class(node), passive.PROBE))
-        explained = event.text if event is not None and tracks and \
-            all(t.first_at >= event.started_at for t in tracks if t.strength is Strength.FAULT) else None
-        c = passive.conclude(tracks, self.settings.passive.window_s, in_event=explained)
-        evidence = passive.evidence(c)
-        run_ids = (c.top.failed_run,) if c.top is not None and c.top.failed_run else ()
-        at = c.top.last_at if c.top is not None else now
-        verdict = Verdict(node, passive.PROBE, c.outcome, c.text, c.code, run_ids, evidence, at)
-        out.evaluated.add((node, passive.PROBE))
-        old = self.verdicts.get((node, passive.PROBE))
-        if old is None or (old.outcome, old.reason_code, old.reason) != (verdict.outcome, verdict.reason_code,
-                                                                          verdict.reason):
-            out.verdicts.append(verdict)
-        self.verdicts[(node, passive.PROBE)] = verdict
-        if c.recommend and c.top is not None:
-            out.recommendations.append(RecommendationCandidate(
-                node, passive.PROBE, c.outcome, c.code, c.text,
-                {"run_ids": list(run_ids), "summary": c.top.summary, **evidence}, at))
-        if (ask or c.stage == passive.PENDING) and c.reprobe and node not in self.drained \
-                and (node, passive.PROBE) not in self.pending:
-            req = Request("reprobe", passive.PROBE, (node,), now, c.text[:200])
-            self.pending[(node, passive.PROBE)] = req
-            out.requests.append(req)
-
-    def passive_signals(self) -> list[passive.Track]:
-        """The passive tracks followed now (``healthd_node_passive_signal``, the API, ``healthd status``)."""
-        with self._lock:
-            return sorted(self.passive.values(), key=lambda t: t.key)
 
     # -- persistence --------------------------------------------------------------------------
     def restore(self, state: JudgeState, nodes: Sequence[Node], *, now: float) -> None:
@@ -1220,19 +1097,14 @@ class Judge:
                     self.samples[(self.node_class(mark.node), mark.probe)][mark.node] = (mark.at, mark.raw_flagged)
             for record in sorted(state.groups, key=lambda g: (g.at, g.run_id)):
                 self._add_group(record, suppressed=record.code is ReasonCode.FLEET_EVENT)
-            for event in state.events:
-                if not event.switch:
-                    self.events[(event.node_class, event.probe)] = event
-            self.switches.restore(e for e in state.events if e.switch)
-            self.links.restore(state.links)
+            for source in self.sources:
+                source.restore(self, state)
+            for cause in self.causes:
+                cause.restore(self, state)
             for name, req in state.pending:
                 self.pending[(name, req.probe)] = req
             for verdict in state.verdicts:
                 self.verdicts[(verdict.node, verdict.probe)] = verdict
-                if verdict.probe == passive.PROBE and verdict.evidence:
-                    track = passive.restore(verdict.node, verdict.reason_code, verdict.evidence)
-                    if track is not None:
-                        self.passive[track.key] = track
                 if verdict.evidence.get("stage") == HELD:
                     self.held.add((verdict.node, verdict.probe))
             for name, at in state.resets:
@@ -1248,6 +1120,20 @@ def _no_chance(f: Finding) -> bool:
     """A hard fault or a failed check: not a value that noise or a heavy tail makes (the cold-start rule
     of ``rounds.cold_retests`` does not apply)."""
     return f.code in HARD_FAULTS or f.code in (ReasonCode.CHECK_FAILED, ReasonCode.GPUS_MISSING)
+
+
+def _after_event(mark: Mark) -> Mark:
+    """A mark measured during an event that has ended: its figures were taken under the event (and compared
+    with the class as it was then), so they confirm nothing now; the node is probed again first. A hard
+    fault or a failed check stays."""
+    kept = tuple(f for f in mark.findings if _no_chance(f))
+    if len(kept) == len(mark.findings):
+        return replace(mark, shortfalls=()) if mark.shortfalls else mark
+    top = worst(kept)
+    if top is None:
+        return replace(mark, severity=Severity.NONE, code=ReasonCode.FLEET_EVENT, findings=(), shortfalls=(),
+                       text=f"measured during a fleet event that has ended: {mark.text}")
+    return replace(mark, severity=top.severity, code=top.code, text=top.detail, findings=kept, shortfalls=())
 
 
 def _may_confirm(last: Sequence[Mark], flagged: int, need: int, window: int) -> bool:

@@ -276,6 +276,9 @@ class FleetEvent:
     held: tuple[str, ...] = ()
     """A switch finding's switches whose nodes' findings on the probe it holds (itself, or its leaves
     beyond chance)."""
+    cause: str = ""
+    """The registered cause (``healthd.judge.sources``) that declared it, when not the built-in class event or
+    switch rule (empty): the one that restores it after a restart."""
 
     @property
     def active(self) -> bool:
@@ -506,3 +509,22 @@ class JudgeState:
     """(node, probe, consecutive error runs)."""
     links: tuple[LinkFinding, ...] = ()
     """Active link findings (``healthd.judge.links``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Declaration:
+    """An operator's statement that a class is being changed (``healthd event start``,
+    ``healthd.judge.sources.declared``)."""
+
+    node_class: str
+    reason: str
+    started_at: float
+    by: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Declarations:
+    """The declarations in force (all of them: one missing has ended)."""
+
+    at: float
+    items: tuple[Declaration, ...]

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from healthd.config import JudgeSettings
 from healthd.judge.engine import Judge
-from healthd.judge.model import CheckInput, JudgeOutput, MeasurementInput, RunInput
+from healthd.judge.model import CheckInput, Declarations, JudgeOutput, MeasurementInput, RunInput
 from healthd.model import Node, devices_by_node
 from healthd.passive.model import PassivePoll
 
@@ -78,8 +78,18 @@ def judge_runs(judge: Judge, store: Store, runs: Sequence[RunInput], *, now: flo
 def judge_passive_poll(judge: Judge, store: Store, poll: PassivePoll, *, now: float,
                        nodes: Sequence[Node] | None = None) -> JudgeOutput:
     """Judge one poll of the site's Prometheus (``healthd.passive.source``) and save the judgement."""
-    output = judge.observe_passive(poll, store.nodes() if nodes is None else nodes, now=now)
+    output = judge.observe(poll, store.nodes() if nodes is None else nodes, now=now)
     store.save_judgement(output, keep_s=keep_seconds(judge.settings))
+    return output
+
+
+def judge_declared(judge: Judge, store: Store, *, now: float, nodes: Sequence[Node] | None = None) -> JudgeOutput:
+    """Hand the judge the events operators declared (``healthd event start/end``: the store's) and save what
+    started or ended (``healthd.judge.sources.declared``)."""
+    output = judge.observe(Declarations(now, tuple(store.declared_events())), store.nodes() if nodes is None
+                           else nodes, now=now)
+    if output.fleet_events:
+        store.save_judgement(output, keep_s=keep_seconds(judge.settings))
     return output
 
 

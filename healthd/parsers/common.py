@@ -5,19 +5,21 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
 from healthd.errors import ParseError
 from probes.result import Check, Measurement, Outcome, ProbeResult
 
-__all__ = ["MAX_LINE_CHARS", "BusClass", "bus_factor_of", "check_json_values", "strip_tag", "timestamp", "tool_result"]
+__all__ = ["MAX_LINE_CHARS", "BusClass", "bus_factor_of", "check_json_values", "may_hold_surrogates", "strip_tag",
+           "timestamp", "tool_result"]
 
 MAX_LINE_CHARS = 4096
 """A longer line is no tool's result line (rows and headers are a few hundred characters): the text
 parsers skip it, which keeps every line regex linear in the input."""
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
 
 BusClass = Literal["all_reduce", "spread", "one"]
 """How a collective's bus bandwidth relates to its algorithm bandwidth: ``spread`` for those
@@ -32,22 +34,43 @@ def strip_tag(raw: str) -> str:
     return _TAG.sub("", raw, count=1)
 
 
-def check_json_values(doc: object, what: str, *, max_depth: int = 64) -> None:
+def check_json_values(doc: object, what: str, *, max_depth: int = 64, strings: bool = True) -> None:
     """Refuse (``ParseError``) a decoded JSON document nested deeper than ``max_depth`` or holding a
-    string with a lone surrogate (a ``\\ud800`` escape: not UTF-8, so no store could keep it)."""
-    stack: list[tuple[object, int]] = [(doc, 0)]
+    string with a lone surrogate (a ``\\ud800`` escape: not UTF-8, so no store could keep it).
+    ``strings=False``: the caller knows no string can hold one (``may_hold_surrogates`` of its text)."""
+    if isinstance(doc, str):
+        _check_string(doc, what)
+        return
+    if not isinstance(doc, dict | list):
+        return
+    stack: list[tuple[dict[Any, Any] | list[Any], int]] = [(doc, 0)]
     while stack:
         value, depth = stack.pop()
-        if isinstance(value, str):
-            if not value.isascii() and _SURROGATE.search(value):
-                raise ParseError(f"{what} holds a lone surrogate in {value[:40]!r}: not UTF-8 text")
-            continue
-        if not isinstance(value, dict | list):
-            continue
         if depth >= max_depth:
             raise ParseError(f"{what} is nested deeper than {max_depth} levels")
-        items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
-        stack.extend((item, depth + 1) for item in items)
+        if isinstance(value, dict):
+            if strings:
+                for key in value:
+                    _check_string(key, what)
+            items: Iterable[object] = value.values()
+        else:
+            items = value
+        for item in items:
+            if isinstance(item, dict | list):
+                stack.append((item, depth + 1))
+            elif strings and isinstance(item, str):
+                _check_string(item, what)
+
+
+def may_hold_surrogates(text: str) -> bool:
+    """Whether a JSON document's ``text`` may decode to a string with a lone surrogate (a raw one, or a
+    ``\\udXXX`` escape); ``False`` lets ``check_json_values`` skip its strings."""
+    return not text.isascii() or _ESCAPED_SURROGATE.search(text) is not None
+
+
+def _check_string(value: str, what: str) -> None:
+    if not value.isascii() and _SURROGATE.search(value):
+        raise ParseError(f"{what} holds a lone surrogate in {value[:40]!r}: not UTF-8 text")
 
 
 def bus_factor_of(bus_class: BusClass | None, nranks: int) -> float | None:

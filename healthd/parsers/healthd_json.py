@@ -8,7 +8,7 @@ import math
 from pydantic import ValidationError
 
 from healthd.errors import ParseError
-from healthd.parsers.common import check_json_values
+from healthd.parsers.common import check_json_values, may_hold_surrogates
 from probes.result import SCHEMA_VERSION, ProbeResult
 
 MAX_BYTES = 64 * 1024 * 1024
@@ -62,6 +62,7 @@ def parse_result(text: str) -> ProbeResult:
     for candidate in candidates:
         try:
             doc = _loads(candidate)
+            text = candidate
             break
         except ValueError as exc:
             error = str(exc)
@@ -69,7 +70,7 @@ def parse_result(text: str) -> ProbeResult:
         raise ParseError(f"probe output is not a JSON document ({error}); starts with {stripped[:80]!r}")
     if not isinstance(doc, dict):
         raise ParseError(f"probe output is JSON but not an object (got {type(doc).__name__})")
-    check_json_values(doc, "probe result", max_depth=MAX_DEPTH)
+    check_json_values(doc, "probe result", max_depth=MAX_DEPTH, strings=may_hold_surrogates(text))
     version = doc.get("schema_version")
     if version != SCHEMA_VERSION:
         raise ParseError(

@@ -9,6 +9,7 @@ One module per aggregate, each a part of the ``Store`` facade over one connectio
 - ``remediation``: recommendations, audit, drains, breaker state (it reads the judgement's marks);
 - ``sweeps``: scaling-sweep runs and the scaling table;
 - ``requests``: on-demand probe requests (``healthd probe NAME --node N``);
+- ``declared``: events an operator declared on a class (``healthd event start/end``);
 - ``budget``: what probing cost and covered (GPU-seconds in a window, last judged run per node and probe);
 - ``rows``: the row types (pure; import these, not the store, for a dataclass).
 
@@ -21,6 +22,7 @@ import time
 from collections.abc import Collection, Sequence
 
 from healthd.store.budget import BudgetStore
+from healthd.store.declared import DeclaredStore
 from healthd.store.judgement import JUDGEMENT_PRUNE, JudgementStore
 from healthd.store.nodes import NodesStore
 from healthd.store.remediation import REMEDIATION_PRUNE, RemediationStore
@@ -58,7 +60,7 @@ __all__ = [
 ]
 
 
-class Store(SweepsStore, NodesStore, RemediationStore, JudgementStore, BudgetStore, RequestsStore):
+class Store(SweepsStore, NodesStore, RemediationStore, JudgementStore, BudgetStore, RequestsStore, DeclaredStore):
     """The whole store: every aggregate over one connection."""
 
     def snapshot(self, *, node_seen_since: float = 0.0, nodes: Sequence[str] | None = None,

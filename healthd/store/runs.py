@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -222,15 +222,8 @@ class RunsStore(LatestStore):
         db.executemany("INSERT INTO samples (run, series, value, per_rank) VALUES (?, ?, ?, ?)", pending.samples())
         db.executemany("INSERT INTO checks (run_id, name, ok, detail, node, gpu, rank) VALUES (?, ?, ?, ?, ?, ?, ?)",
                        pending.checks)
-        for node, at, gpus in pending.gpus:
-            newest = db.execute("SELECT MAX(seen_at) FROM gpu_inventory WHERE node = ?", (node,)).fetchone()[0]
-            if newest is not None and at < newest:
-                continue
-            db.execute("UPDATE gpu_inventory SET present = 0 WHERE node = ?", (node,))
-            db.executemany("INSERT INTO gpu_inventory (node, gpu, uuid, name, seen_at, present)"
-                           " VALUES (?, ?, ?, ?, ?, 1) ON CONFLICT (node, gpu) DO UPDATE SET uuid = excluded.uuid,"
-                           " name = excluded.name, seen_at = excluded.seen_at, present = 1",
-                           [(node, *gpu, at) for gpu in gpus])
+        if pending.gpus:
+            _record_gpus(db, pending.gpus)
         pending.written()
 
     def _finish(self, db: sqlite3.Connection, run: FinishedRun,
@@ -530,3 +523,31 @@ class RunsStore(LatestStore):
             " ORDER BY day, node, probe, name, labels", (node, node, probe, probe))
         return [RollupRow(r["node"], r["probe"], r["name"], json.loads(r["labels"]), r["day"] * 86400.0, r["n"],
                           r["lo"], r["mean"], r["hi"]) for r in rows]
+
+
+_GPU_UPSERT = ("INSERT INTO gpu_inventory (node, gpu, uuid, name, seen_at, present) VALUES (?, ?, ?, ?, ?, 1)"
+               " ON CONFLICT (node, gpu) DO UPDATE SET uuid = excluded.uuid, name = excluded.name,"
+               " seen_at = excluded.seen_at, present = 1")
+
+
+def _record_gpus(db: sqlite3.Connection,
+                 seen: Sequence[tuple[str, float, tuple[tuple[int, str | None, str], ...]]]) -> None:
+    """Each node's GPUs as a result reported them (in order; one older than the node's newest is skipped),
+    the others of the node no longer present: one statement per table for the nodes seen once in the batch."""
+    nodes = sorted({node for node, _, _ in seen})
+    newest: dict[str, float] = dict(db.execute(
+        "SELECT node, MAX(seen_at) FROM gpu_inventory WHERE node IN (SELECT value FROM json_each(?)) GROUP BY node",
+        (json.dumps(nodes),)).fetchall())
+    times = Counter(node for node, _, _ in seen)
+    once = [(node, at, gpus) for node, at, gpus in seen
+            if times[node] == 1 and (node not in newest or at >= newest[node])]
+    db.executemany("UPDATE gpu_inventory SET present = 0 WHERE node = ?", [(node,) for node, _, _ in once])
+    db.executemany(_GPU_UPSERT, [(node, *gpu, at) for node, at, gpus in once for gpu in gpus])
+    for node, at, gpus in seen:
+        if times[node] == 1:
+            continue
+        latest = db.execute("SELECT MAX(seen_at) FROM gpu_inventory WHERE node = ?", (node,)).fetchone()[0]
+        if latest is not None and at < latest:
+            continue
+        db.execute("UPDATE gpu_inventory SET present = 0 WHERE node = ?", (node,))
+        db.executemany(_GPU_UPSERT, [(node, *gpu, at) for gpu in gpus])

@@ -477,6 +477,27 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE UNIQUE INDEX repairs_open ON repairs (node) WHERE ended_at IS NULL;
     ALTER TABLE drains ADD COLUMN check_since REAL
     """,
+    # 16: the registered cause of a fleet event other than a class event or a switch finding
+    # (healthd.judge.sources: one a site or a test registers); empty for those two
+    """
+    ALTER TABLE fleet_events ADD COLUMN cause TEXT NOT NULL DEFAULT '';
+    DROP INDEX fleet_events_active;
+    CREATE UNIQUE INDEX fleet_events_active ON fleet_events (node_class, probe, switch, cause) WHERE ended_at IS NULL
+    """,
+    # 17: events an operator declared on a class (``healthd event start/end``): the judge holds the class's
+    # flags as an event's while one is in force (healthd.judge.sources.declared)
+    """
+    CREATE TABLE declared_events (
+        id         INTEGER PRIMARY KEY,
+        node_class TEXT NOT NULL,
+        reason     TEXT NOT NULL,
+        started_at REAL NOT NULL,
+        started_by TEXT NOT NULL,
+        ended_at   REAL,
+        ended_by   TEXT NOT NULL DEFAULT ''
+    );
+    CREATE UNIQUE INDEX declared_events_active ON declared_events (node_class) WHERE ended_at IS NULL
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -82,6 +82,33 @@ def test_a_gpu_that_disappears_keeps_its_uuid_and_is_no_longer_present(tmp_path:
                                            GpuSeen(1, SPARE, NAME, 1000.0, False))
 
 
+def test_one_batch_with_a_node_twice_and_one_older_result_keeps_the_order_of_a_run_by_run_store(
+        tmp_path: Path) -> None:
+    from healthd.store.runs import FinishedRun
+
+    gemm = h100("full-gemm")
+    docs = [("a", "vm", with_gpus(gemm, [H100_UUID, SPARE], at=1000.0)),
+            ("b", "vm", with_gpus(gemm, [H100_UUID], at=2000.0)),
+            ("c", "vm2", with_gpus(gemm, [SPARE], at=1500.0)),
+            ("d", "vm3", with_gpus(gemm, [H100_UUID], at=500.0))]
+    inventories = []
+    for batched in (True, False):
+        store = Store(tmp_path / f"{batched}.sqlite")
+        store_doc(store, "newer", with_gpus(gemm, [SPARE, H100_UUID], at=900.0), node="vm3")
+        for run_id, node, doc in docs:
+            store.add_run(run_id=run_id, probe=doc.probe, nodes=[node], backend="local", job_id=None,
+                          submitted_at=doc.started_at, result_path=None)
+        finished = [FinishedRun(run_id, doc.outcome, doc.reason, doc.finished_at, doc, doc.started_at)
+                    for run_id, _, doc in docs]
+        for batch in ([finished] if batched else [[f] for f in finished]):
+            store.finish_runs(batch)
+        inventories.append(store.gpu_inventory())
+        store.close()
+    assert inventories[0] == inventories[1]
+    assert inventories[0]["vm"] == (GpuSeen(0, H100_UUID, NAME, 2000.0, True), GpuSeen(1, SPARE, NAME, 1000.0, False))
+    assert [g.uuid for g in inventories[0]["vm3"]] == [SPARE, H100_UUID], "an older result changes nothing"
+
+
 def test_a_version_9_store_gains_an_empty_inventory(tmp_path: Path) -> None:
     path = tmp_path / "v9.sqlite"
     db = store_at(path, 9)

@@ -57,3 +57,16 @@ def test_measurement_names_must_be_snake_case() -> None:
 def test_never_raises_anything_else(text: str) -> None:
     with contextlib.suppress(ParseError):
         parse_result(text)
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    ({"x": json.loads("[" * 40 + "]" * 40)}, "nested deeper than 32"),
+    ({"\ud800": 1}, "lone surrogate"),
+    ({"x": ["é", "\udfff"]}, "lone surrogate"),
+])
+def test_a_deep_or_surrogate_document_is_refused_with_or_without_escapes(params: dict[str, object],
+                                                                        message: str) -> None:
+    doc = {**json.loads(GOOD), "params": params}
+    for text in (json.dumps(doc), json.dumps(doc, ensure_ascii=False)):
+        with pytest.raises(ParseError, match=message):
+            parse_result(text)

@@ -22,6 +22,7 @@ from healthd.judge.model import (
     SeriesState,
 )
 from healthd.judge.persist import keep_seconds, load_judge
+from healthd.judge.sources.switch import Switches
 from healthd.model import Node, Outcome, RunKind
 from healthd.store import Store
 
@@ -545,7 +546,7 @@ def test_a_repaired_leaf_ends_its_finding_and_no_topology_ends_every_finding() -
     fleet.judge.set_topology(None, now=fleet.t)
     out = fleet.feed([fleet.gemm(n) for n in fleet.names])
     assert [(e.switch, e.active) for e in out.switch_findings] == [("leaf2", False)]
-    assert fleet.judge.switches.held == {}
+    assert fleet.judge.part(Switches).findings.held == {}
 
 
 def test_a_switch_finding_survives_a_restart_and_holds_once_the_topology_is_set(tmp_path: Path) -> None:
@@ -553,13 +554,14 @@ def test_a_switch_finding_survives_a_restart_and_holds_once_the_topology_is_set(
     fleet.store = Store(tmp_path / "s.sqlite")
     bad = {f"n{i:03d}" for i in range(32, 48)}
     fleet.feed([fleet.gemm(n, scale=0.6 if n in bad else 1.0) for n in fleet.names])
-    topology = fleet.judge.switches.topology
+    topology = fleet.judge.topology
     restored = load_judge(fleet.store, fleet.judge.settings, now=fleet.t)
-    assert [(e.switch, e.nodes) for e in restored.switches.active.values()] == [("leaf2", tuple(sorted(bad)))]
-    assert restored.switches.holding("n040", "gemm") is None        # no topology yet: nothing held
+    switches = restored.part(Switches).findings
+    assert [(e.switch, e.nodes) for e in switches.active.values()] == [("leaf2", tuple(sorted(bad)))]
+    assert switches.holding("n040", "gemm") is None        # no topology yet: nothing held
     restored.set_topology(topology, now=fleet.t)
-    held = restored.switches.holding("n040", "gemm")
-    assert held is not None and held.switch == "leaf2" and restored.switches.holding("n000", "gemm") is None
+    held = switches.holding("n040", "gemm")
+    assert held is not None and held.switch == "leaf2" and switches.holding("n000", "gemm") is None
     assert fleet.store.switch_findings(active_only=True)[0]["held"] == ["leaf2"]
     fleet.store.close()
 
@@ -573,6 +575,6 @@ def test_a_slow_gpu_under_a_held_leaf_is_still_recommended() -> None:
         runs = [fleet.gemm(n, {3: 700e12 * 0.6 * 0.4} if n == "n050" else None, scale=0.6 if n in bad else 1.0)
                 for n in fleet.names]
         recs += fleet.feed(runs).recommendations
-    assert fleet.judge.switches.holding("n050", "gemm") is not None
+    assert fleet.judge.part(Switches).findings.holding("n050", "gemm") is not None
     assert sorted({r.node for r in recs}) == ["n050"]
     assert {str(f["gpu"]) for r in recs for f in findings_of(r.evidence)} == {"3"}

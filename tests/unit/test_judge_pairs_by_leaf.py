@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from healthd.config import JudgeSettings, ProbeSettings
 from healthd.judge.model import RunInput
+from healthd.judge.sources.switch import Switches
 from healthd.topology import SwitchRecord, build_topology
 from tests.unit.test_judge_engine import Fleet
 
@@ -111,7 +112,7 @@ def test_a_localised_node_waits_for_its_leafmates_and_a_failing_leaf_takes_it_ov
     for _ in range(2):
         out = f.feed(regular_round(f, slow))
         recommended |= {r.node for r in out.recommendations}
-    assert list(f.judge.switches.active) == [("leaf0", "nccl")]
+    assert list(f.judge.part(Switches).findings.active) == [("leaf0", "nccl")]
     assert recommended == set(), recommended
     assert f.judge.verdicts[("n1", "nccl")].evidence.get("stage") != "held"
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from healthd.config import JudgeSettings, ProbeSettings, RemediationSettings
 from healthd.judge.model import CheckInput, RunInput
 from healthd.judge.persist import keep_seconds, load_judge
+from healthd.judge.sources.passive import Passive
 from healthd.model import Outcome, RunKind
 from healthd.passive.model import PassivePoll, PassiveSignal, Strength
 from healthd.remediation.decide import drain_reason
@@ -37,7 +38,7 @@ def poll(fleet: Fleet, *signals: PassiveSignal, up: bool = True) -> PassivePoll:
 
 
 def observe(fleet: Fleet, *signals: PassiveSignal, advance: float = 60.0, up: bool = True):  # type: ignore[no-untyped-def]
-    out = fleet.judge.observe_passive(poll(fleet, *signals, up=up), fleet.nodes, now=fleet.t)
+    out = fleet.judge.observe(poll(fleet, *signals, up=up), fleet.nodes, now=fleet.t)
     if fleet.store is not None:
         fleet.store.save_judgement(out, keep_s=keep_seconds(fleet.judge.settings))
     fleet.t += advance
@@ -178,7 +179,7 @@ def test_the_signals_and_the_confirmed_finding_are_exported_with_their_source() 
     observe(fleet, xid("n1", fleet.t, 48), throttle("n2", fleet.t))
     observe(fleet, xid("n1", fleet.t, 48), throttle("n2", fleet.t))
     registry = CollectorRegistry()
-    registry.register(PassiveSignalCollector(fleet.judge.passive_signals))
+    registry.register(PassiveSignalCollector(lambda: fleet.judge.view(Passive, Passive.signals)))
     text = generate_latest(registry).decode()
     assert (f'healthd_node_passive_signal{{code="xid_48",gpu="3",gpu_uuid="{UUID}",node="n1",signal="xid",'
             'stage="confirmed",strength="fault"} 1.0') in text
@@ -196,11 +197,11 @@ def test_the_node_document_lists_the_signals_followed_on_the_node() -> None:
 
     fleet = Fleet([f"n{i}" for i in range(8)])
     observe(fleet, xid("n1", fleet.t), throttle("n2", fleet.t))
-    doc = node_document(NodeView("n1"), detail=True, passive=fleet.judge.passive_signals())
+    doc = node_document(NodeView("n1"), detail=True, passive=fleet.judge.view(Passive, Passive.signals))
     (signal,) = doc["passive_signals"]
     assert (signal["code"], signal["stage"], signal["gpu"], signal["gpu_uuid"], signal["confirmed_by"]) == \
         ("xid_79", "awaiting confirmation", "3", UUID, None)
-    assert node_document(NodeView("n3"), passive=fleet.judge.passive_signals())["passive_signals"] == []
+    assert node_document(NodeView("n3"), passive=fleet.judge.view(Passive, Passive.signals))["passive_signals"] == []
 
 
 def test_a_hint_on_a_large_share_of_the_class_asks_for_no_probes() -> None:

@@ -135,3 +135,21 @@ def test_in_its_first_rounds_a_class_needs_the_bound_even_before_any_chance_flag
     warm.feed([warm.gemm("n05", SLOW)], advance=60)
     (rec,) = warm.feed([warm.gemm("n05", SLOW, priority=True)], advance=60).recommendations
     assert rec.node == "n05"
+
+
+def test_findings_measured_during_a_fleet_event_are_not_revived_when_it_ends() -> None:
+    """A node recommended during a class-wide event for a figure measured under it (an outlier of the class
+    as it was then) is not recommended again from those values when the event ends: its next results
+    decide (issue 37)."""
+    from tests.unit.test_judge_engine import Fleet
+
+    fleet = Fleet([f"n{i:02d}" for i in range(20)])
+    fleet.healthy_gemm_rounds(6)
+    during = [fleet.feed([fleet.gemm(n, scale=0.55 if n == "n03" else 0.8) for n in fleet.names])
+              for _ in range(3)]
+    assert any(e.active for out in during for e in out.fleet_events)
+    assert "n03" in {r.node for out in during for r in out.recommendations}
+    after = [fleet.feed([fleet.gemm(n) for n in fleet.names if n != "n03"]) for _ in range(3)]
+    assert any(not e.active for out in after for e in out.fleet_events), "the event ended"
+    assert [r.node for out in after for r in out.recommendations] == []
+    assert fleet.judge.verdicts[("n03", "gemm")].evidence.get("stage") != "confirmed"

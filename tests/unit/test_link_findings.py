@@ -16,6 +16,7 @@ from healthd.config import JudgeSettings, ProbeSettings
 from healthd.judge.engine import Judge
 from healthd.judge.model import JudgeOutput, LinkFinding, RunInput
 from healthd.judge.persist import run_from_collected
+from healthd.judge.sources.link import Links
 from healthd.model import Node, Outcome, RunKind
 from healthd.parsers.healthd_json import parse_result
 
@@ -96,7 +97,7 @@ class Fleet:
                 return
 
     def links(self) -> list[LinkFinding]:
-        return self.judge.link_findings()
+        return self.judge.view(Links, Links.active)
 
     def recommended(self) -> set[str]:
         return {r.node for out in self.outputs for r in out.recommendations}
@@ -216,7 +217,7 @@ def test_the_link_finding_is_kept_exported_recommended_and_restored(tmp_path: Pa
     assert (rec["a"], rec["b"], rec["action"]) == ("p2", "p3", link.action) and not doc["recommendations"]
 
     restored = load_judge(store, JudgeSettings(), now=fleet.t)
-    assert restored.link_findings() == [link]
+    assert restored.view(Links, Links.active) == [link]
     fleet.judge = restored
     fleet.slow = lambda a, b: 1.0
     fleet.t += JudgeSettings().confirm.recheck_interval_s

@@ -1,49 +1,86 @@
-"""The judge's evidence sources: each module turns one kind of evidence into typed ``Finding``s.
+"""The judge's evidence sources and causes, and their public registry.
 
-``healthd.judge.engine.Judge`` keeps the state (series, marks, pools, events, verdicts) and the one
-confirmation and conclusion stage; the sources only say what a piece of evidence shows about a node
-(and a GPU), with no state of their own beyond what the judge hands them:
+``healthd.judge.engine.Judge`` keeps the state (series, marks, pools, verdicts) and the one confirmation
+and conclusion stage; it names no source and no cause. It builds one of each registered here when it is
+made, and calls them through the two seams of ``seam``:
 
-- ``measurements``: a run's judged measurements (``series.select``) → below the class's floor, off the
-  node's own baseline, outliers of the class's fleet and of the node's own GPUs;
-- ``checks``: a failed run (its failed checks, a hard fault the collector attributed, ``hardfault``) and
-  the NCCL transport check → ``check_failed``, ``gpus_missing``, ``hang``, ``crash``, ``cuda_error``,
-  ``nccl_error``, ``nccl_transport``;
-- ``passive``: a poll of the site's Prometheus (dcgm-exporter: XIDs, row remaps, ECC, throttling,
-  health) → ``xid_79``, ``row_remap_failure``, ``ecc_dbe``, ... (hard faults confirmed by a re-probe or a
-  repeat; hints never drain).
+- **sources** (``seam.Source``) turn evidence into typed ``Finding``s:
 
-Adding a source is adding a module that returns findings; the judge decides what they mean together.
+  - ``checks``: a failed run (its failed checks, a hard fault the collector attributed, ``hardfault``) and
+    the NCCL transport check → ``check_failed``, ``gpus_missing``, ``hang``, ``crash``, ``cuda_error``,
+    ``nccl_error``, ``nccl_transport``;
+  - ``measurements``: a run's judged measurements (``series.select``) → below the class's floor, off the
+    node's own baseline, outliers of the class's fleet and of the node's own GPUs;
+  - ``passive``: a poll of the site's Prometheus (dcgm-exporter: XIDs, row remaps, ECC, throttling,
+    health) → ``xid_79``, ``row_remap_failure``, ``ecc_dbe``, ... (hard faults confirmed by a re-probe or
+    a repeat; hints never drain);
+  - ``boundary``: the node check at job boundaries (its runs are judged like any; a re-probe asked for it
+    runs the node's probes).
+
+- **causes** (``seam.Cause``) claim the flagged values they can physically explain, asked in rank order
+  (class event < spine < leaf < link < node < GPU):
+
+  - ``events``: a class-wide fleet event (``fleet.check_event``);
+  - ``declared``: a class-wide event an operator declared (``healthd event start``), by intent;
+  - ``switch``: a switch's nodes flagged together beyond chance (``healthd.judge.switches``);
+  - ``link``: the path between two nodes (``healthd.judge.links``).
+
+Adding one is adding a module with a ``BaseSource`` or ``BaseCause`` subclass and registering its factory
+here (or, for a test or a site's plug-in, with ``register_source`` / ``register_cause`` before the judge is
+made).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from healthd.judge.sources import boundary, checks, declared, events, link, measurements, passive, switch
+from healthd.judge.sources.seam import (
+    BaseCause,
+    BaseSource,
+    Cause,
+    CauseFactory,
+    Context,
+    RunFindings,
+    Source,
+    SourceFactory,
+)
 
-from healthd.judge.model import Finding, SeriesKey
+__all__ = ["BaseCause", "BaseSource", "Cause", "Context", "RunFindings", "Source", "causes", "register_cause",
+           "register_source", "sources", "unregister"]
+
+_SOURCES: list[SourceFactory] = []
+_CAUSES: list[CauseFactory] = []
 
 
-@dataclass
-class RunFindings:
-    """What the run-based sources found in one run, before suppression and confirmation."""
+def register_source(factory: SourceFactory) -> None:
+    """A source every judge made from now on has (``factory()`` once per judge: its state is its own)."""
+    if factory not in _SOURCES:
+        _SOURCES.append(factory)
 
-    node_findings: dict[str, list[Finding]] = field(default_factory=dict)
-    group_findings: list[Finding] = field(default_factory=list)
-    """Findings on a multi-node measurement (the group), localised later by ``confirm.attribute``."""
-    values: list[tuple[str, SeriesKey, float, bool]] = field(default_factory=list)
-    """(node, series, value, from a group measurement): what the baselines may accept."""
-    shortfalls: dict[str, list[tuple[SeriesKey, float, float]]] = field(default_factory=dict)
-    """Node → (series, distance from its own baseline in noise units and relative, positive: worse)."""
-    ends: tuple[str, ...] = ()
-    """The two nodes at the ends of the run's slowest inter-node link, when its group findings are on
-    inter-node link figures (a link between two nodes, whatever the run's size): the group's suspects."""
 
-    def place(self, nodes: tuple[str, ...], node: str | None, f: Finding) -> None:
-        """On ``node`` when it is one of the run's ``nodes``, on the only node of a single-node run,
-        else on the group."""
-        if node is not None and node in nodes:
-            self.node_findings.setdefault(node, []).append(f)
-        elif len(nodes) == 1:
-            self.node_findings.setdefault(nodes[0], []).append(f)
-        else:
-            self.group_findings.append(f)
+def register_cause(factory: CauseFactory) -> None:
+    """A cause every judge made from now on has (``factory()`` once per judge)."""
+    if factory not in _CAUSES:
+        _CAUSES.append(factory)
+
+
+def unregister(factory: SourceFactory | CauseFactory) -> None:
+    """Forget a source or cause registered earlier (judges made before keep theirs)."""
+    for registry in (_SOURCES, _CAUSES):
+        if factory in registry:
+            registry.remove(factory)  # type: ignore[arg-type]
+
+
+def sources() -> list[Source]:
+    """A new instance of each registered source, in registration order (the order runs are judged in)."""
+    return [factory() for factory in _SOURCES]
+
+
+def causes() -> list[Cause]:
+    """A new instance of each registered cause, in rank order (the order they are asked in)."""
+    return sorted((factory() for factory in _CAUSES), key=lambda c: c.rank)
+
+
+for _source in (checks.Checks, measurements.Measurements, passive.Passive, boundary.Boundary):
+    register_source(_source)
+for _cause in (events.ClassEvents, declared.Declared, switch.Switches, link.Links):
+    register_cause(_cause)

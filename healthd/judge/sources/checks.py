@@ -10,10 +10,11 @@ group; it is not event-proof: many nodes of a class failing the same way at once
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from healthd.judge.hardfault import HardFault, parse_reason
 from healthd.judge.model import CheckInput, Finding, ReasonCode, RunInput, SeriesKey, Severity
-from healthd.judge.sources import RunFindings
+from healthd.judge.sources.seam import BaseSource, Context, FleetCache, RunFindings, Selected
 from healthd.model import Outcome
 
 GPU_COUNT_CHECK = "env.gpu_count"
@@ -63,3 +64,16 @@ def transport(run: RunInput, ev: RunFindings) -> None:
         ev.node_findings.setdefault(node, []).append(
             Finding(ReasonCode.NCCL_TRANSPORT, Severity.DEGRADED, key, 0.0, 1.0, 1.0, run.reason,
                     switch_proof=True))
+
+
+class Checks(BaseSource):
+    """A failed run's checks and hard fault; the transport check of any other run."""
+
+    name = "checks"
+
+    def judge_run(self, ctx: Context, run: RunInput, selected: Sequence[Selected], cache: FleetCache,
+                  now: float, ev: RunFindings) -> None:
+        if run.outcome is Outcome.FAIL:
+            failed_run(run, ev)
+        else:
+            transport(run, ev)

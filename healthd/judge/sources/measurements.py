@@ -17,15 +17,16 @@ import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 from healthd.config import JudgeSettings
 from healthd.judge.baseline import Baseline, drift, robust_stats
 from healthd.judge.fleet import FleetStats, outlier
 from healthd.judge.floors import FloorTable, below_floor
-from healthd.judge.model import Direction, Finding, MeasurementInput, RunInput, SeriesKey, SeriesState
+from healthd.judge.model import Finding, MeasurementInput, RunInput, SeriesKey, SeriesState
 from healthd.judge.noise import OWN_SPREAD_MIN, k_for, noisy_floor, relative_noise
-from healthd.judge.sources import RunFindings
+from healthd.judge.sources.seam import BaseSource, FleetCache, RunFindings, Selected
+from healthd.model import Outcome
 from healthd.node_class import DEFAULT_CLASS
 
 GPU_PEERS_MIN = 4
@@ -34,17 +35,6 @@ GPU_PEERS_MIN = 4
 THROTTLED_AT = 0.1
 """A GPU slowed by its hardware (HW slowdown, thermal, power brake) in at least this share of a
 GEMM window's NVML readings (``throttle_ratio``) has its findings of that window say so."""
-
-FleetCache = dict[tuple[str, SeriesKey], FleetStats | None]
-
-
-class Selected(NamedTuple):
-    m: MeasurementInput
-    direction: Direction
-    key: SeriesKey
-    fkey: SeriesKey
-    """The fleet key: the series without its ``gpu`` label (a class's GPUs are pooled)."""
-
 
 class Context(Protocol):
     """What the measurement source reads of the judge's state (``Judge`` provides it)."""
@@ -195,3 +185,14 @@ def judge(ctx: Context, run: RunInput, selected: Sequence[Selected], cache: Flee
                 ev.group_findings.extend(found)
                 if m.node:
                     ev.ends = link_ends(run)
+
+
+class Measurements(BaseSource):
+    """A run's judged measurements against floor, own baseline and fleet (``judge``)."""
+
+    name = "measurements"
+
+    def judge_run(self, ctx: Context, run: RunInput, selected: Sequence[Selected], cache: FleetCache,
+                  now: float, ev: RunFindings) -> None:
+        if run.outcome is not Outcome.FAIL:
+            judge(ctx, run, selected, cache, now, ev)

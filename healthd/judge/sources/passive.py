@@ -24,14 +24,25 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Iterable, Mapping
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from healthd.model import Outcome
+from healthd.judge.model import (
+    JudgeOutput,
+    JudgeState,
+    ReasonCode,
+    RecommendationCandidate,
+    Request,
+    RunInput,
+    Severity,
+)
+from healthd.judge.sources.seam import BaseSource, Context
+from healthd.model import Outcome, Verdict
 from healthd.passive.model import PassivePoll, PassiveSignal, SignalName, Strength
 
-__all__ = ["PROBE", "Conclusion", "Strength", "Track", "conclude", "evidence", "expire", "observe", "probed",
+__all__ = ["PROBE", "Conclusion", "Passive", "Strength", "Track", "conclude", "evidence", "expire", "observe", "probed",
            "restore"]
 
 PROBE = "passive"
@@ -264,3 +275,130 @@ def restore(node: str, code: str, ev: Mapping[str, float | str]) -> Track | None
                      float(confirmed) if confirmed is not None else None)
     except (KeyError, ValueError, TypeError):
         return None
+
+
+class Passive(BaseSource):
+    """The passive tracks followed, (node, code, GPU) → track, and their verdicts under ``PROBE``: a poll
+    updates them (``observe``), a judged probe run of the node answers them (``after_runs``)."""
+
+    name = "passive"
+    by_node_probes = frozenset({PROBE})
+
+    def __init__(self) -> None:
+        self.tracks: dict[tuple[str, str, str], Track] = {}
+
+    def signals(self) -> list[Track]:
+        """The tracks followed now (``healthd_node_passive_signal``, the API, ``healthd status``)."""
+        return sorted(self.tracks.values(), key=lambda t: t.key)
+
+    def observe(self, ctx: Context, document: object, now: float, out: JudgeOutput) -> bool:
+        """One poll of the site's Prometheus: new and repeated signals update their tracks, fault-class
+        signals ask for a re-probe, a signal on a large share of a class is a fleet event. A poll that is not
+        ``up`` changes nothing (could not check is no evidence)."""
+        if not isinstance(document, PassivePoll):
+            return False
+        poll = document
+        if not poll.up:
+            return True
+        known = set(ctx.classes)
+        signals = tuple(s for s in poll.signals if not known or s.node in known)
+        window = ctx.settings.passive.window_s
+        self.tracks, changed = observe(self.tracks, replace(poll, signals=signals), window)
+        self.tracks, ended = expire(self.tracks, now, window)
+        touched = changed | ended | {n for (n, p) in ctx.verdicts if p == PROBE and n in ended}
+        self._samples(ctx, poll, now)
+        events = len(out.fleet_events)
+        ctx.update_causes({(n, PROBE) for n in poll.covered}, now, out)
+        if any(e.probe == PROBE for e in out.fleet_events[events:]):
+            touched |= {n for (n, p) in ctx.verdicts if p == PROBE}
+            touched |= {t.node for t in self.tracks.values()}
+        crowded = self._crowded_hints(ctx, poll)
+        by_node = self._by_node()
+        for name in sorted(touched):
+            self._conclude(ctx, name, by_node.get(name, []), now, out,
+                           ask=name in changed and ctx.node_class(name) not in crowded)
+        return True
+
+    def _crowded_hints(self, ctx: Context, poll: PassivePoll) -> set[str]:
+        """Classes with a hint on ``fleet.event_share`` of their covered nodes or more (a hot machine room,
+        a firmware default): a condition of the class, not a reason to probe each of its nodes at once."""
+        covered: dict[str, int] = defaultdict(int)
+        for node in poll.covered:
+            covered[ctx.node_class(node)] += 1
+        hinted: dict[str, set[str]] = defaultdict(set)
+        for t in self.tracks.values():
+            if t.strength is Strength.HINT:
+                hinted[ctx.node_class(t.node)].add(t.node)
+        share = ctx.settings.fleet.event_share
+        return {cls for cls, nodes in hinted.items() if covered.get(cls) and len(nodes) >= share * covered[cls]}
+
+    def _samples(self, ctx: Context, poll: PassivePoll, now: float) -> None:
+        """Each covered node's sample for the fleet rule: flagged while a fault track of it is live in the
+        event window (at its start), else the poll's time."""
+        cutoff = now - ctx.settings.fleet.event_window_s
+        faults: dict[str, float] = {}
+        for t in self.tracks.values():
+            if t.strength is Strength.FAULT and t.last_at >= cutoff:
+                faults[t.node] = min(faults.get(t.node, t.first_at), t.first_at)
+        for node in poll.covered:
+            if node in ctx.classes:
+                first = faults.get(node)
+                ctx.samples.setdefault((ctx.node_class(node), PROBE), {})[node] = \
+                    (first, True) if first is not None else (poll.at, False)
+
+    def after_runs(self, ctx: Context, judged: Sequence[RunInput], now: float, out: JudgeOutput) -> None:
+        """Judged probe runs answer the passive tracks of their nodes: a failure confirms, a pass makes
+        suspect (``probed``)."""
+        touched: set[str] = set()
+        by_node = self._by_node()
+        for run in judged:
+            for n in run.nodes:
+                if n not in by_node:
+                    continue
+                mark = next((mk for mk in reversed(ctx.marks.get((n, run.probe), ())) if mk.run_id == run.run_id),
+                            None)
+                failed = run.outcome is Outcome.FAIL or (mark is not None and mark.severity is Severity.FAIL)
+                clean = not failed and mark is not None and mark.severity is Severity.NONE and \
+                    mark.code is ReasonCode.OK
+                mine = [self.tracks[t.key] for t in by_node.get(n, ()) if t.key in self.tracks]
+                for t in probed(mine, run.run_id, run.at, failed=failed, clean=clean):
+                    if t.stage() != self.tracks[t.key].stage():
+                        touched.add(n)
+                    self.tracks[t.key] = t
+        self.tracks, ended = expire(self.tracks, now, ctx.settings.passive.window_s)
+        touched |= {n for n in ended if (n, PROBE) in ctx.verdicts}
+        by_node = self._by_node()
+        for node in sorted(touched):
+            self._conclude(ctx, node, by_node.get(node, []), now, out, ask=False)
+
+    def _by_node(self) -> dict[str, list[Track]]:
+        by_node: dict[str, list[Track]] = defaultdict(list)
+        for t in self.tracks.values():
+            by_node[t.node].append(t)
+        return by_node
+
+    def _conclude(self, ctx: Context, node: str, tracks: list[Track], now: float, out: JudgeOutput, *,
+                  ask: bool) -> None:
+        event = ctx.holding(node, PROBE)
+        explained = event.text if event is not None and tracks and \
+            all(t.first_at >= event.started_at for t in tracks if t.strength is Strength.FAULT) else None
+        c = conclude(tracks, ctx.settings.passive.window_s, in_event=explained)
+        ev = evidence(c)
+        run_ids = (c.top.failed_run,) if c.top is not None and c.top.failed_run else ()
+        at = c.top.last_at if c.top is not None else now
+        verdict = Verdict(node, PROBE, c.outcome, c.text, c.code, run_ids, ev, at)
+        out.evaluated.add((node, PROBE))
+        ctx.set_verdict(verdict, out)
+        if c.recommend and c.top is not None:
+            out.recommendations.append(RecommendationCandidate(
+                node, PROBE, c.outcome, c.code, c.text,
+                {"run_ids": list(run_ids), "summary": c.top.summary, **ev}, at))
+        if (ask or c.stage == PENDING) and c.reprobe:
+            ctx.ask(Request("reprobe", PROBE, (node,), now, c.text[:200]), out)
+
+    def restore(self, ctx: Context, state: JudgeState) -> None:
+        for verdict in state.verdicts:
+            if verdict.probe == PROBE and verdict.evidence:
+                track = restore(verdict.node, verdict.reason_code, verdict.evidence)
+                if track is not None:
+                    self.tracks[track.key] = track
