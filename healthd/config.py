@@ -548,6 +548,27 @@ class PassiveQueries(_Section):
     health: PromQL = DEFAULT_PASSIVE_QUERIES["health"]
 
 
+IB_COUNTERS_RE = "link_downed|symbol_error|port_errors_received|port_receive_remote_physical_errors|link_error_recovery"
+
+
+class PassiveFabric(_Section):
+    """``[passive.fabric]``: InfiniBand ports from node_exporter's ``infiniband`` collector, read through the
+    same Prometheus (``healthd.passive.fabric``; docs/passive.md). Each query's series need ``device``,
+    ``port`` and a host label (node_exporter: ``instance``)."""
+
+    enabled: bool = True
+    counters: PromQL = f'{{__name__=~"node_infiniband_({IB_COUNTERS_RE})_total"}} > 0'
+    """The port error counters above 0 (a healthy fleet's ports are at 0: the answer stays small)."""
+    present: PromQL = (f'count without (device, port) (label_replace({{__name__=~"node_infiniband_({IB_COUNTERS_RE})'
+                       '_total"}, "counter", "$1", "__name__", "node_infiniband_(.+)_total"))')
+    """One series per node and counter it exports (label ``counter``): what is missing is unavailable."""
+    links: PromQL = "node_infiniband_rate_bytes_per_second and node_infiniband_state_id == 4"
+    """The rate of every active port."""
+    physical: PromQL = "node_infiniband_physical_state_id and node_infiniband_state_id == 4"
+    boot: PromQL = "node_boot_time_seconds"
+    """A node whose boot time changed booted: its link-downed rise is no flap."""
+
+
 Xid = Annotated[int, Field(ge=0, le=100_000)]
 
 
@@ -625,6 +646,7 @@ class PassiveSettings(_Section):
     tls: PassiveTls = PassiveTls()
     queries: PassiveQueries = PassiveQueries()
     xid: XidClasses = XidClasses()
+    fabric: PassiveFabric = PassiveFabric()
 
     @field_validator("prometheus_url")
     @classmethod

@@ -41,6 +41,7 @@ from healthd.coverage import CoverageCollector, CoverageInputs
 from healthd.errors import BackendError, ConfigError, HealthdError, SlurmError, StoreError
 from healthd.http import HttpApp, HttpServer
 from healthd.judge.persist import judge_ingested, judge_passive_poll, judge_runs, load_judge, run_from_collected
+from healthd.judge.sources.fabric import Fabric
 from healthd.judge.sources.passive import Passive
 from healthd.logging import get_logger, setup_logging
 from healthd.metrics import DaemonMetrics, Exposition, PassiveMetrics, PassiveSignalCollector
@@ -112,7 +113,8 @@ class Daemon:
         self.registry.register(self.coverage)
         self.judge = load_judge(self.store, settings.judge, now=time.time())
         self._judge_stale = False
-        self.registry.register(PassiveSignalCollector(lambda: self.judge.view(Passive, Passive.signals)))
+        self.registry.register(PassiveSignalCollector(
+            lambda: [*self.judge.view(Passive, Passive.signals), *self.judge.view(Fabric, Fabric.signals)]))
         self.topology: Topology | None = None
         self._topology_read = False
         """Whether a topology read has succeeded yet (until then ``/healthz`` says none was read)."""

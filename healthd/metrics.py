@@ -37,6 +37,7 @@ from healthd.judge.metrics import (
     REFERENCE_HELP,
     Labels,
     Sample,
+    SignalRow,
     drain_reason,
     finding_samples,
     fleet_samples,
@@ -45,7 +46,6 @@ from healthd.judge.metrics import (
 )
 from healthd.judge.model import LinkFinding
 from healthd.judge.peaks import mfu
-from healthd.judge.sources.passive import Track
 from healthd.model import Node, Outcome, Verdict
 from healthd.passive.model import SIGNALS, PassivePoll
 from healthd.passive.source import error_signals
@@ -770,7 +770,7 @@ class PassiveSignalCollector(Collector):
     """``healthd_node_passive_signal`` from the judge's passive tracks at scrape time (a handful: only the
     signals followed now)."""
 
-    def __init__(self, tracks: Callable[[], Iterable[Track]]) -> None:
+    def __init__(self, tracks: Callable[[], Iterable[SignalRow]]) -> None:
         self._tracks = tracks
 
     def describe(self) -> list[Metric]:
@@ -778,7 +778,8 @@ class PassiveSignalCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         family = GaugeMetricFamily("healthd_node_passive_signal", JUDGE_FAMILIES["healthd_node_passive_signal"][1],
-                                   labels=["node", "gpu", "gpu_uuid", "signal", "code", "strength", "stage"])
+                                   labels=["node", "gpu", "gpu_uuid", "device", "port", "signal", "code", "strength",
+                                           "stage"])
         for _, labels, value in passive_samples(self._tracks()):
             family.add_metric([v for _, v in labels], value)
         yield family

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal
 
+from healthd.passive.fabric import FabricPoll
+
 SignalName = Literal[
     "xid",
     "row_remap_failure",
@@ -82,3 +84,5 @@ class PassivePoll:
     """Series naming a host that maps to no known node: counted and ignored."""
     failed: tuple[SignalName, ...] = field(default=())
     """Signals whose query failed in this poll (their state is unknown, not healthy)."""
+    fabric: FabricPoll | None = None
+    """The InfiniBand ports (``[passive.fabric]``; ``None``: off), judged by ``healthd.judge.sources.fabric``."""

@@ -17,8 +17,9 @@ from healthd.config import PassiveSettings
 from healthd.logging import get_logger
 from healthd.parsers.prometheus_query import QueryAnswerError, parse_query_response
 from healthd.passive.client import PassiveQueryError, PrometheusClient
+from healthd.passive.fabric import FabricAnswers, FabricPoll, FabricTracker
 from healthd.passive.model import SIGNALS, PassivePoll, PassiveSignal, SignalName
-from healthd.passive.names import NodeNamer, locate
+from healthd.passive.names import Located, NodeNamer, locate
 from healthd.passive.signals import SignalTracker, XidPolicy
 
 log = get_logger(__name__)
@@ -46,6 +47,7 @@ class PassiveSource:
         self.client: QueryClient = client or PrometheusClient(settings)
         self.namer = NodeNamer.of(settings.host_labels, settings.node_regex, settings.node_replacement)
         self.tracker = SignalTracker(xid_policy(settings))
+        self.fabric = FabricTracker()
         self._known: frozenset[str] = frozenset()
 
     def query_of(self, signal: SignalName) -> str:
@@ -56,6 +58,7 @@ class PassiveSource:
         known = frozenset(nodes)
         if gone := self._known - known:
             self.tracker.forget(gone)
+            self.fabric.forget(gone)
         self._known = known
         signals: list[PassiveSignal] = []
         covered: set[str] = set()
@@ -88,6 +91,29 @@ class PassiveSource:
             if bad:
                 first = f" (first: {answer.first_bad!r})" if answer.first_bad else ""
                 errors.append(f"{signal}: {bad} series with a value that is not a valid number{first}")
+        fabric = self._fabric(known, now, errors) if self.settings.fabric.enabled else None
         return PassivePoll(at=now, up=len(failed) < len(SIGNALS), signals=tuple(signals),
                            covered=frozenset(covered), unavailable=tuple(unavailable), errors=tuple(errors),
-                           unknown_series=unknown, failed=tuple(failed))
+                           unknown_series=unknown, failed=tuple(failed), fabric=fabric)
+
+    def _fabric(self, known: frozenset[str], now: float, errors: list[str]) -> FabricPoll:
+        """The fabric queries (``[passive.fabric]``), each one query for the whole fleet; a failed one is an
+        error line (``ib_<part>: ...``) and its part unknown this poll."""
+        q = self.settings.fabric
+        parts: dict[str, list[Located] | None] = {}
+        for part, promql in (("counters", q.counters), ("present", q.present), ("links", q.links),
+                             ("physical", q.physical), ("boot", q.boot)):
+            try:
+                answer = parse_query_response(self.client.query(promql), max_series=self.settings.max_series)
+            except (PassiveQueryError, QueryAnswerError) as exc:
+                errors.append(f"ib_{part}: {exc}")
+                parts[part] = None
+                continue
+            except Exception as exc:
+                log.exception("passive_query_crashed", signal=f"ib_{part}")
+                errors.append(f"ib_{part}: {type(exc).__name__}: {exc}"[:500])
+                parts[part] = None
+                continue
+            parts[part], _ = locate([(s.labels, s.value) for s in answer.samples], self.namer, known)
+        return self.fabric.observe(FabricAnswers(parts["counters"], parts["present"], parts["links"],
+                                                 parts["physical"], parts["boot"]), now)

@@ -252,7 +252,7 @@ class Answers:
 
 
 def source(**settings: Any) -> tuple[PassiveSource, Answers, PassiveSettings]:
-    s = PassiveSettings(prometheus_url="http://prometheus.test:9090", **settings)
+    s = PassiveSettings(prometheus_url="http://prometheus.test:9090", **({"fabric": {"enabled": False}} | settings))
     fake = Answers(s)
     return PassiveSource(s, client=fake), fake, s
 

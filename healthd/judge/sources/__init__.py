@@ -14,6 +14,10 @@ made, and calls them through the two seams of ``seam``:
   - ``passive``: a poll of the site's Prometheus (dcgm-exporter: XIDs, row remaps, ECC, throttling,
     health) → ``xid_79``, ``row_remap_failure``, ``ecc_dbe``, ... (hard faults confirmed by a re-probe or
     a repeat; hints never drain);
+  - ``fabric``: the InfiniBand ports of the same poll (node_exporter's ``infiniband`` collector) →
+    ``ib_link_down``, ``ib_symbol_errors``, ``ib_rcv_errors``, ... (a hint alone; ``degraded`` with the
+    node's inter-node bandwidth low in the window) and ``ib_link_degraded`` (``degraded``). It reads the poll
+    and answers ``False``, so it is registered before ``passive``, which takes the poll;
   - ``boundary``: the node check at job boundaries (its runs are judged like any; a re-probe asked for it
     runs the node's probes).
 
@@ -31,7 +35,7 @@ made).
 
 from __future__ import annotations
 
-from healthd.judge.sources import boundary, checks, events, link, measurements, passive, switch
+from healthd.judge.sources import boundary, checks, events, fabric, link, measurements, passive, switch
 from healthd.judge.sources.seam import (
     BaseCause,
     BaseSource,
@@ -79,7 +83,7 @@ def causes() -> list[Cause]:
     return sorted((factory() for factory in _CAUSES), key=lambda c: c.rank)
 
 
-for _source in (checks.Checks, measurements.Measurements, passive.Passive, boundary.Boundary):
+for _source in (checks.Checks, measurements.Measurements, fabric.Fabric, passive.Passive, boundary.Boundary):
     register_source(_source)
 for _cause in (events.ClassEvents, switch.Switches, link.Links):
     register_cause(_cause)
