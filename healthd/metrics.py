@@ -47,6 +47,7 @@ from healthd.judge.metrics import (
 from healthd.judge.model import LinkFinding
 from healthd.judge.peaks import mfu
 from healthd.model import Node, Outcome, Verdict
+from healthd.passive.fabric import COUNTERS as IB_COUNTERS
 from healthd.passive.model import SIGNALS, PassivePoll
 from healthd.passive.source import error_signals
 from healthd.store import Store
@@ -844,3 +845,9 @@ class PassiveMetrics:
                 self.available.labels(signal).set(0)
             elif signal not in poll.failed:
                 self.available.labels(signal).set(1)
+        fabric = poll.fabric
+        if fabric is not None and "present" not in fabric.failed:
+            self.available.labels("infiniband").set(1 if fabric.covered else 0)
+            for counter in IB_COUNTERS:
+                lacking = fabric.covered and any(counter in missing for missing in fabric.unavailable.values())
+                self.available.labels(f"ib_{counter}").set(0 if not fabric.covered or lacking else 1)

@@ -169,3 +169,23 @@ def test_a_port_finding_survives_a_restart() -> None:
     fresh = Fabric()
     fresh.restore(feed.fleet.judge, JudgeState(verdicts=tuple(feed.fleet.judge.verdicts.values())))
     assert [(t.node, t.code, t.device, t.port) for t in fresh.signals()] == [("n4", "ib_link_degraded", "mlx5_0", "1")]
+
+
+def test_availability_of_the_ports_and_of_each_counter_is_exported() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from healthd.metrics import PassiveMetrics
+
+    registry = CollectorRegistry()
+    metrics = PassiveMetrics(registry)
+    t = FabricTracker()
+    fabric = t.observe(FabricAnswers([], present("a") + present("b", lacking=("symbol_error",)), [link("a")]), 1.0)
+    metrics.record(PassivePoll(at=1.0, up=True, fabric=fabric))
+
+    def available(signal: str) -> float | None:
+        return registry.get_sample_value("healthd_passive_signal_available", {"signal": signal})
+
+    assert available("infiniband") == 1.0
+    assert available("ib_symbol_error") == 0.0 and available("ib_link_downed") == 1.0
+    metrics.record(PassivePoll(at=2.0, up=True, fabric=t.observe(FabricAnswers([], [], []), 2.0)))
+    assert available("infiniband") == 0.0 and available("ib_link_downed") == 0.0
