@@ -388,6 +388,9 @@ class PassiveJudgeSettings(_Section):
     """How long a passive signal is followed: a fault-class signal repeating within it is confirmed; one a
     passing probe answered and that did not repeat is suspect until it ends; a confirmed one ends once the
     window has passed without it and a probe passed since (``healthd.judge.sources.passive``)."""
+    throttle_sustain_s: PositiveSeconds = 300.0
+    """A power brake or hardware slowdown held this long on a busy GPU (``[passive.activity]``) is a ``degraded``
+    finding on that GPU (``healthd.judge.sources.throttle``); on an idle GPU it stays a hint."""
 
 
 class JudgeSettings(_Section):
@@ -548,6 +551,15 @@ class PassiveQueries(_Section):
     health: PromQL = DEFAULT_PASSIVE_QUERIES["health"]
 
 
+class PassiveActivity(_Section):
+    """``[passive.activity]``: whether each GPU is busy (``healthd.passive.activity``): a power brake or a
+    hardware slowdown is a finding only when held on a busy GPU (``[judge.passive] throttle_sustain_s``)."""
+
+    enabled: bool = True
+    query: PromQL = "DCGM_FI_PROF_GR_ENGINE_ACTIVE or DCGM_FI_DEV_GPU_UTIL"
+    """Per GPU, the profiling field where exported, else the utilisation (the labels of the passive signals)."""
+
+
 IB_COUNTERS_RE = "link_downed|symbol_error|port_errors_received|port_receive_remote_physical_errors|link_error_recovery"
 
 
@@ -647,6 +659,7 @@ class PassiveSettings(_Section):
     queries: PassiveQueries = PassiveQueries()
     xid: XidClasses = XidClasses()
     fabric: PassiveFabric = PassiveFabric()
+    activity: PassiveActivity = PassiveActivity()
 
     @field_validator("prometheus_url")
     @classmethod
