@@ -215,6 +215,9 @@ class NodeClassRule(_Section):
     expect_gpus: int | None = Field(default=None, ge=0, le=4096)
     """GPUs a probe must find on these nodes (default: the GRES count); 0: the GRES are not CUDA
     devices, the probes run on the CPU."""
+    nvswitch: bool = False
+    """An NVSwitch system (HGX/DGX H100, H200, B200...): the node check reads each GPU's fabric state at job
+    boundaries, and a Fabric Manager that is not ``Completed``/``Success`` is a ``fail`` (``fabric_manager``)."""
 
 
 class SlurmSettings(_Section):

@@ -272,7 +272,8 @@ class Daemon:
         nodes = self.observed.list_nodes()
         self.store.upsert_nodes(nodes, time.time())
         try:
-            write_expectations(self.settings.results_dir, nodes, self._expectations)
+            write_expectations(self.settings.results_dir, nodes, self._expectations,
+                               nvswitch={r.name for r in self.settings.slurm.node_classes if r.nvswitch})
         except OSError as exc:
             log.warning("node_expectation_not_written", error=str(exc))
 
