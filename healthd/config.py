@@ -563,6 +563,15 @@ class PassiveActivity(_Section):
     """Per GPU, the profiling field where exported, else the utilisation (the labels of the passive signals)."""
 
 
+class PassivePcie(_Section):
+    """``[passive.pcie]``: each GPU's PCIe link (``healthd.passive.pcie``): a width below the maximum is
+    ``pcie_downtrained``, a generation below it too while the GPU is busy (``[passive.activity]``)."""
+
+    enabled: bool = True
+    query: PromQL = '{__name__=~"DCGM_FI_DEV_PCIE_(MAX_)?LINK_(WIDTH|GEN)"}'
+    """The current and maximum link width and generation per GPU (DCGM fields a site adds to its CSV)."""
+
+
 IB_COUNTERS_RE = "link_downed|symbol_error|port_errors_received|port_receive_remote_physical_errors|link_error_recovery"
 
 
@@ -663,6 +672,7 @@ class PassiveSettings(_Section):
     xid: XidClasses = XidClasses()
     fabric: PassiveFabric = PassiveFabric()
     activity: PassiveActivity = PassiveActivity()
+    pcie: PassivePcie = PassivePcie()
 
     @field_validator("prometheus_url")
     @classmethod

@@ -12,6 +12,7 @@ from enum import StrEnum
 from typing import Literal
 
 from healthd.passive.fabric import FabricPoll
+from healthd.passive.pcie import PcieLink
 
 SignalName = Literal[
     "xid",
@@ -88,5 +89,8 @@ class PassivePoll:
     busy: Mapping[tuple[str, str], tuple[bool, str]] | None = None
     """(node, GPU UUID or index) → busy, and its words (``[passive.activity]``; ``None``: off or its query
     failed: every GPU's activity unknown). Read by ``healthd.judge.sources.throttle``."""
+    pcie: tuple[PcieLink, ...] | None = None
+    """Each GPU's PCIe link (``[passive.pcie]``; ``None``: off or its query failed). Read by
+    ``healthd.judge.sources.pcie``."""
     fabric: FabricPoll | None = None
     """The InfiniBand ports (``[passive.fabric]``; ``None``: off), judged by ``healthd.judge.sources.fabric``."""

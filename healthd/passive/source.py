@@ -21,6 +21,7 @@ from healthd.passive.client import PassiveQueryError, PrometheusClient
 from healthd.passive.fabric import FabricAnswers, FabricPoll, FabricTracker
 from healthd.passive.model import SIGNALS, PassivePoll, PassiveSignal, SignalName
 from healthd.passive.names import Located, NodeNamer, locate
+from healthd.passive.pcie import links
 from healthd.passive.signals import SignalTracker, XidPolicy
 
 log = get_logger(__name__)
@@ -94,9 +95,11 @@ class PassiveSource:
                 errors.append(f"{signal}: {bad} series with a value that is not a valid number{first}")
         fabric = self._fabric(known, now, errors) if self.settings.fabric.enabled else None
         active = self._activity(known, errors) if self.settings.activity.enabled else None
+        pcie = self._query("pcie", self.settings.pcie.query, known, errors) if self.settings.pcie.enabled else None
         return PassivePoll(at=now, up=len(failed) < len(SIGNALS), signals=tuple(signals),
                            covered=frozenset(covered), unavailable=tuple(unavailable), errors=tuple(errors),
-                           unknown_series=unknown, failed=tuple(failed), busy=active, fabric=fabric)
+                           unknown_series=unknown, failed=tuple(failed), busy=active,
+                           pcie=links(pcie) if pcie is not None else None, fabric=fabric)
 
     def _query(self, name: str, promql: str, known: frozenset[str], errors: list[str]) -> list[Located] | None:
         """One query's series on known nodes; ``None`` (and an error line ``<name>: ...``) when it failed."""

@@ -1,4 +1,5 @@
-"""Throttling that matters, through a real Prometheus (Debian's package) scraping a fake dcgm-exporter.
+"""Throttling that matters and PCIe links trained down, through a real Prometheus (Debian's package)
+scraping a fake dcgm-exporter.
 
 The fake (``tests/fakes/dcgm_exporter.py``) serves two nodes of two GPUs: ``ta`` with the profiling field
 ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` (DCGM's profiling module on), ``tb`` without (its activity read from
@@ -6,7 +7,9 @@ The fake (``tests/fakes/dcgm_exporter.py``) serves two nodes of two GPUs: ``ta``
 to a real ``Judge`` (``[judge.passive] throttle_sustain_s`` shortened to 4 s). Checked: a power brake held on a
 busy GPU is ``degraded`` on that GPU (``throttle_power_brake``, its UUID) only once held ``throttle_sustain_s``,
 and ends with the brake; a hardware slowdown on a busy GPU without profiling the same (``throttle_hw_slowdown``);
-a brake on an idle GPU only the passive source's hint; a software power cap on a busy GPU nothing. Root only,
+a brake on an idle GPU only the passive source's hint; a software power cap on a busy GPU nothing. PCIe: a
+link narrower than its maximum is ``pcie_downtrained`` whatever the load, a lower generation only on a busy GPU
+(an idle GPU's link at gen 1 is normal). Root only,
 like the other Prometheus tests; skips with the reason otherwise. About 25 s.
 """
 
@@ -84,7 +87,7 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
     missing = _missing()
     if missing:
         pytest.skip(missing)
-    exporter = FakeDcgmExporter(NODES, gpus=2, profiling=["ta"]).start()
+    exporter = FakeDcgmExporter(NODES, gpus=2, profiling=["ta"], pcie=True).start()
     targets = "\n".join(f"""      - targets: ["{exporter.address}"]
         labels: {{__param_node: "{node}", instance: "{node}:9400"}}""" for node in NODES)
     (tmp_path / "prometheus.yml").write_text(f"""
@@ -126,6 +129,10 @@ def test_a_brake_held_on_a_busy_gpu_is_degraded_and_idle_or_power_cap_is_not(sta
     e.set("tb", 0, REASONS, 0x4)          # software power cap, busy: normal operation
     e.set("tb", 1, "DCGM_FI_DEV_GPU_UTIL", 88)
     e.set("tb", 1, REASONS, 0x8)          # HW slowdown, busy, no profiling
+    for node, gpu in (("ta", 0), ("tb", 0)):
+        e.set(node, gpu, "DCGM_FI_DEV_PCIE_LINK_GEN", 5)  # busy at full speed
+    e.set("tb", 1, "DCGM_FI_DEV_PCIE_LINK_GEN", 3)       # busy at gen 3 of 5: downtrained
+    e.set("ta", 1, "DCGM_FI_DEV_PCIE_LINK_WIDTH", 8)     # idle (gen 1: normal) but x8 of x16: downtrained
     stack.until("the passive hints", lambda: stack.verdict("ta", "passive") is not None
                 and stack.verdict("tb", "passive") is not None)
     seen = time.time()
@@ -139,7 +146,7 @@ def test_a_brake_held_on_a_busy_gpu_is_degraded_and_idle_or_power_cap_is_not(sta
     assert v.evidence["gpu"] == "0" and v.evidence["gpu_uuid"] == fake_uuid("ta", 0)
     assert "graphics engine active 0.93" in v.reason
     assert "utilisation 88%" in stack.fleet.judge.verdicts[("tb", PROBE)].reason
-    recs = {(r[0], r[3], r[4]) for r in stack.recommendations}
+    recs = {(r[0], r[3], r[4]) for r in stack.recommendations if r[1] == PROBE}
     assert recs == {("ta", "throttle_power_brake", fake_uuid("ta", 0)),
                     ("tb", "throttle_hw_slowdown", fake_uuid("tb", 1))}
     # the idle GPU's brake: the passive source's hint, no more; the power cap: no signal at all
@@ -148,3 +155,11 @@ def test_a_brake_held_on_a_busy_gpu_is_degraded_and_idle_or_power_cap_is_not(sta
 
     e.set("ta", 0, REASONS, 0x1)
     stack.until("ta's brake released", lambda: stack.verdict("ta") == ("pass", "ok"))
+
+    pcie = {n: stack.fleet.judge.verdicts[(n, "pcie")] for n in NODES}
+    assert {n: (v.outcome.value, v.reason_code) for n, v in pcie.items()} == {
+        "ta": ("degraded", "pcie_downtrained"), "tb": ("degraded", "pcie_downtrained")}
+    assert pcie["ta"].reason.startswith(f"PCIe link x8, below its x16 on gpu 1 ({fake_uuid('ta', 1)})")
+    assert pcie["tb"].reason.startswith(f"PCIe gen 3 while busy, below its gen 5 on gpu 1 ({fake_uuid('tb', 1)})")
+    e.set("ta", 1, "DCGM_FI_DEV_PCIE_LINK_WIDTH", 16)
+    stack.until("ta's link back at x16", lambda: stack.verdict("ta", "pcie") == ("pass", "ok"))

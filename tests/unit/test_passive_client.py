@@ -180,5 +180,5 @@ def test_each_bad_answer_is_one_error_per_signal_and_a_poll_never_raises(
     poll = PassiveSource(PassiveSettings(prometheus_url=server.url)).poll({"gpu01"}, now=1.0)
     assert not poll.up
     parts = ("ib_counters", "ib_present", "ib_links", "ib_physical", "ib_boot",  # [passive.fabric]
-             "activity")  # [passive.activity]
+             "activity", "pcie")  # [passive.activity], [passive.pcie]
     assert error_signals(poll) == dict.fromkeys(SIGNALS, 1) | dict.fromkeys(parts, 1)

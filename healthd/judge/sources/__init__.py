@@ -19,7 +19,9 @@ made, and calls them through the two seams of ``seam``:
     node's inter-node bandwidth low in the window) and ``ib_link_degraded`` (``degraded``);
   - ``throttle``: a power brake or hardware slowdown of the same poll held ``throttle_sustain_s`` on a busy
     GPU → ``throttle_power_brake`` / ``throttle_hw_slowdown``, ``degraded`` on that GPU.
-    ``fabric`` and ``throttle`` read the poll and answer ``False``, so they are registered before
+  - ``pcie``: each GPU's PCIe link in the same poll → ``pcie_downtrained`` (a width below the maximum, or
+    the generation while busy), ``degraded`` on that GPU.
+    ``fabric``, ``throttle`` and ``pcie`` read the poll and answer ``False``, so they are registered before
     ``passive``, which takes it;
   - ``boundary``: the node check at job boundaries (its runs are judged like any; a re-probe asked for it
     runs the node's probes).
@@ -38,7 +40,18 @@ made).
 
 from __future__ import annotations
 
-from healthd.judge.sources import boundary, checks, events, fabric, link, measurements, passive, switch, throttle
+from healthd.judge.sources import (
+    boundary,
+    checks,
+    events,
+    fabric,
+    link,
+    measurements,
+    passive,
+    pcie,
+    switch,
+    throttle,
+)
 from healthd.judge.sources.seam import (
     BaseCause,
     BaseSource,
@@ -86,8 +99,8 @@ def causes() -> list[Cause]:
     return sorted((factory() for factory in _CAUSES), key=lambda c: c.rank)
 
 
-for _source in (checks.Checks, measurements.Measurements, fabric.Fabric, throttle.Throttle, passive.Passive,
-                boundary.Boundary):
+for _source in (checks.Checks, measurements.Measurements, fabric.Fabric, throttle.Throttle, pcie.Pcie,
+                passive.Passive, boundary.Boundary):
     register_source(_source)
 for _cause in (events.ClassEvents, switch.Switches, link.Links):
     register_cause(_cause)
