@@ -12,7 +12,9 @@ What each says, against ``[remediation] act_on`` (which acts on ``degraded`` by 
 - **port errors or a flap with the node's inter-node bandwidth low in the same window** (a flagged
   multi-node result of the node, or a flagged finding of its own on a ``busbw`` series of a ``scope`` other
   than ``node``, within ``[judge.passive] window_s`` of the port's signal) are one ``degraded`` finding naming
-  the port (``device``, ``port``), recommended: the port explains the slow runs.
+  the port (``device``, ``port``), recommended: the port explains the slow runs. Low results a cause holds
+  (a switch finding over the node's leaf, a class event) are the cause's: port errors on many nodes of one
+  failing leaf stay hints, and the switch cause names the leaf.
 - **a degraded link** (an active port whose rate is below its class's: the most common rate among the
   class's active ports in the poll) is ``degraded`` at once: a link trained at a lower rate is a cable or
   transceiver fault whatever the load.
@@ -102,6 +104,8 @@ def busbw_low(ctx: Context, node: str, since: float, probes: Iterable[str]) -> s
     its words, or ``""``."""
     found: list[tuple[float, str]] = []
     for probe in probes:
+        if ctx.holding(node, probe) is not None:
+            continue  # a cause (a switch, a class event) explains the node's low results: not its port's
         found += [(r.at, f"{probe} run {r.run_id} with {len(r.members)} nodes flagged ({r.code.value})")
                   for r in ctx.group_history.get((node, probe), ())
                   if r.flagged and r.at >= since and (not r.findings or any("busbw" in f.key.name for f in r.findings))]
