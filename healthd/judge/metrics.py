@@ -13,11 +13,15 @@ from typing import Any, Protocol
 
 from healthd.judge.model import CONFIRMED, EVIDENCE_LABELS, LinkFinding, ReasonCode
 from healthd.judge.series import direction_of
+from healthd.judge.sources import fabric, pcie, throttle
 from healthd.judge.sources.fabric import PortTrack
 from healthd.judge.sources.passive import PROBE as PASSIVE
 from healthd.model import Outcome, Verdict
 from healthd.passive.model import Strength
 from healthd.store.rows import JudgedSeries, RecommendationRow
+
+PASSIVE_PROBES = frozenset({PASSIVE, fabric.PROBE, throttle.PROBE, pcie.PROBE})
+"""The pseudo-probes of the evidence read from the site's Prometheus: their findings are ``source="passive"``."""
 
 ACTIONS = ("drain", "undrain")
 RESULTS = ("done", "refused", "failed")
@@ -85,7 +89,7 @@ def confirmed_finding(v: Verdict) -> ConfirmedFinding | None:
         return None
     e = v.evidence
     reference_kind = REFERENCE_OF.get(str(e.get("layer", "")), "")
-    source = "passive" if v.probe == PASSIVE else "probe"
+    source = "passive" if v.probe in PASSIVE_PROBES else "probe"
     labels = (v.node, v.probe, source, v.reason_code, reference_kind, *(str(e.get(k, "")) for k in EVIDENCE_LABELS))
     value, reference = e.get("value"), e.get("reference")
     if not reference_kind or not isinstance(value, float | int) or not isinstance(reference, float | int):

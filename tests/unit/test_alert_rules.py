@@ -47,14 +47,15 @@ def promtool() -> str:
 
 def test_the_rule_file_holds_the_alerts_the_issue_asks_for() -> None:
     names = [r.alert for r in rules()]
-    assert len(names) == len(set(names)) == 20
+    assert len(names) == len(set(names)) == 22
     assert set(names) == {
         "HealthdNcclBandwidthBelowFloor", "HealthdNcclBandwidthDegraded", "HealthdGemmBelowFloor",
         "HealthdGemmDegraded", "HealthdDdpThroughputBelowFloor", "HealthdDdpThroughputDegraded",
         "HealthdNodeFailingProbes", "HealthdNodeNotProbed", "HealthdDrainRecommended", "HealthdFleetDegraded",
         "HealthdRemediationBreakerOpen", "HealthdProbeErrorRateHigh", "HealthdDown", "HealthdNotTicking",
         "HealthdSchedulerTickErrors", "HealthdSlurmUnreachable", "HealthdScalingBandwidthDropped",
-        "HealthdSwitchDegraded", "HealthdGpuPassiveFault", "HealthdLinkDegraded",
+        "HealthdSwitchDegraded", "HealthdGpuPassiveFault", "HealthdLinkDegraded", "HealthdInfinibandPortDegraded",
+        "HealthdGpuPassiveDegraded",
     }
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from healthd.judge.model import JudgeOutput, JudgeState, RecommendationCandidate
+from healthd.judge.model import CONFIRMED, JudgeOutput, JudgeState, RecommendationCandidate
 from healthd.judge.sources.seam import BaseSource, Context
 from healthd.model import Outcome, Verdict
 from healthd.passive.model import PassivePoll
@@ -93,7 +93,8 @@ class Pcie(BaseSource):
         if mine:
             top = mine[0]
             more = f" (and {len(mine) - 1} more GPU{'s' if len(mine) > 2 else ''})" if len(mine) > 1 else ""
-            ev: dict[str, float | str] = {"source": PROBE, "first_at": top.first_at, "last_at": top.last_at,
+            ev: dict[str, float | str] = {"source": PROBE, "stage": CONFIRMED, "first_at": top.first_at,
+                                          "last_at": top.last_at,
                                           "polls": float(top.polls), "detail": top.detail}
             if top.link.gpu is not None:
                 ev["gpu"] = top.link.gpu

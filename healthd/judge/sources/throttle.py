@@ -23,7 +23,7 @@ import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from healthd.judge.model import JudgeOutput, JudgeState, RecommendationCandidate
+from healthd.judge.model import CONFIRMED, JudgeOutput, JudgeState, RecommendationCandidate
 from healthd.judge.sources.seam import BaseSource, Context
 from healthd.model import Outcome, Verdict
 from healthd.passive.model import PassivePoll
@@ -145,7 +145,7 @@ class Throttle(BaseSource):
 
 
 def evidence(s: Stretch) -> dict[str, float | str]:
-    out: dict[str, float | str] = {"source": PROBE, "first_at": s.first_at, "last_at": s.last_at,
+    out: dict[str, float | str] = {"source": PROBE, "stage": CONFIRMED, "first_at": s.first_at, "last_at": s.last_at,
                                    "held_s": s.held_s, "detail": s.detail[:300], "activity": s.activity}
     if s.gpu is not None:
         out["gpu"] = s.gpu
