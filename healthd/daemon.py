@@ -136,7 +136,8 @@ class Daemon:
         self.http = HttpServer(
             HttpApp(self.registry, self.store, self.healthy, routes, auth=BasicAuth(web.users) if web.users else None,
                     exposition=self.exposition, refresh_on_scrape=False, topology=lambda: self.topology,
-                    passive=lambda: self.judge.view(Passive, Passive.signals)),
+                    passive=lambda: [*self.judge.view(Passive, Passive.signals),
+                                     *self.judge.view(Fabric, Fabric.signals)]),
             settings.http.host, settings.http.port, tls=web.tls.context() if web.tls else None,
             workers=settings.http.workers, request_timeout_s=settings.http.request_timeout_s,
             max_connections=settings.http.max_connections,

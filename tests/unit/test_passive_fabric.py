@@ -189,3 +189,22 @@ def test_availability_of_the_ports_and_of_each_counter_is_exported() -> None:
     assert available("ib_symbol_error") == 0.0 and available("ib_link_downed") == 1.0
     metrics.record(PassivePoll(at=2.0, up=True, fabric=t.observe(FabricAnswers([], [], []), 2.0)))
     assert available("infiniband") == 0.0 and available("ib_link_downed") == 0.0
+
+
+def test_port_signals_are_in_the_node_document_and_the_metric_with_device_and_port() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from healthd.http import node_document
+    from healthd.metrics import NodeView, PassiveSignalCollector
+
+    feed = Feed()
+    feed.poll([])
+    feed.poll([counter("n1", "link_downed", 1, "mlx5_3", "1")])
+    ports = feed.fleet.judge.view(Fabric, Fabric.signals)
+    (doc,) = node_document(NodeView("n1"), passive=ports)["passive_signals"]
+    assert (doc["signal"], doc["code"], doc["device"], doc["port"], doc["stage"], doc["gpu"]) == \
+        ("infiniband", "ib_link_down", "mlx5_3", "1", "hint", None)
+    registry = CollectorRegistry()
+    registry.register(PassiveSignalCollector(lambda: ports))
+    assert ('healthd_node_passive_signal{code="ib_link_down",device="mlx5_3",gpu="",gpu_uuid="",node="n1",port="1",'
+            'signal="infiniband",stage="hint",strength="hint"} 1.0') in generate_latest(registry).decode()
