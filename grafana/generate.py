@@ -428,12 +428,26 @@ def node_detail() -> dash.Dashboard:
         "The site's dcgm-exporter signals healthd follows on this node (healthd_node_passive_signal): XID, row "
         "remap, ECC, throttling, health; per GPU and UUID, with their strength (fault or hint) and stage (awaiting "
         "confirmation, confirmed, suspect, hint). Empty while none fires.",
-        [query(f"healthd_node_passive_signal{{{n}}} == 1", instant=True, table_format=True)],
-        hide=("Time", "__name__", "job", "Value", "instance", "node"), w=12, h=6))
+        [query(f"healthd_node_passive_signal{{{n}, signal!=\"infiniband\"}} == 1", instant=True,
+               table_format=True)],
+        hide=("Time", "__name__", "job", "Value", "instance", "node", "device", "port"), w=12, h=6))
     d = d.with_panel(flag_timeline(
         "Passive signals over time", "When each passive signal was followed on this node, by code and GPU.",
-        query(f"max by (code, gpu) (healthd_node_passive_signal{{{n}}})", "{{code}} gpu {{gpu}}"), "signal",
-        w=12, h=6))
+        query(f"max by (code, gpu) (healthd_node_passive_signal{{{n}, signal!=\"infiniband\"}})",
+              "{{code}} gpu {{gpu}}"), "signal", w=12, h=6))
+    d = d.with_panel(table_panel(
+        "InfiniBand port signals followed now",
+        "node_exporter's InfiniBand port signals healthd follows on this node (healthd_node_passive_signal, "
+        "signal infiniband): flaps (ib_link_down), port errors, links below the class's rate; per HCA device and "
+        "port. Stage hint: port errors alone (never a drain); confirmed: with the node's inter-node busbw low in "
+        "the same window, or a degraded link. Empty while none fires.",
+        [query(f"healthd_node_passive_signal{{{n}, signal=\"infiniband\"}} == 1", instant=True, table_format=True)],
+        hide=("Time", "__name__", "job", "Value", "instance", "node", "gpu", "gpu_uuid", "signal"), w=12, h=6))
+    d = d.with_panel(flag_timeline(
+        "InfiniBand port signals over time", "When each port signal was followed on this node, by code, device "
+        "and port.",
+        query(f"max by (code, device, port) (healthd_node_passive_signal{{{n}, signal=\"infiniband\"}})",
+              "{{code}} {{device}} port {{port}}"), "port", w=12, h=6))
 
     d = d.with_row(row("NCCL"))
     d = d.with_panel(measured_vs_reference(

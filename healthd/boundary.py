@@ -3,7 +3,9 @@
 Slurm commands are forbidden in prologs and epilogs, so the daemon leaves each node's expectation in
 the shared results directory: ``<results_dir>/expect/<node>.json``, ``{"gpus": N, "gpu_uuids": [...]}``
 (``gpus``: ``Node.required_gpus``, from Slurm's GRES and the node-class rules; ``gpu_uuids``: the
-UUIDs last seen, where the backend knows them). A file is rewritten only when its text changes.
+UUIDs last seen, where the backend knows them; ``"nvswitch": true`` for a node of a class marked
+``nvswitch = true``, whose GPUs' fabric state the check then reads). A file is rewritten only when its text
+changes.
 """
 
 from __future__ import annotations
@@ -12,28 +14,34 @@ import contextlib
 import json
 import os
 import tempfile
-from collections.abc import Iterable, MutableMapping
+from collections.abc import Collection, Iterable, MutableMapping
 from pathlib import Path
 
 from healthd.model import Node
+from healthd.node_class import class_of
 
 EXPECT_DIR = "expect"
 
 
-def expectation_text(node: Node) -> str:
+def expectation_text(node: Node, *, nvswitch: bool = False) -> str:
     """The expectation file's text for ``node`` (pure, stable: no time in it)."""
-    return json.dumps({"gpus": node.required_gpus, "gpu_uuids": list(node.gpu_uuids)}, sort_keys=True) + "\n"
+    doc: dict[str, object] = {"gpus": node.required_gpus, "gpu_uuids": list(node.gpu_uuids)}
+    if nvswitch:
+        doc["nvswitch"] = True
+    return json.dumps(doc, sort_keys=True) + "\n"
 
 
-def write_expectations(results_dir: Path, nodes: Iterable[Node], written: MutableMapping[str, str]) -> int:
+def write_expectations(results_dir: Path, nodes: Iterable[Node], written: MutableMapping[str, str], *,
+                       nvswitch: Collection[str] = ()) -> int:
     """Write the expectation of every node in ``nodes`` whose text differs from ``written`` (the texts
     this daemon wrote, updated here); the count written. A file that cannot be written is left to the
-    next discovery (``OSError`` is raised after the others are done)."""
+    next discovery (``OSError`` is raised after the others are done). ``nvswitch``: the node classes marked
+    ``nvswitch = true``."""
     directory = results_dir / EXPECT_DIR
     count = 0
     failed: OSError | None = None
     for node in nodes:
-        text = expectation_text(node)
+        text = expectation_text(node, nvswitch=class_of(node) in nvswitch)
         if written.get(node.name) == text:
             continue
         try:

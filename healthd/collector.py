@@ -285,6 +285,8 @@ class Collector:
 
         A combined job (``job.bundle``) records one run per probe, each with its own result file,
         and is submitted once: its runs share the backend's job id and are collected each on its own.
+        A job the planner skips (``job.skip``: a MIG-enabled node) is recorded as ``skipped`` with its reason
+        and never submitted (nothing is judged of it).
         """
         submitted_at = self.clock()
         for run in job.runs:
@@ -292,6 +294,11 @@ class Collector:
                 run_id=run.run_id, probe=run.probe, nodes=job.nodes, backend=self.backend.name,
                 job_id=None, submitted_at=submitted_at, result_path=str(self.result_path(run.run_id)), kind=job.kind,
             )
+        if job.skip:
+            for run in job.runs:
+                self.store.finish_run(run.run_id, outcome=Outcome.SKIPPED, reason=job.skip, finished_at=submitted_at)
+            log.info("probe_skipped", run_id=job.run_id, probe=job.probe, node=",".join(job.nodes), reason=job.skip)
+            return None
         with structlog.contextvars.bound_contextvars(run_id=job.run_id, probe=job.probe, node=",".join(job.nodes)):
             try:
                 job_id = self.backend.submit(job, self.result_path(job.run_id))

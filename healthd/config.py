@@ -249,6 +249,9 @@ class NodeClassRule(_Section):
     expect_gpus: int | None = Field(default=None, ge=0, le=4096)
     """GPUs a probe must find on these nodes (default: the GRES count); 0: the GRES are not CUDA
     devices, the probes run on the CPU."""
+    nvswitch: bool = False
+    """An NVSwitch system (HGX/DGX H100, H200, B200...): the node check reads each GPU's fabric state at job
+    boundaries, and a Fabric Manager that is not ``Completed``/``Success`` is a ``fail`` (``fabric_manager``)."""
 
 
 class SlurmSettings(_Section):
@@ -422,6 +425,9 @@ class PassiveJudgeSettings(_Section):
     """How long a passive signal is followed: a fault-class signal repeating within it is confirmed; one a
     passing probe answered and that did not repeat is suspect until it ends; a confirmed one ends once the
     window has passed without it and a probe passed since (``healthd.judge.sources.passive``)."""
+    throttle_sustain_s: PositiveSeconds = 300.0
+    """A power brake or hardware slowdown held this long on a busy GPU (``[passive.activity]``) is a ``degraded``
+    finding on that GPU (``healthd.judge.sources.throttle``); on an idle GPU it stays a hint."""
 
 
 class JudgeSettings(_Section):
@@ -630,6 +636,45 @@ class PassiveQueries(_Section):
     health: PromQL = DEFAULT_PASSIVE_QUERIES["health"]
 
 
+class PassiveActivity(_Section):
+    """``[passive.activity]``: whether each GPU is busy (``healthd.passive.activity``): a power brake or a
+    hardware slowdown is a finding only when held on a busy GPU (``[judge.passive] throttle_sustain_s``)."""
+
+    enabled: bool = True
+    query: PromQL = "DCGM_FI_PROF_GR_ENGINE_ACTIVE or DCGM_FI_DEV_GPU_UTIL"
+    """Per GPU, the profiling field where exported, else the utilisation (the labels of the passive signals)."""
+
+
+class PassivePcie(_Section):
+    """``[passive.pcie]``: each GPU's PCIe link (``healthd.passive.pcie``): a width below the maximum is
+    ``pcie_downtrained``, a generation below it too while the GPU is busy (``[passive.activity]``)."""
+
+    enabled: bool = True
+    query: PromQL = '{__name__=~"DCGM_FI_DEV_PCIE_(MAX_)?LINK_(WIDTH|GEN)"}'
+    """The current and maximum link width and generation per GPU (DCGM fields a site adds to its CSV)."""
+
+
+IB_COUNTERS_RE = "link_downed|symbol_error|port_errors_received|port_receive_remote_physical_errors|link_error_recovery"
+
+
+class PassiveFabric(_Section):
+    """``[passive.fabric]``: InfiniBand ports from node_exporter's ``infiniband`` collector, read through the
+    same Prometheus (``healthd.passive.fabric``; docs/passive.md). Each query's series need ``device``,
+    ``port`` and a host label (node_exporter: ``instance``)."""
+
+    enabled: bool = True
+    counters: PromQL = f'{{__name__=~"node_infiniband_({IB_COUNTERS_RE})_total"}} > 0'
+    """The port error counters above 0 (a healthy fleet's ports are at 0: the answer stays small)."""
+    present: PromQL = (f'count without (device, port) (label_replace({{__name__=~"node_infiniband_({IB_COUNTERS_RE})'
+                       '_total"}, "counter", "$1", "__name__", "node_infiniband_(.+)_total"))')
+    """One series per node and counter it exports (label ``counter``): what is missing is unavailable."""
+    links: PromQL = "node_infiniband_rate_bytes_per_second and node_infiniband_state_id == 4"
+    """The rate of every active port."""
+    physical: PromQL = "node_infiniband_physical_state_id and node_infiniband_state_id == 4"
+    boot: PromQL = "node_boot_time_seconds"
+    """A node whose boot time changed booted: its link-downed rise is no flap."""
+
+
 Xid = Annotated[int, Field(ge=0, le=100_000)]
 
 
@@ -707,6 +752,9 @@ class PassiveSettings(_Section):
     tls: PassiveTls = PassiveTls()
     queries: PassiveQueries = PassiveQueries()
     xid: XidClasses = XidClasses()
+    fabric: PassiveFabric = PassiveFabric()
+    activity: PassiveActivity = PassiveActivity()
+    pcie: PassivePcie = PassivePcie()
 
     @field_validator("prometheus_url")
     @classmethod

@@ -48,6 +48,7 @@ from healthd.judge.persist import (
     load_judge,
     run_from_collected,
 )
+from healthd.judge.sources.fabric import Fabric
 from healthd.judge.sources.passive import Passive
 from healthd.logging import get_logger, setup_logging
 from healthd.metrics import DaemonMetrics, Exposition, PassiveMetrics, PassiveSignalCollector
@@ -123,7 +124,8 @@ class Daemon:
         self.registry.register(self.coverage)
         self.judge = load_judge(self.store, settings.judge, now=time.time())
         self._judge_stale = False
-        self.registry.register(PassiveSignalCollector(lambda: self.judge.view(Passive, Passive.signals)))
+        self.registry.register(PassiveSignalCollector(
+            lambda: [*self.judge.view(Passive, Passive.signals), *self.judge.view(Fabric, Fabric.signals)]))
         self.job_ends = JobEndWatch(grace_s=settings.node_check.epilog_budget_s
                                     + 2 * settings.scheduler.collect_interval_s + JOB_END_SLACK_S)
         self.registry.register(JobEndCollector(self.job_ends))
@@ -149,7 +151,8 @@ class Daemon:
         self.http = HttpServer(
             HttpApp(self.registry, self.store, self.healthy, routes, auth=BasicAuth(web.users) if web.users else None,
                     exposition=self.exposition, refresh_on_scrape=False, topology=lambda: self.topology,
-                    passive=lambda: self.judge.view(Passive, Passive.signals)),
+                    passive=lambda: [*self.judge.view(Passive, Passive.signals),
+                                     *self.judge.view(Fabric, Fabric.signals)]),
             settings.http.host, settings.http.port, tls=web.tls.context() if web.tls else None,
             workers=settings.http.workers, request_timeout_s=settings.http.request_timeout_s,
             max_connections=settings.http.max_connections,
@@ -286,7 +289,8 @@ class Daemon:
         now = time.time()
         self.store.upsert_nodes(nodes, now)
         try:
-            write_expectations(self.settings.results_dir, nodes, self._expectations)
+            write_expectations(self.settings.results_dir, nodes, self._expectations,
+                               nvswitch={r.name for r in self.settings.slurm.node_classes if r.nvswitch})
         except OSError as exc:
             log.warning("node_expectation_not_written", error=str(exc))
         if ended := self.job_ends.see(nodes, now):

@@ -34,6 +34,7 @@ from prometheus_client.exposition import gzip_accepted
 
 from healthd.errors import HealthdError, InvalidNodeName
 from healthd.judge.metrics import FINDING_LABELS, confirmed_finding
+from healthd.judge.sources.fabric import PortTrack
 from healthd.judge.sources.passive import Track
 from healthd.logging import get_logger
 from healthd.metrics import (
@@ -79,7 +80,7 @@ class ApiError(Exception):
 
 
 def node_document(view: NodeView, *, detail: bool = False, topology: Topology | None = None,
-                  passive: Sequence[Track] = ()) -> dict[str, Any]:
+                  passive: Sequence[Track | PortTrack] = ()) -> dict[str, Any]:
     """One node of the ``/api/v1/nodes`` documents: its last result per probe with its headline measurements
     (``healthd.metrics.HEADLINES``) and its verdicts; with ``detail``, every measurement, the verdicts'
     evidence, the judged series (baseline, floor) and the confirmed findings. ``gpu_inventory``: the node's GPUs as
@@ -116,11 +117,7 @@ def node_document(view: NodeView, *, detail: bool = False, topology: Topology | 
         },
         "drain_recommended": view.drain_reason,
         "switch_path": list(topology.path(view.name)) if topology is not None else [],
-        "passive_signals": [
-            {"signal": t.signal, "code": t.code, "strength": t.strength.value, "stage": t.stage(), "gpu": t.gpu,
-             "gpu_uuid": t.gpu_uuid, "detail": t.detail, "first_at": t.first_at, "last_at": t.last_at, "seen": t.seen,
-             "confirmed_by": t.failed_run or ("repeat" if t.confirmed_at is not None else None)}
-            for t in passive if t.node == view.name],
+        "passive_signals": [_signal(t) for t in passive if t.node == view.name],
     }
     if detail:
         doc["series"] = [{"probe": s.probe, "name": s.name, "labels": s.labels, "last_value": s.last_value,
@@ -181,8 +178,20 @@ def nodes_page(store: Store, query_string: str, topology: Topology | None = None
     }
 
 
+def _signal(t: Track | PortTrack) -> dict[str, Any]:
+    """A followed signal in a node document: a GPU's, or an InfiniBand port's (``device`` and ``port``)."""
+    doc: dict[str, Any] = {"signal": t.signal, "code": t.code, "strength": t.strength.value, "stage": t.stage(),
+                           "gpu": t.gpu, "gpu_uuid": t.gpu_uuid, "detail": t.detail, "first_at": t.first_at,
+                           "last_at": t.last_at, "seen": t.seen}
+    if isinstance(t, PortTrack):
+        doc.update(device=t.device, port=t.port, confirmed_by=t.corroborated or None)
+    else:
+        doc["confirmed_by"] = t.failed_run or ("repeat" if t.confirmed_at is not None else None)
+    return doc
+
+
 def node_detail(store: Store, name: str, topology: Topology | None = None,
-                passive: Sequence[Track] = ()) -> dict[str, Any]:
+                passive: Sequence[Track | PortTrack] = ()) -> dict[str, Any]:
     """``/api/v1/nodes/<name>``: everything the store holds on the node's current state and its recent runs."""
     try:
         validate_node_name(name)
@@ -269,7 +278,7 @@ class HttpApp:
         exposition: Exposition | None = None,
         refresh_on_scrape: bool = True,
         topology: Callable[[], Topology | None] = lambda: None,
-        passive: Callable[[], Sequence[Track]] = lambda: (),
+        passive: Callable[[], Sequence[Track | PortTrack]] = lambda: (),
     ) -> None:
         self._exposition = ExpositionCache(registry, version=store.data_version, exposition=exposition,
                                            refresh=refresh_on_scrape)

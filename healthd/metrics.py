@@ -37,6 +37,7 @@ from healthd.judge.metrics import (
     REFERENCE_HELP,
     Labels,
     Sample,
+    SignalRow,
     drain_reason,
     finding_samples,
     fleet_samples,
@@ -45,8 +46,8 @@ from healthd.judge.metrics import (
 )
 from healthd.judge.model import LinkFinding
 from healthd.judge.peaks import mfu
-from healthd.judge.sources.passive import Track
 from healthd.model import Node, Outcome, Verdict
+from healthd.passive.fabric import COUNTERS as IB_COUNTERS
 from healthd.passive.model import SIGNALS, PassivePoll
 from healthd.passive.source import error_signals
 from healthd.store import Store
@@ -770,7 +771,7 @@ class PassiveSignalCollector(Collector):
     """``healthd_node_passive_signal`` from the judge's passive tracks at scrape time (a handful: only the
     signals followed now)."""
 
-    def __init__(self, tracks: Callable[[], Iterable[Track]]) -> None:
+    def __init__(self, tracks: Callable[[], Iterable[SignalRow]]) -> None:
         self._tracks = tracks
 
     def describe(self) -> list[Metric]:
@@ -778,7 +779,8 @@ class PassiveSignalCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         family = GaugeMetricFamily("healthd_node_passive_signal", JUDGE_FAMILIES["healthd_node_passive_signal"][1],
-                                   labels=["node", "gpu", "gpu_uuid", "signal", "code", "strength", "stage"])
+                                   labels=["node", "gpu", "gpu_uuid", "device", "port", "signal", "code", "strength",
+                                           "stage"])
         for _, labels, value in passive_samples(self._tracks()):
             family.add_metric([v for _, v in labels], value)
         yield family
@@ -843,3 +845,9 @@ class PassiveMetrics:
                 self.available.labels(signal).set(0)
             elif signal not in poll.failed:
                 self.available.labels(signal).set(1)
+        fabric = poll.fabric
+        if fabric is not None and "present" not in fabric.failed:
+            self.available.labels("infiniband").set(1 if fabric.covered else 0)
+            for counter in IB_COUNTERS:
+                lacking = fabric.covered and any(counter in missing for missing in fabric.unavailable.values())
+                self.available.labels(f"ib_{counter}").set(0 if not fabric.covered or lacking else 1)

@@ -146,6 +146,9 @@ class ProbeJob:
     """Non-empty: a combined job of one node (``probe`` is ``"check"``, ``run_id`` the first run's,
     ``timeout_s`` the sum of the runs' limits) that runs each of these probes after one start-up
     and writes each run's own result; nothing is stored under the job's own probe name."""
+    skip: str = ""
+    """Non-empty: the planner skips this probe on these nodes, for this reason (a MIG-enabled GPU, where a
+    whole-GPU probe means nothing); the collector records the run as ``skipped`` and submits nothing."""
 
     @property
     def runs(self) -> tuple[BundledRun, ...]:

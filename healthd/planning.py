@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from healthd.config import ProbeSettings, SweepSettings
 from healthd.model import BundledRun, Node, ProbeJob, RunKind
-from probes.catalogue import CHECK_COMMAND, CHECK_COMMON_OPTIONS, CHECK_PROBES
+from probes.catalogue import CATALOGUE, CHECK_COMMAND, CHECK_COMMON_OPTIONS, CHECK_PROBES, ProbeName
 
 BLOCKING_FLAGS = frozenset(
     {
@@ -49,6 +50,24 @@ def why_not_probeable(node: Node, limits: PlanLimits) -> str | None:
         blocking = frozenset()
     if blocking:
         return "flags " + ",".join(sorted(blocking))
+    return None
+
+
+WHOLE_GPU_PROBES = frozenset(name.value for name in CATALOGUE if name is not ProbeName.ENV)
+"""Probes that use whole GPUs (a GEMM across a GPU, NCCL over the node's GPUs, ...): meaningless on a
+MIG-enabled GPU, whose instances are slices (DCGM's diagnostic refuses them too)."""
+_MIG_PROFILE = re.compile(r"(?:^|[_:-])(\d+g\.\d+gb)(?:$|[_:-])", re.IGNORECASE)
+
+
+def mig_skip(node: Node) -> str | None:
+    """Why whole-GPU probes are skipped on ``node``, or ``None``: its GRES are MIG instances (Slurm's GPU
+    type is a MIG profile, ``1g.10gb`` or with ``AutoDetect=nvml`` ``nvidia_a100_1g.10gb``), or it has the
+    node feature ``mig``. Context, not a fault: no finding is made of it."""
+    match = _MIG_PROFILE.search(node.gpu_type or "")
+    if match:
+        return f"mig_enabled: the node's GPUs are MIG instances ({match.group(1)}); whole-GPU probes do not apply"
+    if any(f.lower() == "mig" for f in node.features):
+        return "mig_enabled: the node has the feature mig; whole-GPU probes do not apply"
     return None
 
 
@@ -142,6 +161,9 @@ def plan(
       name);
     - ``priority`` requests come first, in order, within the same caps; a request whose nodes
       are not all free now, or whose job cannot be filled with free partners, waits;
+    - a whole-GPU probe (``WHOLE_GPU_PROBES``) due on a MIG-enabled node (``mig_skip``) is a job with
+      ``skip`` set (after the others; it takes no node and no slot): the collector records it as
+      ``skipped`` with the reason, and it is due again after its interval;
     - ``combine`` (``[scheduler] combine_probes``): a single-node probe that can run in a check
       (``ProbeSpec.check``) takes along, in one job (``python -m probes check``, ``ProbeJob.bundle``),
       the other such probes of its node whose interval has passed (their jitter is not waited for),
@@ -176,7 +198,14 @@ def plan(
     mates = _interval_due(candidates, probes, last_attempts, now) if combine else {}
 
     jobs: list[ProbeJob] = []
+    skips: list[ProbeJob] = []
     taken: set[str] = set()
+    mig = {n.name: why for n in candidates if (why := mig_skip(n)) is not None}
+    if mig:
+        for _, probe, node in [d for d in due if d[1] in WHOLE_GPU_PROBES and d[2].name in mig]:
+            skips.append(ProbeJob(make_run_id(), probe, (node.name,), kind=RunKind.PROBE, skip=mig[node.name]))
+        due = [d for d in due if not (d[1] in WHOLE_GPU_PROBES and d[2].name in mig)]
+        mates = {n: [p for p in ps if not (p in WHOLE_GPU_PROBES and n in mig)] for n, ps in mates.items()}
     if priority:
         by_name = {n.name: n for n in nodes}
         free = {n.name for n in candidates}
@@ -235,7 +264,7 @@ def plan(
             if clash(key[0], group):
                 group = _trade(key[0], group, formed.get(key, []), jobs, clash)
             launch(key, group)
-    return jobs
+    return jobs + skips
 
 
 def _trade(probe: str, group: list[Node], planned: Sequence[tuple[int, list[Node]]], jobs: list[ProbeJob],

@@ -45,6 +45,8 @@ from healthd.store import Store
 from healthd.topology import SwitchRecord, Topology, build_topology
 from probes.result import Check, DeviceInfo, Environment, Measurement, ProbeResult, RankInfo
 
+PASSIVE_PROBES = frozenset({"passive", "fabric", "throttle", "pcie"})
+"""The pseudo-probes of the passive sources (the site's Prometheus): a fault they name counts as found."""
 SIM_EPOCH = 1_700_000_000.0
 
 
@@ -957,7 +959,7 @@ class Simulation:
         self._account_switches(rnd, line, out, actions)
         self._account_links(rnd, line, out)
         for c in out.recommendations:
-            if c.probe == "passive" and (rnd, c.node, str(c.reason_code)) not in self.passive_recs:
+            if c.probe in PASSIVE_PROBES and (rnd, c.node, str(c.reason_code)) not in self.passive_recs:
                 self.passive_recs.append((rnd, c.node, str(c.reason_code)))
         for a in actions:
             if a.action == "recommend":
@@ -984,8 +986,8 @@ class Simulation:
                 if not fo.fault.active(rnd) or fo.fault.kind == "error" or fo.fault.path:
                     continue
                 recs = sorted((r for r in active if r.node == fo.fault.node and (fo.fault.hits(r.probe)
-                                                                                    or r.probe == "passive")),
-                              key=lambda r: r.probe == "passive")
+                                                                                    or r.probe in PASSIVE_PROBES)),
+                              key=lambda r: r.probe in PASSIVE_PROBES)
                 if fo.found_round is None and recs:
                     fo.found_round = rnd
                     fo.named_right, fo.detail = self._named_right(fo.fault, recs, active)
@@ -1057,8 +1059,8 @@ class Simulation:
     @staticmethod
     def _named_right(fault: FaultSpec, recs: Sequence[Any], active: Sequence[Any]) -> tuple[bool, str]:
         rec = recs[0]
-        if rec.probe == "passive":
-            return True, f"passive {rec.reason_code} {rec.evidence.get('summary', '')}".strip()
+        if rec.probe in PASSIVE_PROBES:
+            return True, f"{rec.probe} {rec.reason_code} {rec.evidence.get('summary', '')}".strip()
         if fault.kind == "gpu":
             gpus = {str(f.get("gpu")) for f in rec.evidence.get("findings", []) if isinstance(f, dict)}
             return gpus == {str(fault.gpu)}, f"gpu {','.join(sorted(gpus)) or '?'}"

@@ -25,6 +25,12 @@ Checks, cheapest first
 ``errors``    hard XIDs in the kernel log (``/dev/kmsg``) since the last check, and row-remapping
               failures / pending remaps, volatile uncorrected ECC (``nvidia-smi --query-gpu``); skipped
               with the reason where the log or the tool is unavailable.
+``fabric``    on a node whose expectation says it is an NVSwitch system (``"nvswitch": true``: its class is
+              marked ``nvswitch = true`` in ``[[slurm.node_classes]]``), each GPU's fabric state and status
+              from NVML (``nvmlDeviceGetGpuFabricInfo``: what ``nvidia-smi -q`` shows as "Fabric", read
+              without it): the measurements ``fabric_state`` (0 not supported, 1 not started, 2 in progress,
+              3 completed) and ``fabric_status`` (the NVML return code of the fabric's registration, 0
+              success) per ``gpu``. Absolute values: the daemon judges them (``fabric_manager``).
 ``gemm``      epilog and health only, when time is left and no other job runs on the node (no
               ``slurmstepd`` of another job): a short matmul per GPU (on a CPU node one small
               matmul) in a child process; its ``flop_per_second`` is judged by the daemon against
@@ -60,6 +66,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import os
 import re
@@ -90,7 +97,7 @@ HEALTH_MAX_BUDGET_S = 55.0
 """Slurm kills ``HealthCheckProgram`` at 60 s: a health budget above this is refused."""
 WRITE_RESERVE_S = 0.3
 """Kept out of every check for writing the document."""
-COST_S: dict[str, float] = {"gpus": 0.5, "leftover": 0.5, "errors": 0.5, "gemm": 3.0}
+COST_S: dict[str, float] = {"gpus": 0.5, "leftover": 0.5, "errors": 0.5, "fabric": 0.5, "gemm": 3.0}
 """Nominal cost of each check: it runs only when this much is left."""
 TOOL_TIMEOUT_S = 10.0
 GEMM_SECONDS = 1.0
@@ -386,6 +393,9 @@ class Setup:
     state_dir: Path = STATE_DIR
     gemm: bool = True
     nvml: Callable[[], list[NodeGpu]] = _nvml_gpus
+    nvswitch: bool = False
+    """The expectation says this node is an NVSwitch system: its GPUs' fabric state is read."""
+    fabric: Callable[[], list[FabricReading]] = lambda: _nvml_fabric()
 
 
 def check_gpus(s: Setup, budget: Budget, f: Findings) -> list[NodeGpu] | None:
@@ -525,6 +535,65 @@ def _check_xids(s: Setup, f: Findings) -> None:
         else f"no hard XID since the last check ({len(xids)} XID(s))"))
 
 
+@dataclass(frozen=True)
+class FabricReading:
+    """One GPU's fabric as NVML reports it (``nvmlGpuFabricInfo_t``)."""
+
+    gpu: int
+    uuid: str
+    state: int
+    """``NVML_GPU_FABRIC_STATE_*``: 0 not supported, 1 not started, 2 in progress, 3 completed."""
+    status: int
+    """The NVML return code of the GPU's registration with the fabric (0: success)."""
+    clique: int | None = None
+
+
+FABRIC_STATES = {0: "not supported", 1: "not started", 2: "in progress", 3: "completed"}
+
+
+def _nvml_fabric() -> list[FabricReading]:
+    """Each GPU's fabric info from NVML (raises what NVML raises: the check's own error, not the node's). A GPU
+    whose driver does not support the query reads as state 0 (not supported)."""
+    import ctypes
+
+    nvml = importlib.import_module("pynvml")
+    nvml.nvmlInit()
+    try:
+        out: list[FabricReading] = []
+        for i in range(int(nvml.nvmlDeviceGetCount())):
+            handle = nvml.nvmlDeviceGetHandleByIndex(i)
+            uuid = nvml.nvmlDeviceGetUUID(handle)
+            uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+            info = nvml.c_nvmlGpuFabricInfo_t()
+            try:
+                nvml.nvmlDeviceGetGpuFabricInfo(handle, ctypes.byref(info))
+            except nvml.NVMLError as exc:
+                if getattr(exc, "value", None) != nvml.NVML_ERROR_NOT_SUPPORTED:
+                    raise
+                out.append(FabricReading(i, uuid, 0, int(nvml.NVML_ERROR_NOT_SUPPORTED)))
+                continue
+            out.append(FabricReading(i, uuid, int(info.state), int(info.status), int(info.cliqueId)))
+        return out
+    finally:
+        with contextlib.suppress(Exception):
+            nvml.nvmlShutdown()
+
+
+def check_fabric(s: Setup, budget: Budget, f: Findings, gpus: list[NodeGpu] | None) -> None:
+    """Each GPU's fabric state and status as measurements (the daemon judges them); nothing on a node that is
+    not an NVSwitch system."""
+    if not s.nvswitch:
+        f.skipped["fabric"] = "not an NVSwitch system (the expectation has no \"nvswitch\": true)"
+        return
+    readings = s.fabric()
+    f.info["fabric"] = {str(r.gpu): f"{FABRIC_STATES.get(r.state, r.state)}, status {r.status}" for r in readings}
+    f.info["fabric_gpu_uuids"] = {str(r.gpu): r.uuid for r in readings}
+    for r in readings:
+        labels = {"gpu": str(r.gpu)}
+        f.measurements.append(Measurement(name="fabric_state", value=float(r.state), labels=labels, node=s.node))
+        f.measurements.append(Measurement(name="fabric_status", value=float(r.status), labels=labels, node=s.node))
+
+
 GEMM_CODE = """
 import json, sys, time
 import torch
@@ -602,7 +671,7 @@ def run_checks(s: Setup, budget: Budget) -> Findings:
     else:
         f.skipped["gpus"] = f"budget: {budget.left():.2f} s left, {COST_S['gpus']:g} s needed"
     steps: list[Step] = [("leftover", check_leftover, ("epilog",)), ("errors", check_errors, CONTEXTS),
-                         ("gemm", check_gemm, ("epilog", "health"))]
+                         ("fabric", check_fabric, CONTEXTS), ("gemm", check_gemm, ("epilog", "health"))]
     for name, fn, contexts in steps:
         if s.context not in contexts:
             f.skipped[name] = f"not run in the {s.context} context"
@@ -699,10 +768,17 @@ def read_config(path: Path | None, explicit: bool) -> dict[str, Any]:
 
 def read_expectation(path: Path) -> tuple[int | None, tuple[str, ...]]:
     """``{"gpus": N, "gpu_uuids": [...]}`` (a missing file: no expectation)."""
+    gpus, uuids, _ = read_expectation_file(path)
+    return gpus, uuids
+
+
+def read_expectation_file(path: Path) -> tuple[int | None, tuple[str, ...], bool]:
+    """``{"gpus": N, "gpu_uuids": [...], "nvswitch": true}`` (a missing file: no expectation; ``nvswitch``
+    absent: false)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        return None, ()
+        return None, (), False
     except (OSError, ValueError) as exc:
         raise UsageError(f"the expectation file {path} is unreadable: {exc}") from None
     if not isinstance(data, dict):
@@ -713,8 +789,11 @@ def read_expectation(path: Path) -> tuple[int | None, tuple[str, ...]]:
     uuids = data.get("gpu_uuids", [])
     if not isinstance(uuids, list) or not all(isinstance(u, str) for u in uuids):
         raise UsageError(f"{path}: 'gpu_uuids' must be a list of GPU UUIDs")
+    nvswitch = data.get("nvswitch", False)
+    if not isinstance(nvswitch, bool):
+        raise UsageError(f"{path}: 'nvswitch' must be true or false")
     try:
-        return gpus, parse_uuid_list(",".join(uuids))
+        return gpus, parse_uuid_list(",".join(uuids)), nvswitch
     except ValueError as exc:
         raise UsageError(f"{path}: {exc}") from None
 
@@ -778,16 +857,19 @@ def options(argv: Sequence[str], environ: Mapping[str, str]) -> Options:
             uuids = parse_uuid_list(args.expect_gpu_uuids)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-    if want is None:
-        expect_file = args.expect_file or (results / "expect" / f"{node}.json" if results else None)
-        if expect_file is not None:
-            want, file_uuids = read_expectation(expect_file)
-            uuids = uuids or file_uuids
+    nvswitch = False
+    expect_file = args.expect_file or (results / "expect" / f"{node}.json" if results else None)
+    if expect_file is not None and want is None:
+        want, file_uuids, nvswitch = read_expectation_file(expect_file)
+        uuids = uuids or file_uuids
+    elif expect_file is not None:
+        with contextlib.suppress(UsageError):  # --expect-gpus given: the file only for "nvswitch"
+            nvswitch = read_expectation_file(expect_file)[2]
     if want is not None and want < 0:
         raise UsageError("--expect-gpus must be >= 0")
     setup = Setup(context=context, node=node, job_id=_int_env(environ, "SLURM_JOB_ID"),
                   job_uid=_int_env(environ, "SLURM_JOB_UID"), expect_gpus=want, expect_uuids=uuids,
-                  gemm=not args.no_gemm and bool(conf.get("gemm", True)))
+                  gemm=not args.no_gemm and bool(conf.get("gemm", True)), nvswitch=nvswitch)
     return Options(setup, float(budget), results, args.stdout)
 
 

@@ -32,7 +32,9 @@ from dataclasses import dataclass
 from healthd.judge.model import ReasonCode
 
 HARD_FAULTS = (ReasonCode.GPUS_MISSING, ReasonCode.HANG, ReasonCode.CRASH, ReasonCode.CUDA_ERROR,
-               ReasonCode.NCCL_ERROR)
+               ReasonCode.NCCL_ERROR, ReasonCode.FABRIC_MANAGER)
+"""Faults no noise makes (confirmed without the cold-start rule). ``fabric_manager`` is the node check's
+(``healthd.judge.sources.boundary``), never a probe run's reason."""
 START_UP_PHASES = frozenset({"start-up", "'init'", "'environment'"})
 """Phases before the probe's measurement (``probes.runner``): a failure there is not attributed to
 the node by a hang or a crash (the launcher, the store or the image may be at fault)."""

@@ -9,14 +9,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from healthd.judge.model import CONFIRMED, EVIDENCE_LABELS, LinkFinding, ReasonCode
 from healthd.judge.series import direction_of
+from healthd.judge.sources import fabric, pcie, throttle
+from healthd.judge.sources.fabric import PortTrack
 from healthd.judge.sources.passive import PROBE as PASSIVE
-from healthd.judge.sources.passive import Track
 from healthd.model import Outcome, Verdict
+from healthd.passive.model import Strength
 from healthd.store.rows import JudgedSeries, RecommendationRow
+
+PASSIVE_PROBES = frozenset({PASSIVE, fabric.PROBE, throttle.PROBE, pcie.PROBE})
+"""The pseudo-probes of the evidence read from the site's Prometheus: their findings are ``source="passive"``."""
 
 ACTIONS = ("drain", "undrain")
 RESULTS = ("done", "refused", "failed")
@@ -84,7 +89,7 @@ def confirmed_finding(v: Verdict) -> ConfirmedFinding | None:
         return None
     e = v.evidence
     reference_kind = REFERENCE_OF.get(str(e.get("layer", "")), "")
-    source = "passive" if v.probe == PASSIVE else "probe"
+    source = "passive" if v.probe in PASSIVE_PROBES else "probe"
     labels = (v.node, v.probe, source, v.reason_code, reference_kind, *(str(e.get(k, "")) for k in EVIDENCE_LABELS))
     value, reference = e.get("value"), e.get("reference")
     if not reference_kind or not isinstance(value, float | int) or not isinstance(reference, float | int):
@@ -109,13 +114,45 @@ def finding_samples(verdicts: Iterable[Verdict]) -> Iterator[Sample]:
             yield "healthd_node_finding_drop_ratio", labels, f.drop
 
 
-def passive_samples(tracks: Iterable[Track]) -> Iterator[Sample]:
+class SignalRow(Protocol):
+    """A signal followed now, as ``healthd_node_passive_signal`` shows it: a GPU's (``Track``) or an
+    InfiniBand port's (``healthd.judge.sources.fabric.PortTrack``, with ``device`` and ``port``)."""
+
+    @property
+    def node(self) -> str: ...
+
+    @property
+    def gpu(self) -> str | None: ...
+
+    @property
+    def gpu_uuid(self) -> str | None: ...
+
+    @property
+    def signal(self) -> str: ...
+
+    @property
+    def code(self) -> str: ...
+
+    @property
+    def strength(self) -> Strength: ...
+
+    def stage(self) -> str: ...
+
+
+def passive_samples(tracks: Iterable[SignalRow]) -> Iterator[Sample]:
     """``healthd_node_passive_signal``: one series per signal followed now (bounded: a firing signal, not
-    every XID ever seen; a signal that ended has no series)."""
-    for t in sorted(tracks, key=lambda t: t.key):
-        yield ("healthd_node_passive_signal", (("node", t.node), ("gpu", t.gpu or ""), ("gpu_uuid", t.gpu_uuid or ""),
-                                               ("signal", t.signal), ("code", t.code),
+    every XID ever seen; a signal that ended has no series). A port's signal names its ``device`` and
+    ``port`` (empty for a GPU's)."""
+    rows = [(t.node, t.code, t.gpu_uuid or t.gpu or "", *_port(t), t) for t in tracks]
+    for node, code, _, device, port, t in sorted(rows, key=lambda r: r[:5]):
+        yield ("healthd_node_passive_signal", (("node", node), ("gpu", t.gpu or ""), ("gpu_uuid", t.gpu_uuid or ""),
+                                               ("device", device), ("port", port),
+                                               ("signal", t.signal), ("code", code),
                                                ("strength", t.strength.value), ("stage", t.stage())), 1.0)
+
+
+def _port(t: SignalRow) -> tuple[str, str]:
+    return (t.device, t.port) if isinstance(t, PortTrack) else ("", "")
 
 
 def reference_family(kind: str, probe: str, name: str) -> str:

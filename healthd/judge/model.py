@@ -58,12 +58,15 @@ class ReasonCode(StrEnum):
     """The probe passed without a measurement it must report (fail closed: ``error``)."""
     MANUAL = "manual"
     """An operator's ``healthd drain``."""
+    FABRIC_MANAGER = "fabric_manager"
+    """An NVSwitch system's GPU whose fabric registration is not completed with success (Fabric Manager down
+    or failed; the node check at job boundaries, ``healthd.judge.sources.boundary``)."""
 
 
 RECOMMENDABLE = frozenset(
     {ReasonCode.BELOW_FLOOR, ReasonCode.BASELINE_DRIFT, ReasonCode.FLEET_OUTLIER, ReasonCode.CHECK_FAILED,
      ReasonCode.LOCALISED, ReasonCode.NCCL_TRANSPORT, ReasonCode.GPUS_MISSING, ReasonCode.HANG, ReasonCode.CRASH,
-     ReasonCode.CUDA_ERROR, ReasonCode.NCCL_ERROR}
+     ReasonCode.CUDA_ERROR, ReasonCode.NCCL_ERROR, ReasonCode.FABRIC_MANAGER}
 )
 
 

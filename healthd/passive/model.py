@@ -6,9 +6,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal
+
+from healthd.passive.fabric import FabricPoll
+from healthd.passive.pcie import PcieLink
 
 SignalName = Literal[
     "xid",
@@ -82,3 +86,11 @@ class PassivePoll:
     """Series naming a host that maps to no known node: counted and ignored."""
     failed: tuple[SignalName, ...] = field(default=())
     """Signals whose query failed in this poll (their state is unknown, not healthy)."""
+    busy: Mapping[tuple[str, str], tuple[bool, str]] | None = None
+    """(node, GPU UUID or index) → busy, and its words (``[passive.activity]``; ``None``: off or its query
+    failed: every GPU's activity unknown). Read by ``healthd.judge.sources.throttle``."""
+    pcie: tuple[PcieLink, ...] | None = None
+    """Each GPU's PCIe link (``[passive.pcie]``; ``None``: off or its query failed). Read by
+    ``healthd.judge.sources.pcie``."""
+    fabric: FabricPoll | None = None
+    """The InfiniBand ports (``[passive.fabric]``; ``None``: off), judged by ``healthd.judge.sources.fabric``."""

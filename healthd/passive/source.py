@@ -16,9 +16,12 @@ from typing import Protocol
 from healthd.config import PassiveSettings
 from healthd.logging import get_logger
 from healthd.parsers.prometheus_query import QueryAnswerError, parse_query_response
+from healthd.passive.activity import busy
 from healthd.passive.client import PassiveQueryError, PrometheusClient
+from healthd.passive.fabric import FabricAnswers, FabricPoll, FabricTracker
 from healthd.passive.model import SIGNALS, PassivePoll, PassiveSignal, SignalName
-from healthd.passive.names import NodeNamer, locate
+from healthd.passive.names import Located, NodeNamer, locate
+from healthd.passive.pcie import links
 from healthd.passive.signals import SignalTracker, XidPolicy
 
 log = get_logger(__name__)
@@ -46,6 +49,7 @@ class PassiveSource:
         self.client: QueryClient = client or PrometheusClient(settings)
         self.namer = NodeNamer.of(settings.host_labels, settings.node_regex, settings.node_replacement)
         self.tracker = SignalTracker(xid_policy(settings))
+        self.fabric = FabricTracker()
         self._known: frozenset[str] = frozenset()
 
     def query_of(self, signal: SignalName) -> str:
@@ -56,6 +60,7 @@ class PassiveSource:
         known = frozenset(nodes)
         if gone := self._known - known:
             self.tracker.forget(gone)
+            self.fabric.forget(gone)
         self._known = known
         signals: list[PassiveSignal] = []
         covered: set[str] = set()
@@ -88,6 +93,38 @@ class PassiveSource:
             if bad:
                 first = f" (first: {answer.first_bad!r})" if answer.first_bad else ""
                 errors.append(f"{signal}: {bad} series with a value that is not a valid number{first}")
+        fabric = self._fabric(known, now, errors) if self.settings.fabric.enabled else None
+        active = self._activity(known, errors) if self.settings.activity.enabled else None
+        pcie = self._query("pcie", self.settings.pcie.query, known, errors) if self.settings.pcie.enabled else None
         return PassivePoll(at=now, up=len(failed) < len(SIGNALS), signals=tuple(signals),
                            covered=frozenset(covered), unavailable=tuple(unavailable), errors=tuple(errors),
-                           unknown_series=unknown, failed=tuple(failed))
+                           unknown_series=unknown, failed=tuple(failed), busy=active,
+                           pcie=links(pcie) if pcie is not None else None, fabric=fabric)
+
+    def _query(self, name: str, promql: str, known: frozenset[str], errors: list[str]) -> list[Located] | None:
+        """One query's series on known nodes; ``None`` (and an error line ``<name>: ...``) when it failed."""
+        try:
+            answer = parse_query_response(self.client.query(promql), max_series=self.settings.max_series)
+        except (PassiveQueryError, QueryAnswerError) as exc:
+            errors.append(f"{name}: {exc}")
+            return None
+        except Exception as exc:
+            log.exception("passive_query_crashed", signal=name)
+            errors.append(f"{name}: {type(exc).__name__}: {exc}"[:500])
+            return None
+        located, _ = locate([(s.labels, s.value) for s in answer.samples], self.namer, known)
+        return located
+
+    def _activity(self, known: frozenset[str], errors: list[str]) -> dict[tuple[str, str], tuple[bool, str]] | None:
+        located = self._query("activity", self.settings.activity.query, known, errors)
+        return busy(located) if located is not None else None
+
+    def _fabric(self, known: frozenset[str], now: float, errors: list[str]) -> FabricPoll:
+        """The fabric queries (``[passive.fabric]``), each one query for the whole fleet; a failed one is an
+        error line (``ib_<part>: ...``) and its part unknown this poll."""
+        q = self.settings.fabric
+        parts = {part: self._query(f"ib_{part}", promql, known, errors)
+                 for part, promql in (("counters", q.counters), ("present", q.present), ("links", q.links),
+                                      ("physical", q.physical), ("boot", q.boot))}
+        return self.fabric.observe(FabricAnswers(parts["counters"], parts["present"], parts["links"],
+                                                 parts["physical"], parts["boot"]), now)

@@ -63,11 +63,22 @@ EXTRA_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "gauge", "Current clock event reasons (bitmask)."),
 )
 """Fields a site adds to its CSV (commented out, or absent, in the shipped one)."""
+PCIE_FIELDS: tuple[tuple[str, str, str], ...] = (
+    ("DCGM_FI_DEV_PCIE_MAX_LINK_GEN", "gauge", "PCIe Max Link Generation."),
+    ("DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH", "gauge", "PCIe Max Link Width."),
+    ("DCGM_FI_DEV_PCIE_LINK_GEN", "gauge", "PCIe Current Link Generation."),
+    ("DCGM_FI_DEV_PCIE_LINK_WIDTH", "gauge", "PCIe Current Link Width."),
+)
+"""The PCIe link fields (DCGM 235-238) a site adds to its CSV (``pcie=True``); an idle GPU's link at gen 1."""
+PROFILING_FIELD = ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine is active.")
+"""A profiling (DCP) field: exported only where DCGM's profiling module runs (``profiling`` nodes)."""
 HEALTH_WATCHES = ("PCIE", "NVLINK", "PMU", "MCU", "MEM", "SM", "INFOROM", "THERMAL", "POWER", "DRIVER", "ALL")
 IDLE_VALUES = {"DCGM_FI_DEV_SM_CLOCK": "1980", "DCGM_FI_DEV_MEM_CLOCK": "2619", "DCGM_FI_DEV_GPU_TEMP": "34",
                "DCGM_FI_DEV_MEMORY_TEMP": "31", "DCGM_FI_DEV_POWER_USAGE": "71.418000",
                "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": "319159391", "DCGM_FI_DEV_FB_FREE": "81004",
-               "DCGM_FI_DEV_FB_USED": "1", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": "1"}
+               "DCGM_FI_DEV_FB_USED": "1", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": "1",
+               "DCGM_FI_DEV_PCIE_MAX_LINK_GEN": "5", "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH": "16",
+               "DCGM_FI_DEV_PCIE_LINK_GEN": "1", "DCGM_FI_DEV_PCIE_LINK_WIDTH": "16"}
 
 
 def fake_uuid(node: str, gpu: int) -> str:
@@ -97,9 +108,13 @@ class FakeDcgmExporter:
     def __init__(self, nodes: Sequence[str], *, gpus: int = 2, host_label: str | None = "Hostname",
                  model: str = "NVIDIA H100 80GB HBM3", driver: str = "550.127.05",
                  extra_fields: bool = True, xid_count: bool | Collection[str] = False, health: bool = False,
-                 xid_window_ms: int = 300_000, host: str = "127.0.0.1", port: int = 0) -> None:
+                 xid_window_ms: int = 300_000, host: str = "127.0.0.1", port: int = 0,
+                 profiling: Collection[str] = (), pcie: bool = False) -> None:
         self.model, self.driver = model, driver
-        self.fields = DEFAULT_FIELDS + (EXTRA_FIELDS if extra_fields else ())
+        self.profiling = set(profiling or ())
+        """The nodes whose exporter has the profiling field ``DCGM_FI_PROF_GR_ENGINE_ACTIVE``."""
+        self.fields = (DEFAULT_FIELDS + (EXTRA_FIELDS if extra_fields else ()) + (PCIE_FIELDS if pcie else ())
+                       + ((PROFILING_FIELD,) if profiling else ()))
         self.xid_count = set(nodes) if xid_count is True else set(xid_count or ())
         """The nodes whose exporter has ``DCGM_EXP_XID_ERRORS_COUNT`` in its CSV."""
         self.health = health
@@ -219,6 +234,8 @@ class FakeDcgmExporter:
             for name, kind, help_text in self.fields:
                 lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
                 for node in nodes:
+                    if name == PROFILING_FIELD[0] and node.name not in self.profiling:
+                        continue
                     for g in node.gpus:
                         value = g.values.get(name, IDLE_VALUES.get(name, "0"))
                         extra: dict[str, str] = {}

@@ -12,6 +12,7 @@ next scripted value (the last one repeats), so a test can script a clock falling
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -33,6 +34,19 @@ nvmlClocksEventReasonHwPowerBrakeSlowdown = 0x0000000000000080
 nvmlClocksEventReasonDisplayClockSetting = 0x0000000000000100
 nvmlClocksEventReasonNone = 0
 
+NVML_GPU_FABRIC_STATE_NOT_SUPPORTED = 0
+NVML_GPU_FABRIC_STATE_NOT_STARTED = 1
+NVML_GPU_FABRIC_STATE_IN_PROGRESS = 2
+NVML_GPU_FABRIC_STATE_COMPLETED = 3
+NVML_GPU_FABRIC_UUID_LEN = 16
+
+
+class c_nvmlGpuFabricInfo_t(ctypes.Structure):
+    """``nvmlGpuFabricInfo_t`` as nvidia-ml-py declares it: the caller passes ``byref`` of one."""
+
+    _fields_ = [("clusterUuid", ctypes.c_char * NVML_GPU_FABRIC_UUID_LEN), ("status", ctypes.c_uint),
+                ("cliqueId", ctypes.c_uint32), ("state", ctypes.c_uint8)]
+
 
 class NVMLError(Exception):
     def __init__(self, value: int) -> None:
@@ -52,6 +66,10 @@ class FakeGpu:
     limit_mw: int = 700_000
     reasons: Sequence[int] = (0,)
     supports_power: bool = True
+    fabric_state: int = NVML_GPU_FABRIC_STATE_COMPLETED
+    fabric_status: int = 0
+    """The NVML return code of the GPU's fabric registration (0: success)."""
+    supports_fabric: bool = True
     reads: dict[str, int] = field(default_factory=dict)
 
     def next(self, what: str, values: Sequence[int]) -> int:
@@ -152,3 +170,16 @@ def nvmlDeviceGetEnforcedPowerLimit(handle: _Handle) -> int:
 def nvmlDeviceGetCurrentClocksEventReasons(handle: _Handle) -> int:
     _check()
     return handle.gpu.next("reasons", handle.gpu.reasons)
+
+
+def nvmlDeviceGetGpuFabricInfo(handle: _Handle, gpuFabricInfo: object) -> int:
+    """Fills the ``c_nvmlGpuFabricInfo_t`` behind ``byref(...)`` (as the real one does through ctypes)."""
+    _check()
+    if not handle.gpu.supports_fabric:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    info = gpuFabricInfo._obj  # type: ignore[attr-defined]
+    assert isinstance(info, c_nvmlGpuFabricInfo_t), "nvidia-ml-py passes byref(c_nvmlGpuFabricInfo_t())"
+    info.state = handle.gpu.fabric_state
+    info.status = handle.gpu.fabric_status
+    info.cliqueId = 1
+    return 0

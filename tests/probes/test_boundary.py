@@ -469,3 +469,59 @@ def test_the_check_leaves_the_scripts_group_unless_run_from_a_terminal(tmp_path:
         os.close(leader)
         os.close(follower)
     assert by_hand.stdout.strip() == "False"  # in the terminal's group: Ctrl-C reaches it
+
+
+# -- the fabric of an NVSwitch system (Fabric Manager) --------------------------------------------
+
+def fake_nvml_module(tmp_path: Path, states: list[tuple[int, int, bool]]) -> Path:
+    """A directory with a ``pynvml`` that is the FAKE (tests/probes/fake_pynvml.py) with one GPU per
+    (fabric state, status, supported), for a check run as a subprocess (``PYTHONPATH`` first)."""
+    d = tmp_path / "nvml"
+    d.mkdir()
+    gpus = ", ".join(f"FakeGpu({UUIDS[i]!r}, '0000:{0x18 + i:02X}:00.0', fabric_state={st}, fabric_status={code}, "
+                     f"supports_fabric={ok})" for i, (st, code, ok) in enumerate(states))
+    (d / "pynvml.py").write_text("from tests.probes.fake_pynvml import *  # noqa\n"
+                                 "from tests.probes.fake_pynvml import FakeGpu, reset\n"
+                                 f"reset([{gpus}])\n")
+    return d
+
+
+def test_fabric_state_is_read_on_an_nvswitch_node_and_reported_not_judged(tmp_path: Path, path_with,  # type: ignore[no-untyped-def]
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.probes import fake_pynvml
+    from tests.probes.fake_pynvml import FakeGpu
+
+    path_with(make_fake_smi(tmp_path))
+    fake_pynvml.reset([FakeGpu(UUIDS[0], "0000:18:00.0"), FakeGpu(UUIDS[1], "0000:28:00.0", fabric_state=2),
+                       FakeGpu(UUIDS[2], "0000:38:00.0", fabric_status=fake_pynvml.NVML_ERROR_NOT_FOUND),
+                       FakeGpu(UUIDS[3], "0000:48:00.0", supports_fabric=False)])
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml)
+    f = b.run_checks(setup(tmp_path, context="prolog", nvswitch=True), b.Budget(5.0))
+    assert not b.broken(f), f.checks  # the daemon judges the values
+    state = {m.labels["gpu"]: m.value for m in f.measurements if m.name == "fabric_state"}
+    status = {m.labels["gpu"]: m.value for m in f.measurements if m.name == "fabric_status"}
+    assert state == {"0": 3.0, "1": 2.0, "2": 3.0, "3": 0.0}
+    assert status == {"0": 0.0, "1": 0.0, "2": 6.0, "3": 3.0}
+    assert f.info["fabric_gpu_uuids"] == {str(i): u for i, u in enumerate(UUIDS)}
+    assert f.info["fabric"]["1"] == "in progress, status 0"
+    plain = b.run_checks(setup(tmp_path, context="prolog"), b.Budget(5.0))
+    assert plain.skipped["fabric"].startswith("not an NVSwitch system")
+    assert not [m for m in plain.measurements if m.name.startswith("fabric")]
+
+
+def test_a_prolog_on_an_nvswitch_node_reads_the_fabric_within_its_budget(tmp_path: Path) -> None:
+    bin_dir = make_fake_smi(tmp_path, gpus=2)
+    out = tmp_path / "results"
+    (out / "expect").mkdir(parents=True)
+    (out / "expect" / "gpu01.json").write_text(json.dumps({"gpus": 2, "gpu_uuids": UUIDS[:2], "nvswitch": True}))
+    env = base_env(tmp_path, bin_dir)
+    env["PYTHONPATH"] = f"{fake_nvml_module(tmp_path, [(3, 0, True), (1, 0, True)])}:{ROOT}"
+    rc, err, took = run_main(["--context", "prolog", "--results-dir", str(out)], env)
+    assert rc == 0, err
+    [doc] = out.glob("*.json")
+    result = ProbeResult.model_validate_json(doc.read_text())
+    assert result.outcome is Outcome.PASS
+    assert [(m.labels["gpu"], m.value) for m in result.measurements if m.name == "fabric_state"] == \
+        [("0", 3.0), ("1", 1.0)]
+    assert float(result.params["elapsed_s"]) < b.DEFAULT_BUDGET_S["prolog"] and "fabric" not in result.params["errors"]
+    assert took < 5.0 + 2.0  # the budget, plus the interpreter's start under a loaded CI machine

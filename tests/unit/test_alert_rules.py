@@ -47,7 +47,7 @@ def promtool() -> str:
 
 def test_the_rule_file_holds_the_alerts_the_issue_asks_for() -> None:
     names = [r.alert for r in rules()]
-    assert len(names) == len(set(names)) == 22
+    assert len(names) == len(set(names)) == 24
     assert set(names) == {
         "HealthdNcclBandwidthBelowFloor", "HealthdNcclBandwidthDegraded", "HealthdGemmBelowFloor",
         "HealthdGemmDegraded", "HealthdDdpThroughputBelowFloor", "HealthdDdpThroughputDegraded",
@@ -55,7 +55,7 @@ def test_the_rule_file_holds_the_alerts_the_issue_asks_for() -> None:
         "HealthdRemediationBreakerOpen", "HealthdProbeErrorRateHigh", "HealthdDown", "HealthdNotTicking",
         "HealthdSchedulerTickErrors", "HealthdSlurmUnreachable", "HealthdScalingBandwidthDropped",
         "HealthdSwitchDegraded", "HealthdGpuPassiveFault", "HealthdLinkDegraded", "HealthdNodeCheckSilent",
-        "HealthdNodeCheckMissed",
+        "HealthdNodeCheckMissed", "HealthdInfinibandPortDegraded", "HealthdGpuPassiveDegraded",
     }
 
 

@@ -181,10 +181,10 @@ def test_the_signals_and_the_confirmed_finding_are_exported_with_their_source() 
     registry = CollectorRegistry()
     registry.register(PassiveSignalCollector(lambda: fleet.judge.view(Passive, Passive.signals)))
     text = generate_latest(registry).decode()
-    assert (f'healthd_node_passive_signal{{code="xid_48",gpu="3",gpu_uuid="{UUID}",node="n1",signal="xid",'
-            'stage="confirmed",strength="fault"} 1.0') in text
-    assert ('healthd_node_passive_signal{code="throttle_thermal",gpu="1",gpu_uuid="",node="n2",signal="throttle",'
-            'stage="hint",strength="hint"} 1.0') in text
+    assert (f'healthd_node_passive_signal{{code="xid_48",device="",gpu="3",gpu_uuid="{UUID}",node="n1",port="",'
+            'signal="xid",stage="confirmed",strength="fault"} 1.0') in text
+    assert ('healthd_node_passive_signal{code="throttle_thermal",device="",gpu="1",gpu_uuid="",node="n2",port="",'
+            'signal="throttle",stage="hint",strength="hint"} 1.0') in text
     assert text.count("healthd_node_passive_signal{") == 2
     samples = list(finding_samples(fleet.judge.verdicts.values()))
     assert [(dict(labels)["node"], dict(labels)["source"], dict(labels)["reason_code"], dict(labels)["gpu_uuid"])

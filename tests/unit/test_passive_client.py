@@ -179,4 +179,6 @@ def test_each_bad_answer_is_one_error_per_signal_and_a_poll_never_raises(
     server.reply = reply
     poll = PassiveSource(PassiveSettings(prometheus_url=server.url)).poll({"gpu01"}, now=1.0)
     assert not poll.up
-    assert error_signals(poll) == dict.fromkeys(SIGNALS, 1)
+    parts = ("ib_counters", "ib_present", "ib_links", "ib_physical", "ib_boot",  # [passive.fabric]
+             "activity", "pcie")  # [passive.activity], [passive.pcie]
+    assert error_signals(poll) == dict.fromkeys(SIGNALS, 1) | dict.fromkeys(parts, 1)

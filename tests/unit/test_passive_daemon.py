@@ -29,6 +29,9 @@ class FakePrometheus:
     def __init__(self, settings: Settings) -> None:
         self.q = settings.passive.queries
         self.answers: dict[str, bytes | Exception] = {getattr(self.q, s): vector() for s in SIGNALS}
+        f = settings.passive.fabric
+        self.answers |= {q: vector() for q in (f.counters, f.present, f.links, f.physical, f.boot,
+                                                settings.passive.activity.query, settings.passive.pcie.query)}
         self.asked = 0
 
     def query(self, promql: str) -> bytes:
@@ -84,7 +87,7 @@ def test_a_poll_with_the_stores_nodes_its_metrics_healthz_and_the_judge(
     xid = {"__name__": "DCGM_FI_DEV_XID_ERRORS", "gpu": "3", "UUID": "GPU-3", "Hostname": "gpu01"}
     prom.answers[prom.q.xid] = vector((xid, "13"), ({**xid, "Hostname": "stranger"}, "0"))
     d.poll_passive()
-    assert prom.asked == len(SIGNALS)
+    assert prom.asked == len(SIGNALS) + 7  # and [passive.fabric]'s five, [passive.activity]'s, [passive.pcie]'s
     assert len(judged) == 1 and judged[0].up and judged[0].covered == {"gpu01"}
     text = scrape(d)
     assert "healthd_passive_up 1.0" in text

@@ -252,7 +252,8 @@ class Answers:
 
 
 def source(**settings: Any) -> tuple[PassiveSource, Answers, PassiveSettings]:
-    s = PassiveSettings(prometheus_url="http://prometheus.test:9090", **settings)
+    off = {"fabric": {"enabled": False}, "activity": {"enabled": False}, "pcie": {"enabled": False}}
+    s = PassiveSettings(prometheus_url="http://prometheus.test:9090", **(off | settings))
     fake = Answers(s)
     return PassiveSource(s, client=fake), fake, s
 

@@ -52,3 +52,23 @@ def test_a_passive_signal_on_an_unknown_node_is_a_clear_error(tmp_path: Path) ->
     path.write_text(SMALL.read_text() + '\n[[passive]]\nkind = "xid"\nnodes = ["nope"]\n')
     with pytest.raises(ConfigError, match="passive: no node 'nope'"):
         load_scenario(path)
+
+
+def test_ports_and_a_held_brake_through_the_simulated_site(tmp_path: Path) -> None:
+    """node_exporter's InfiniBand series (healthd.simulate_passive.IbSite) through the real fabric source: a
+    flap alone, a reboot, an exporter restart, a cleared and a saturated counter drain nothing; a brake held on
+    a busy GPU (whose GEMM is slow) is found as ``throttle_power_brake`` on that GPU."""
+    run = scenario(
+        faults=[{"kind": "gpu", "node": "n09", "gpu": 2, "probe": "gemm", "name": "flop_per_second", "factor": 0.9,
+                 "from_round": 2}],
+        passive=[{"kind": "ib_flap", "nodes": ["n05"], "device": "mlx5_1", "from_round": 2, "repeat_rounds": 1},
+                 {"kind": "reboot", "nodes": ["n06"], "from_round": 3},
+                 {"kind": "node_exporter_restart", "nodes": ["n07"], "from_round": 2, "until_round": 3},
+                 {"kind": "ib_saturated", "nodes": ["n08"], "device": "mlx5_0", "from_round": 2},
+                 {"kind": "ib_reset", "nodes": ["n00"], "from_round": 3},
+                 {"kind": "throttle", "nodes": ["n09"], "gpu": 2, "bits": 0x80, "busy": True, "from_round": 2}])
+    report = simulate(run, echo=False, workdir=tmp_path)
+    assert {(n, c) for _, n, c in report.passive_recommendations} == {("n09", "throttle_power_brake")}
+    (found,) = report.faults
+    assert found.found_round is not None and found.named_right
+    assert report.false_drains == [] and report.false_recommendations == []

@@ -14,6 +14,15 @@ made, and calls them through the two seams of ``seam``:
   - ``passive``: a poll of the site's Prometheus (dcgm-exporter: XIDs, row remaps, ECC, throttling,
     health) → ``xid_79``, ``row_remap_failure``, ``ecc_dbe``, ... (hard faults confirmed by a re-probe or
     a repeat; hints never drain);
+  - ``fabric``: the InfiniBand ports of the same poll (node_exporter's ``infiniband`` collector) →
+    ``ib_link_down``, ``ib_symbol_errors``, ``ib_rcv_errors``, ... (a hint alone; ``degraded`` with the
+    node's inter-node bandwidth low in the window) and ``ib_link_degraded`` (``degraded``);
+  - ``throttle``: a power brake or hardware slowdown of the same poll held ``throttle_sustain_s`` on a busy
+    GPU → ``throttle_power_brake`` / ``throttle_hw_slowdown``, ``degraded`` on that GPU.
+  - ``pcie``: each GPU's PCIe link in the same poll → ``pcie_downtrained`` (a width below the maximum, or
+    the generation while busy), ``degraded`` on that GPU.
+    ``fabric``, ``throttle`` and ``pcie`` read the poll and answer ``False``, so they are registered before
+    ``passive``, which takes it;
   - ``boundary``: the node check at job boundaries (its runs are judged like any; a re-probe asked for it
     runs the node's probes).
 
@@ -32,7 +41,19 @@ made).
 
 from __future__ import annotations
 
-from healthd.judge.sources import boundary, checks, declared, events, link, measurements, passive, switch
+from healthd.judge.sources import (
+    boundary,
+    checks,
+    declared,
+    events,
+    fabric,
+    link,
+    measurements,
+    passive,
+    pcie,
+    switch,
+    throttle,
+)
 from healthd.judge.sources.seam import (
     BaseCause,
     BaseSource,
@@ -80,7 +101,8 @@ def causes() -> list[Cause]:
     return sorted((factory() for factory in _CAUSES), key=lambda c: c.rank)
 
 
-for _source in (checks.Checks, measurements.Measurements, passive.Passive, boundary.Boundary):
+for _source in (checks.Checks, measurements.Measurements, fabric.Fabric, throttle.Throttle, pcie.Pcie,
+                passive.Passive, boundary.Boundary):
     register_source(_source)
 for _cause in (events.ClassEvents, declared.Declared, switch.Switches, link.Links):
     register_cause(_cause)

@@ -183,7 +183,8 @@ class Source(Protocol):
         ...
 
     def observe(self, ctx: Context, document: object, now: float, out: JudgeOutput) -> bool:
-        """A document other than a run (a poll, ...): ``True`` when it was this source's."""
+        """A document other than a run (a poll, ...): ``True`` when it was this source's (no later source sees
+        it); a source reading a part of a shared document answers ``False`` (registered before its owner)."""
         ...
 
     def restore(self, ctx: Context, state: JudgeState) -> None:

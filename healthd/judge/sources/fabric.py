@@ -1,0 +1,298 @@
+"""The InfiniBand ports as a source of the judge (pure): port errors, flaps and degraded links.
+
+Reads the ``fabric`` part of a poll of the site's Prometheus (``healthd.passive.fabric``: node_exporter's
+``infiniband`` collector, increases robust to resets, saturation, exporter restarts and boots). Its verdicts
+are kept under the pseudo-probe ``fabric``; its codes are ``ib_link_down`` (a flap), ``ib_symbol_errors``,
+``ib_rcv_errors``, ``ib_rcv_remote_physical_errors``, ``ib_link_error_recovery`` and ``ib_link_degraded``.
+
+What each says, against ``[remediation] act_on`` (which acts on ``degraded`` by default):
+
+- **port errors or a flap alone are a hint**: a ``pass`` verdict naming the port; never a recommendation.
+  A port's counter only says the link had trouble; a node whose jobs run at full speed is not drained for it.
+- **port errors or a flap with the node's inter-node bandwidth low in the same window** (a flagged
+  multi-node result of the node, or a flagged finding of its own on a ``busbw`` series of a ``scope`` other
+  than ``node``, within ``[judge.passive] window_s`` of the port's signal) are one ``degraded`` finding naming
+  the port (``device``, ``port``), recommended: the port explains the slow runs. Low results a cause holds
+  (a switch finding over the node's leaf, a class event) are the cause's: port errors on many nodes of one
+  failing leaf stay hints, and the switch cause names the leaf.
+- **a degraded link** (an active port whose rate is below its class's: the most common rate among the
+  class's active ports in the poll) is ``degraded`` at once: a link trained at a lower rate is a cable or
+  transceiver fault whatever the load.
+- a counter at its saturation value is unknown: an ``error`` verdict (could not check; never drains) while
+  the node has nothing else.
+
+Each signal is followed as a ``PortTrack`` through the window (an event track ends when the window passed
+without it; a degraded-link track when a poll covering the node shows the port at its class's rate again).
+The source reads the poll and lets the passive source have it too (``observe`` answers ``False``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from healthd.judge.model import JudgeOutput, JudgeState, RecommendationCandidate, RunInput, SeriesKey
+from healthd.judge.sources.seam import BaseSource, Context
+from healthd.model import Outcome, Verdict
+from healthd.passive.fabric import COUNTER_OF_CODE, FabricPoll
+from healthd.passive.model import PassivePoll, Strength
+
+__all__ = ["DEGRADED_LINK", "PROBE", "Fabric", "PortTrack", "busbw_low", "class_rates"]
+
+PROBE = "fabric"
+"""The pseudo-probe of the InfiniBand ports' verdicts and recommendations."""
+DEGRADED_LINK = "ib_link_degraded"
+SATURATED = "ib_counter_saturated"
+SIGNAL = "infiniband"
+
+PortStage = Literal["hint", "confirmed"]
+
+
+@dataclass(frozen=True, slots=True)
+class PortTrack:
+    """One signal (code) of one port, followed through the window. Shaped like the passive source's tracks
+    where ``healthd_node_passive_signal`` reads them (``gpu`` and ``gpu_uuid`` empty, ``device`` and ``port``
+    set)."""
+
+    node: str
+    device: str
+    port: str
+    code: str
+    kind: Literal["event", "level"]
+    detail: str
+    first_at: float
+    last_at: float
+    seen: int = 1
+    total: float = 0.0
+    """Events: the counter's increase summed over the track; a degraded link: its rate."""
+    corroborated: str = ""
+    """What made it a finding: the low inter-node result (``run … at …``), or the rate for a degraded link."""
+
+    gpu = None
+    gpu_uuid = None
+    signal = SIGNAL
+
+    @property
+    def strength(self) -> Strength:
+        return Strength.FAULT if self.stage() == "confirmed" else Strength.HINT
+
+    @property
+    def key(self) -> tuple[str, str, str, str]:
+        return self.node, self.code, self.device, self.port
+
+    @property
+    def summary(self) -> str:
+        return f"{self.code.replace('_', ' ')} {self.device} port {self.port}"
+
+    def stage(self) -> PortStage:
+        return "confirmed" if self.code == DEGRADED_LINK or self.corroborated else "hint"
+
+
+def class_rates(rates: Iterable[tuple[str, float]]) -> dict[str, float]:
+    """Class → its ports' usual rate: the most common one (ties: the higher). A port below it is degraded."""
+    counts: dict[str, Counter[float]] = defaultdict(Counter)
+    for cls, rate in rates:
+        counts[cls][rate] += 1
+    return {cls: max(c.items(), key=lambda kv: (kv[1], kv[0]))[0] for cls, c in counts.items()}
+
+
+def busbw_low(ctx: Context, node: str, since: float, probes: Iterable[str]) -> str:
+    """The node's inter-node bandwidth flagged since ``since`` on one of ``probes``: a flagged multi-node
+    result it was in, or a flagged finding of its own on a ``busbw`` series whose ``scope`` is not ``node``;
+    its words, or ``""``."""
+    found: list[tuple[float, str]] = []
+    for probe in probes:
+        if ctx.holding(node, probe) is not None:
+            continue  # a cause (a switch, a class event) explains the node's low results: not its port's
+        found += [(r.at, f"{probe} run {r.run_id} with {len(r.members)} nodes flagged ({r.code.value})")
+                  for r in ctx.group_history.get((node, probe), ())
+                  if r.flagged and r.at >= since and (not r.findings or any("busbw" in f.key.name for f in r.findings))]
+        found += [(m.at, f"{probe} run {m.run_id}: inter-node busbw flagged ({m.code.value})")
+                  for m in ctx.marks.get((node, probe), ())
+                  if m.at >= since and m.raw_flagged and any(_inter_node_busbw(f.key) for f in m.findings)]
+    best = max(found, default=None)
+    return best[1] if best is not None else ""
+
+
+def _inter_node_busbw(key: SeriesKey) -> bool:
+    return "busbw" in key.name and dict(key.labels).get("scope", "group") != "node"
+
+
+class Fabric(BaseSource):
+    """The port tracks followed, (node, code, device, port) → track, and their verdicts under ``PROBE``."""
+
+    name = "fabric"
+    by_node_probes = frozenset({PROBE})
+
+    def __init__(self) -> None:
+        self.tracks: dict[tuple[str, str, str, str], PortTrack] = {}
+        self.saturated: dict[str, tuple[tuple[str, str, str], ...]] = {}
+
+    def signals(self) -> list[PortTrack]:
+        """The port tracks followed now (``healthd_node_passive_signal`` with ``device`` and ``port``)."""
+        return sorted(self.tracks.values(), key=lambda t: t.key)
+
+    def observe(self, ctx: Context, document: object, now: float, out: JudgeOutput) -> bool:
+        """The ``fabric`` part of a poll; ``False`` always: the poll is the passive source's too."""
+        if not isinstance(document, PassivePoll) or document.fabric is None:
+            return False
+        fabric = document.fabric
+        known = set(ctx.classes)
+        window = ctx.settings.passive.window_s
+        touched = self._events(fabric, known, window)
+        touched |= self._links(ctx, fabric, known, now)
+        touched |= self._saturation(fabric, known)
+        touched |= self._expire(now, window)
+        self._conclude_nodes(ctx, touched, now, out)
+        return False
+
+    def after_runs(self, ctx: Context, judged: Sequence[RunInput], now: float, out: JudgeOutput) -> None:
+        """A round's runs may show the node's inter-node bandwidth low: its port hints become findings."""
+        followed = {t.node for t in self.tracks.values()}
+        nodes = {n for run in judged for n in run.nodes if n in followed}
+        self._conclude_nodes(ctx, nodes | self._expire(now, ctx.settings.passive.window_s), now, out)
+
+    def _events(self, fabric: FabricPoll, known: set[str], window: float) -> set[str]:
+        touched: set[str] = set()
+        for sig in fabric.signals:
+            if known and sig.node not in known:
+                continue
+            key = (sig.node, sig.code, sig.device, sig.port)
+            old = self.tracks.get(key)
+            if old is None or sig.at - old.last_at > window:
+                self.tracks[key] = PortTrack(sig.node, sig.device, sig.port, sig.code, "event", sig.detail, sig.at,
+                                             sig.at, 1, sig.increase)
+            elif sig.at > old.last_at:
+                self.tracks[key] = replace(old, last_at=sig.at, seen=old.seen + 1, total=old.total + sig.increase,
+                                           detail=sig.detail)
+            touched.add(sig.node)
+        return touched
+
+    def _links(self, ctx: Context, fabric: FabricPoll, known: set[str], now: float) -> set[str]:
+        if "links" in fabric.failed:
+            return set()
+        links = [p for p in fabric.links if not known or p.node in known]
+        usual = class_rates((ctx.node_class(p.node), p.rate) for p in links)
+        low = {(p.node, DEGRADED_LINK, p.device, p.port): p for p in links
+               if p.rate < usual[ctx.node_class(p.node)]}
+        touched: set[str] = set()
+        for key, p in low.items():
+            rate = usual[ctx.node_class(p.node)]
+            detail = (f"{p.device} port {p.port} trained at {p.rate * 8 / 1e9:g} Gb/s, below its class's "
+                      f"{rate * 8 / 1e9:g} Gb/s")
+            old = self.tracks.get(key)
+            if old is None:
+                self.tracks[key] = PortTrack(p.node, p.device, p.port, DEGRADED_LINK, "level", detail, now, now, 1,
+                                             p.rate, f"rate {p.rate:g} B/s < {rate:g} B/s")
+                touched.add(p.node)
+            else:
+                self.tracks[key] = replace(old, last_at=now, seen=old.seen + 1, detail=detail, total=p.rate)
+                touched |= {p.node} if old.total != p.rate else set()
+        for key, t in list(self.tracks.items()):
+            if t.code == DEGRADED_LINK and key not in low and t.node in fabric.covered:
+                del self.tracks[key]
+                touched.add(t.node)
+        return touched
+
+    def _saturation(self, fabric: FabricPoll, known: set[str]) -> set[str]:
+        if "counters" in fabric.failed:
+            return set()
+        now: dict[str, tuple[tuple[str, str, str], ...]] = defaultdict(tuple)
+        for node, device, port, counter in fabric.saturated:
+            if not known or node in known:
+                now[node] += ((device, port, counter),)
+        changed = {n for n in set(now) | set(self.saturated) if now.get(n) != self.saturated.get(n)}
+        self.saturated = dict(now)
+        return changed
+
+    def _expire(self, now: float, window: float) -> set[str]:
+        gone = [k for k, t in self.tracks.items() if t.kind == "event" and now - t.last_at > window]
+        for k in gone:
+            del self.tracks[k]
+        return {k[0] for k in gone}
+
+    def _conclude_nodes(self, ctx: Context, nodes: set[str], now: float, out: JudgeOutput) -> None:
+        by_node: dict[str, list[PortTrack]] = defaultdict(list)
+        for t in self.tracks.values():
+            by_node[t.node].append(t)
+        window = ctx.settings.passive.window_s
+        probes = {p for (_, p) in ctx.group_history} if any(t.kind == "event" for t in self.tracks.values()) \
+            else set()
+        for node in sorted(nodes):
+            tracks = by_node.get(node, [])
+            for t in tracks:
+                if t.kind == "event" and not t.corroborated:
+                    low = busbw_low(ctx, node, t.first_at - window, probes)
+                    if low:
+                        self.tracks[t.key] = replace(t, corroborated=low)
+            self._conclude(ctx, node, [self.tracks[t.key] for t in tracks], now, out)
+
+    def _conclude(self, ctx: Context, node: str, tracks: list[PortTrack], now: float, out: JudgeOutput) -> None:
+        old = ctx.verdicts.get((node, PROBE))
+        if not tracks and node not in self.saturated and old is None:
+            return
+        live = sorted(tracks, key=lambda t: (t.stage() == "confirmed", t.code == DEGRADED_LINK, t.last_at),
+                      reverse=True)
+        top = live[0] if live else None
+        more = f" (and {len(live) - 1} more port signal{'s' if len(live) > 2 else ''})" if len(live) > 1 else ""
+        recommend = False
+        if top is not None and top.stage() == "confirmed":
+            outcome, code = Outcome.DEGRADED, top.code
+            why = "" if top.code == DEGRADED_LINK else f", with the node's inter-node bandwidth low: {top.corroborated}"
+            text = f"{top.detail}{why}{more}"
+            recommend = True
+        elif top is not None:
+            outcome, code = Outcome.PASS, top.code
+            text = (f"port hint: {top.detail}{more}; the node's inter-node bandwidth is not low in the window "
+                    "(port errors alone never drain)")
+        elif node in self.saturated:
+            dev, port, counter = self.saturated[node][0]
+            outcome, code = Outcome.ERROR, SATURATED
+            text = f"{counter} of {dev} port {port} is at its saturation value: new errors cannot be seen (unknown)"
+        else:
+            outcome, code, text = Outcome.PASS, "ok", "no InfiniBand port signal in the window"
+        ev = evidence(top)
+        at = top.last_at if top is not None else now
+        verdict = Verdict(node, PROBE, outcome, text, code, (), ev, at)
+        out.evaluated.add((node, PROBE))
+        if old is None or (old.outcome, old.reason_code, old.reason) != (outcome, code, text):
+            out.verdicts.append(verdict)
+        ctx.verdicts[(node, PROBE)] = verdict
+        if recommend and top is not None:
+            out.recommendations.append(RecommendationCandidate(node, PROBE, outcome, code, text,
+                                                               {"run_ids": [], "summary": top.summary, **ev}, at))
+
+    def restore(self, ctx: Context, state: JudgeState) -> None:
+        for verdict in state.verdicts:
+            if verdict.probe == PROBE and verdict.evidence:
+                track = restore(verdict.node, verdict.reason_code, verdict.evidence)
+                if track is not None:
+                    self.tracks[track.key] = track
+
+
+def evidence(t: PortTrack | None) -> dict[str, float | str]:
+    """A verdict's flat evidence: enough to rebuild its top track after a restart (``restore``)."""
+    if t is None:
+        return {}
+    out: dict[str, float | str] = {
+        "source": PROBE, "signal": SIGNAL, "device": t.device, "port": t.port, "kind": t.kind,
+        "summary": t.summary, "first_at": t.first_at, "last_at": t.last_at, "seen": float(t.seen),
+        "total": t.total, "detail": t.detail[:300], "stage": t.stage(),
+    }
+    if t.code in COUNTER_OF_CODE:
+        out["counter"] = COUNTER_OF_CODE[t.code]
+    if t.corroborated:
+        out["corroborated"] = t.corroborated[:300]
+    return out
+
+
+def restore(node: str, code: str, ev: Mapping[str, float | str]) -> PortTrack | None:
+    try:
+        return PortTrack(node, str(ev["device"]), str(ev["port"]), code,
+                         "level" if ev.get("kind") == "level" else "event", str(ev.get("detail", code)),
+                         float(ev["first_at"]), float(ev["last_at"]), int(float(ev.get("seen", 1))),
+                         float(ev.get("total", 0.0)), str(ev.get("corroborated", "")))
+    except (KeyError, ValueError, TypeError):
+        return None
