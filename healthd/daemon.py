@@ -39,6 +39,9 @@ from healthd.collector import (
 from healthd.config import PassiveSettings, Settings, load_settings
 from healthd.coverage import CoverageCollector, CoverageInputs
 from healthd.errors import BackendError, ConfigError, HealthdError, SlurmError, StoreError
+from healthd.ha import LeaderCollector
+from healthd.ha.fence import FencedBackend
+from healthd.ha.lease import Lease
 from healthd.http import HttpApp, HttpServer
 from healthd.judge.persist import judge_ingested, judge_passive_poll, judge_runs, load_judge, run_from_collected
 from healthd.logging import get_logger, setup_logging
@@ -103,10 +106,16 @@ class Daemon:
             raise StoreError(f"cannot create the results directory {settings.results_dir}: {exc}") from None
         self.store = Store(settings.store_path)
         self.backend = backend or make_backend(settings)
+        self.lease: Lease | None = Lease(settings.ha) if settings.ha.mode == "mariadb" else None
+        """``[ha]``: this instance's side of the lease; ``None`` when HA is off (it always leads)."""
+        if self.lease is not None:
+            self.backend = FencedBackend(self.backend, self.lease, settings.remediation.reason_prefix)
         self.backend_up = True
         self._backend_down_since: float | None = None
         self.registry = CollectorRegistry()
         self.metrics = DaemonMetrics(self.registry)
+        if self.lease is not None:
+            self.registry.register(LeaderCollector(self.lease))
         self.metrics.backend_up.labels(self.backend.name).set(1)
         self.metrics.slurm_up.set(0)
         self.observed = ObservedBackend(self.backend, self._backend_call_ok)
@@ -300,6 +309,8 @@ class Daemon:
         if not self.backend_up:
             log.info("plan_skipped", why="the backend is down")
             return
+        if not self.leading():
+            return
         s = self.settings
         known = self.observed.list_nodes()
         now = time.time()
@@ -310,7 +321,7 @@ class Daemon:
         if self._launch_requests(known, runs, limits, now):
             runs = self.store.unfinished_runs()
             in_flight = jobs_in_flight(runs, now, s.scheduler.plan_interval_s)
-        last_attempts = self.store.last_attempts()
+        last_attempts = self._last_attempts(now)
         validating = self.remediator.validating_since()  # a repaired node's full check is due at once
         priority = self.judge.priority_requests(
             self.remediator.recheck_nodes(), s.probes,
@@ -341,6 +352,31 @@ class Daemon:
             )[: limits.max_jobs_in_flight - in_flight - len(jobs)]
         for job in self._with_known_uuids(self._within_budget(jobs, known, runs, now)):
             self.collector.launch(job)
+
+    def leading(self) -> bool:
+        """Whether this instance may act: always without ``[ha]``, else while it holds the lease."""
+        return self.lease is None or self.lease.leading()
+
+    def renew_lease(self) -> None:
+        """``[ha]``: take or renew the lease (every ``renew_interval_s``)."""
+        if self.lease is not None:
+            self.lease.renew()
+
+    def _last_attempts(self, now: float) -> dict[tuple[str, str], float]:
+        """The store's last attempt per (node, probe); with ``[ha]``, joined with the submissions every
+        instance journalled, so a new leader goes on with the old leader's schedule (no probe wave)."""
+        attempts = self.store.last_attempts()
+        if self.lease is None:
+            return attempts
+        horizon = max((p.interval_s for p in self.settings.probes.values()), default=DAY_S)
+        try:
+            journalled = self.lease.launches(horizon)
+        except HealthdError as exc:
+            log.warning("ha_launches_unread", error=str(exc))
+            return attempts
+        for key, at in journalled.items():
+            attempts[key] = max(at, attempts.get(key, at))
+        return attempts
 
     def _with_known_uuids(self, jobs: list[ProbeJob]) -> list[ProbeJob]:
         """Single-node jobs that expect GPUs, with the UUIDs the store's inventory has for the node
@@ -412,8 +448,9 @@ class Daemon:
     def collect(self) -> None:
         boundary = collect_boundary(self.collector, known=lambda names: {n.name for n in self.store.nodes(names=names)})
         self._judge(self.collector.collect() + boundary)
-        self.remediator.repair_tick()
-        self.remediator.adopt_boundary_drains(boundary_failures(boundary))
+        if self.leading():
+            self.remediator.repair_tick()
+            self.remediator.adopt_boundary_drains(boundary_failures(boundary))
         ingested = self._saving_judgement(lambda: judge_ingested(self.judge, self.store, now=time.time()))
         if ingested is not None:
             self.remediator.apply(ingested)
@@ -550,6 +587,7 @@ class Daemon:
         except Exception:
             self.metrics.errors.labels("tick").inc()
             log.exception("recover_crashed")
+        self._tick("ha", self.renew_lease)()
         self._tick("discover", self.discover)()
         self._tick("topology", self.refresh_topology)()
         jobs = (
@@ -558,12 +596,15 @@ class Daemon:
             ("collect", self.collect, s.collect_interval_s),
             ("housekeeping", self.housekeeping, s.housekeeping_interval_s),
             ("topology", self.refresh_topology, self.settings.topology.refresh_interval_s),
-        ) + ((("passive", self.poll_passive, self.settings.passive.interval_s),) if self.passive else ())
+        ) + ((("passive", self.poll_passive, self.settings.passive.interval_s),) if self.passive else ()) + (
+            (("ha", self.renew_lease, self.settings.ha.renew_interval_s),) if self.lease is not None else ())
         now = time.time()
         for name, fn, interval in jobs:
             first = now + (interval if name in ("discover", "housekeeping", "topology") else 0.5)
             if name == "passive":
                 first = now + 1.0
+            if name == "ha":
+                first = now + interval
             self.scheduler.add_job(
                 self._tick(name, fn), "interval", seconds=interval, id=name, name=name,
                 next_run_time=_utc(first), replace_existing=True,
@@ -611,7 +652,7 @@ class Daemon:
         except Exception as exc:  # whatever a hostile file does to the parsers, the old config stays
             self._reload_refused(f"{type(exc).__name__}: {exc}")
             return
-        for key in ("http", "store", "backend", "state_dir"):
+        for key in ("http", "store", "backend", "state_dir", "ha"):
             if getattr(new, key) != getattr(self.settings, key):
                 log.warning("config_change_needs_restart", key=key)
         old = self.settings
@@ -682,6 +723,9 @@ class Daemon:
         waiter = threading.Thread(target=self.scheduler.shutdown, kwargs={"wait": True}, daemon=True)
         waiter.start()
         waiter.join(max(0.0, deadline - time.monotonic()))
+        if self.lease is not None:
+            self.lease.release()
+            self.lease.close()
         self.store.close()
         log.info("daemon_stopped")
 

@@ -1,0 +1,283 @@
+"""[ha] against a real MariaDB server (Debian's mariadb-server), private to this module: its own datadir,
+socket and port under tmp, started with mariadb-install-db and mariadbd, stopped after. Skips, saying why,
+where the package is missing; fails instead under ``HEALTHD_REQUIRE_SLURM=1`` or ``HEALTHD_REQUIRE_MARIADB=1``
+(CI installs it: scripts/debian-packages.txt, role tests).
+
+Time is real (the lease lives on the database's clock) but short: a TTL of 1.2 s.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from healthd.config import HaSettings
+from healthd.errors import ConfigError, HaError, PolicyRefused
+from healthd.ha.fence import FencedBackend, reason_epoch
+from healthd.ha.lease import SCHEMA_VERSION, Lease, check_server, connect, init_schema, target
+from healthd.model import Node, ProbeJob
+
+pymysql = pytest.importorskip("pymysql", reason="PyMySQL is not installed (pip install 'healthd[ha]')")
+
+SBIN = ("/usr/sbin", "/usr/bin")
+TTL = 1.2
+RENEW = 0.3
+MARGIN = 0.3
+
+
+def _tool(name: str) -> str | None:
+    return shutil.which(name) or next((f"{d}/{name}" for d in SBIN if os.access(f"{d}/{name}", os.X_OK)), None)
+
+
+def _missing(why: str) -> None:
+    if os.environ.get("HEALTHD_REQUIRE_SLURM") == "1" or os.environ.get("HEALTHD_REQUIRE_MARIADB") == "1":
+        pytest.fail(f"no MariaDB server for the HA tests: {why} (scripts/install-debian-deps.sh tests)")
+    pytest.skip(f"no MariaDB server for the HA tests: {why} (scripts/install-debian-deps.sh tests)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A private mariadbd: ``{"port", "socket", "root"}`` (root connects over the socket without a password)."""
+    install, server, admin = _tool("mariadb-install-db"), _tool("mariadbd"), _tool("mariadb-admin")
+    if not (install and server and admin):
+        _missing("mariadb-install-db, mariadbd or mariadb-admin not found (Debian: mariadb-server, mariadb-client)")
+    assert install and server and admin
+    base = Path(tempfile_dir := str(tmp_path_factory.mktemp("mariadb")))
+    sock, port = f"{tempfile_dir}/sock", _free_port()
+    user = ["--user=root"] if os.geteuid() == 0 else []
+    subprocess.run([install, "--no-defaults", f"--datadir={base}/db", "--auth-root-authentication-method=socket",
+                    "--skip-test-db", *user], check=True, capture_output=True, timeout=120)
+    log = (base / "err.log").open("w")
+    proc = subprocess.Popen([server, "--no-defaults", f"--datadir={base}/db", f"--socket={sock}", f"--port={port}",
+                             "--bind-address=127.0.0.1", "--skip-log-bin", f"--pid-file={base}/pid",
+                             "--innodb-buffer-pool-size=16M", "--skip-name-resolve", *user],
+                            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while subprocess.run([admin, "--no-defaults", f"--socket={sock}", "-uroot", "ping"],
+                             capture_output=True, timeout=10).returncode != 0:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"mariadbd did not start: {(base / 'err.log').read_text()[-2000:]}")
+            time.sleep(0.2)
+        root = pymysql.connect(unix_socket=sock, user="root", autocommit=True)
+        with root.cursor() as cur:
+            cur.execute("CREATE USER 'healthd'@'127.0.0.1' IDENTIFIED BY 'sekret'")
+        root.close()
+        yield {"port": port, "socket": sock, "base": base}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        log.close()
+
+
+def _root(db: dict[str, Any]) -> Any:
+    return pymysql.connect(unix_socket=db["socket"], user="root", autocommit=True)
+
+
+@pytest.fixture
+def database(mariadb: dict[str, Any], request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh database for one test, the healthd user granted on it."""
+    name = "ha_" + request.node.name.replace("[", "_").replace("]", "").replace("-", "_")[:50]
+    conn = _root(mariadb)
+    with conn.cursor() as cur:
+        cur.execute(f"DROP DATABASE IF EXISTS {name}")
+        cur.execute(f"CREATE DATABASE {name}")
+        cur.execute(f"GRANT ALL ON {name}.* TO 'healthd'@'127.0.0.1'")
+    conn.close()
+    yield name
+
+
+def _settings(db: dict[str, Any], name: str, tmp_path: Path, instance: str, **kw: Any) -> HaSettings:
+    pw = tmp_path / "ha-password"
+    if not pw.exists():
+        pw.write_text("sekret\n")
+        pw.chmod(0o600)
+    return HaSettings(mode="mariadb", url=f"mysql://healthd@127.0.0.1:{db['port']}/{name}", password_file=pw,
+                      instance_id=instance, lease_ttl_s=kw.get("ttl", TTL), renew_interval_s=RENEW,
+                      fence_margin_s=MARGIN, timeout_s=2.0)
+
+
+def _init(s: HaSettings) -> int:
+    conn = connect(target(s), s.timeout_s)
+    try:
+        return init_schema(conn)
+    finally:
+        conn.close()
+
+
+class RecordingBackend:
+    """A real-enough backend for the fence: it records every call that reaches it, in order (no cluster)."""
+
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, ...]] = []
+
+    def drain(self, node: str, reason: str) -> None:
+        self.calls.append(("drain", node, reason))
+
+    def undrain(self, node: str) -> None:
+        self.calls.append(("undrain", node))
+
+    def submit(self, job: ProbeJob, result_path: Path) -> str:
+        self.calls.append(("submit", ",".join(job.nodes), job.probe))
+        return str(len(self.calls))
+
+    def cancel(self, job_ids: list[str]) -> None:
+        self.calls.append(("cancel", *job_ids))
+
+    def list_nodes(self) -> list[Node]:
+        return []
+
+
+def _fenced(lease: Lease, backend: RecordingBackend) -> FencedBackend:
+    return FencedBackend(backend, lease, "healthd:")  # type: ignore[arg-type]
+
+
+def _wait(cond: Any, timeout: float, step: Any = None) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if step is not None:
+            step()
+        if cond():
+            return time.monotonic() - t0
+        time.sleep(0.05)
+    raise AssertionError(f"not within {timeout} s")
+
+
+def test_init_is_idempotent_and_an_unknown_schema_is_refused(mariadb: dict[str, Any], database: str,
+                                                             tmp_path: Path) -> None:
+    s = _settings(mariadb, database, tmp_path, "a")
+    lease = Lease(s)
+    assert lease.renew() is None and "healthd ha init" in str(lease.last_error)  # no schema yet: never leads
+    assert _init(s) == 0
+    assert _init(s) == SCHEMA_VERSION
+    root = _root(mariadb)
+    with root.cursor() as cur:
+        cur.execute(f"UPDATE {database}.healthd_meta SET value = %s", (str(SCHEMA_VERSION + 1),))
+    root.close()
+    with pytest.raises(HaError, match="newer than this healthd knows"):
+        _init(s)
+    assert lease.renew() is None and "newer than this healthd knows" in str(lease.last_error)
+    assert not lease.leading()
+
+
+def test_read_only_server_is_refused(mariadb: dict[str, Any], database: str, tmp_path: Path) -> None:
+    s = _settings(mariadb, database, tmp_path, "a")
+    _init(s)
+    root = _root(mariadb)
+    with root.cursor() as cur:
+        cur.execute("SET GLOBAL read_only = 1")
+    try:
+        conn = connect(target(s), s.timeout_s)
+        with pytest.raises(HaError, match="read_only"):
+            check_server(conn)
+        conn.close()
+        lease = Lease(s)
+        assert lease.renew() is None and "read_only" in str(lease.last_error)
+    finally:
+        with root.cursor() as cur:
+            cur.execute("SET GLOBAL read_only = 0")
+        root.close()
+
+
+def test_password_file_others_can_read_is_refused(mariadb: dict[str, Any], database: str, tmp_path: Path) -> None:
+    s = _settings(mariadb, database, tmp_path, "a")
+    assert s.password_file is not None
+    s.password_file.chmod(0o640)
+    with pytest.raises(ConfigError, match="readable by the service's user only"):
+        Lease(s)
+
+
+def test_one_leader_then_failover_within_ttl_plus_renew(mariadb: dict[str, Any], database: str,
+                                                        tmp_path: Path) -> None:
+    a = Lease(_settings(mariadb, database, tmp_path, "a"))
+    b = Lease(_settings(mariadb, database, tmp_path, "b"))
+    _init(a.settings)
+    a.renew()
+    b.renew()
+    assert a.leading() and not b.leading()
+    first = a.epoch
+    assert first is not None and b.status().holder == "a"
+    for _ in range(3):  # renewals keep the lease and the epoch
+        time.sleep(RENEW)
+        a.renew()
+        b.renew()
+        assert a.leading() and not b.leading() and a.epoch == first
+    # a stops renewing (killed): b leads within TTL + one renew interval
+    took = _wait(lambda: b.leading(), TTL + 2 * RENEW + 0.5, step=lambda: (time.sleep(RENEW), b.renew()))
+    assert took <= TTL + 2 * RENEW + 0.5
+    assert b.epoch == first + 1
+    status = b.status()
+    assert (status.holder, status.epoch, status.live) == ("b", first + 1, True)
+
+
+def test_paused_leader_cannot_act_after_its_lease_expired(mariadb: dict[str, Any], database: str,
+                                                          tmp_path: Path) -> None:
+    """The pause falls between a's own check (its monotonic clock, frozen here) and its journal insert:
+    the database refuses the row, nothing reaches the backend, and a steps down."""
+    frozen = [0.0]
+    a = Lease(_settings(mariadb, database, tmp_path, "a"), clock=lambda: frozen[0])
+    b = Lease(_settings(mariadb, database, tmp_path, "b"))
+    _init(a.settings)
+    a.renew()
+    backend_a, backend_b = RecordingBackend(), RecordingBackend()
+    fa, fb = _fenced(a, backend_a), _fenced(b, backend_b)
+    fa.drain("node1", "healthd: xid 79 gpu 3")
+    assert backend_a.calls == [("drain", "node1", f"healthd: [e{a.epoch}] xid 79 gpu 3")]
+    old = a.epoch
+    # a is paused (no renewal); its lease runs out on the database's clock and b takes over
+    _wait(lambda: b.leading(), TTL + 3 * RENEW + 0.5, step=lambda: (time.sleep(RENEW), b.renew()))
+    assert a.leading()  # a's own clock did not move: only the database can stop it now
+    with pytest.raises(PolicyRefused, match="not the leader"):
+        fa.drain("node2", "healthd: xid 79 gpu 1")
+    assert not a.leading() and a.epoch is None  # stepped down
+    fb.drain("node2", "healthd: xid 79 gpu 1")
+    assert backend_a.calls == [("drain", "node1", f"healthd: [e{old}] xid 79 gpu 3")]
+    assert backend_b.calls == [("drain", "node2", f"healthd: [e{b.epoch}] xid 79 gpu 1")]
+    # the journal: each action once, epochs never going down
+    root = _root(mariadb)
+    with root.cursor() as cur:
+        cur.execute(f"SELECT holder, epoch, verb, nodes FROM {database}.healthd_actions ORDER BY id")
+        rows = cur.fetchall()
+    root.close()
+    assert rows == (("a", old, "drain", "node1"), ("b", b.epoch, "drain", "node2"))
+    assert b.epoch is not None and old is not None and b.epoch > old
+    assert reason_epoch(backend_b.calls[0][2], "healthd:") == b.epoch
+
+
+def test_new_leader_reads_the_old_leaders_launches(mariadb: dict[str, Any], database: str, tmp_path: Path) -> None:
+    """No probe wave after a failover: b's last attempts include what a submitted."""
+    a = Lease(_settings(mariadb, database, tmp_path, "a"))
+    b = Lease(_settings(mariadb, database, tmp_path, "b"))
+    _init(a.settings)
+    a.renew()
+    fa = _fenced(a, RecordingBackend())
+    t0 = time.time()
+    fa.submit(ProbeJob(run_id="r1", probe="gemm", nodes=("n1", "n2")), tmp_path / "r1.json")
+    fa.submit(ProbeJob(run_id="r2", probe="nccl", nodes=("n1",)), tmp_path / "r2.json")
+    with pytest.raises(PolicyRefused):
+        _fenced(b, RecordingBackend()).submit(ProbeJob(run_id="r3", probe="gemm", nodes=("n3",)),
+                                              tmp_path / "r3.json")
+    seen = b.launches(3600)
+    assert set(seen) == {("n1", "gemm"), ("n2", "gemm"), ("n1", "nccl")}
+    assert all(abs(at - t0) < 30 for at in seen.values())
+    assert b.launches(0.000001) == {}
