@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
 
-from healthd.config import HaSettings
+from healthd.config import HaSettings, Settings
 from healthd.errors import ConfigError, HaError, PolicyRefused
 from healthd.ha.fence import FencedBackend, reason_epoch
 from healthd.ha.lease import SCHEMA_VERSION, Lease, check_server, connect, init_schema, target
@@ -281,3 +282,32 @@ def test_new_leader_reads_the_old_leaders_launches(mariadb: dict[str, Any], data
     assert set(seen) == {("n1", "gemm"), ("n2", "gemm"), ("n1", "nccl")}
     assert all(abs(at - t0) < 30 for at in seen.values())
     assert b.launches(0.000001) == {}
+
+
+def test_daemon_standby_takes_over_the_schedule(mariadb: dict[str, Any], database: str, tmp_path: Path) -> None:
+    """The daemon with [ha] on: its backend is fenced, it leads only with the lease, and its planner's last
+    attempts carry the old leader's submissions (no probe wave after a failover)."""
+    from healthd.daemon import Daemon
+
+    ha = _settings(mariadb, database, tmp_path, "b")
+    _init(ha)
+    old = Lease(_settings(mariadb, database, tmp_path, "a"))
+    old.renew()
+    _fenced(old, RecordingBackend()).submit(ProbeJob(run_id="r1", probe="gemm", nodes=("n1",)), tmp_path / "r1.json")
+    settings = Settings(state_dir=tmp_path / "state", backend="local", ha=ha)
+    daemon = Daemon(settings, None)
+    try:
+        assert isinstance(daemon.backend, FencedBackend)
+        daemon.renew_lease()
+        assert not daemon.leading()  # a holds the lease
+        daemon.plan_and_launch()
+        assert daemon.store.unfinished_runs() == []  # a standby launches nothing
+        _wait(lambda: daemon.leading(), TTL + 3 * RENEW + 0.5, step=lambda: (time.sleep(RENEW), daemon.renew_lease()))
+        attempts = daemon._last_attempts(time.time())
+        assert ("n1", "gemm") in attempts and abs(attempts[("n1", "gemm")] - time.time()) < 30
+        text = generate_latest(daemon.registry).decode()
+        assert "healthd_leader 1.0" in text and f"healthd_ha_epoch {float(daemon.lease.epoch or 0)}" in text
+    finally:
+        daemon.store.close()
+        if daemon.lease is not None:
+            daemon.lease.close()

@@ -1,4 +1,4 @@
-"""[ha]'s config and the epoch tag in drain reasons (pure parts; the lease itself: tests/integration/test_ha_mariadb.py)."""
+"""[ha]: its config and the epoch tag in drain reasons (the lease itself: tests/integration/test_ha_mariadb.py)."""
 
 from __future__ import annotations
 
