@@ -329,11 +329,11 @@ class Lease:
                 with self._cursor() as cur:
                     cur.execute(
                         "INSERT INTO healthd_actions (at, epoch, holder, verb, nodes, probe, detail) "
-                        "SELECT NOW(6), epoch, holder, %s, %s, %s, %s FROM healthd_lease "
+                        "SELECT NOW(6), %s, %s, %s, %s, %s, %s FROM healthd_lease "
                         "WHERE name = %s AND holder = %s AND epoch = %s "
                         "AND expires_at > NOW(6) + INTERVAL %s MICROSECOND",
-                        (verb, ",".join(nodes)[:4096], probe[:255], detail[:MAX_DETAIL], LEASE_NAME, self.instance,
-                         epoch, _micro(self.settings.fence_margin_s)))
+                        (epoch, self.instance, verb, ",".join(nodes)[:4096], probe[:255], detail[:MAX_DETAIL],
+                         LEASE_NAME, self.instance, epoch, _micro(self.settings.fence_margin_s)))
                     inserted = cur.rowcount
             except HaError as exc:
                 self._step_down(f"journal: {exc}")

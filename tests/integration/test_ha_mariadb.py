@@ -8,6 +8,8 @@ Time is real (the lease lives on the database's clock) but short: a TTL of 1.2 s
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
 import socket
@@ -311,3 +313,107 @@ def test_daemon_standby_takes_over_the_schedule(mariadb: dict[str, Any], databas
         daemon.store.close()
         if daemon.lease is not None:
             daemon.lease.close()
+
+
+def test_a_leader_without_renewal_stops_by_its_own_clock(mariadb: dict[str, Any], database: str,
+                                                          tmp_path: Path) -> None:
+    """Half a TTL after its last renewal began (its monotonic clock), a leader acts no more, even while the
+    database would still take its rows: a database cut off from it cannot stop it, its own clock does."""
+    now = [100.0]
+    a = Lease(_settings(mariadb, database, tmp_path, "a"), clock=lambda: now[0])
+    _init(a.settings)
+    a.renew()
+    backend = RecordingBackend()
+    _fenced(a, backend).undrain("n1")
+    now[0] += TTL / 2 + 0.01
+    with pytest.raises(PolicyRefused):
+        _fenced(a, backend).undrain("n2")
+    assert backend.calls == [("undrain", "n1")] and a.epoch is None
+    a.renew()  # still its lease on the database: a new term, a new epoch
+    assert a.leading() and a.epoch == 2
+
+
+def test_racing_instances_never_act_under_two_epochs_at_once(mariadb: dict[str, Any], database: str,
+                                                              tmp_path: Path) -> None:
+    """Three instances renew and act as fast as they can, each stalling once past the TTL, in turn (a pause its
+    own clock does not see, so only the database can stop it): in the journal, epochs never go down, each
+    epoch has one holder, and no action is recorded twice."""
+    import random
+    import threading
+
+    settings = {name: _settings(mariadb, database, tmp_path, name) for name in "abc"}
+    _init(settings["a"])
+    stop = time.monotonic() + 5.0
+    errors: list[BaseException] = []
+
+    def run(name: str, seed: int) -> None:
+        rnd = random.Random(seed)
+        paused = [0.0]  # its clock leaves its pauses out: a pause between its own check and its insert
+        lease = Lease(settings[name], clock=lambda: time.monotonic() - paused[0])
+        fenced = _fenced(lease, RecordingBackend())
+        n = 0
+        pause_at = stop - 5.0 + 0.5 + 1.1 * seed  # each pauses once past its lease, at its turn
+        try:
+            while time.monotonic() < stop:
+                lease.renew()
+                if time.monotonic() > pause_at:
+                    pause_at = float("inf")
+                    pause = TTL * rnd.uniform(1.2, 1.6)
+                    time.sleep(pause)  # paused: then it acts before renewing
+                    paused[0] += pause
+                for _ in range(3):
+                    n += 1
+                    with contextlib.suppress(PolicyRefused):
+                        fenced.drain(f"{name}-{n}", "healthd: x")
+                time.sleep(rnd.uniform(0, RENEW))
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            lease.close()
+
+    threads = [threading.Thread(target=run, args=(name, i)) for i, name in enumerate("abc")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert errors == []
+    root = _root(mariadb)
+    with root.cursor() as cur:
+        cur.execute(f"SELECT holder, epoch, nodes FROM {database}.healthd_actions ORDER BY id")
+        rows = cur.fetchall()
+    root.close()
+    epochs = [r[1] for r in rows]
+    assert len(rows) > 20 and len({r[0] for r in rows}) >= 2  # several leaders took turns
+    assert epochs == sorted(epochs)
+    holders: dict[int, set[str]] = {}
+    for holder, epoch, _ in rows:
+        holders.setdefault(epoch, set()).add(holder)
+    assert all(len(h) == 1 for h in holders.values())
+    assert len({r[2] for r in rows}) == len(rows)
+    assert all(nodes.startswith(f"{holder}-") for holder, _, nodes in rows)  # the row says who acted
+
+
+def test_cli_init_and_status(mariadb: dict[str, Any], database: str, tmp_path: Path,
+                             capsys: pytest.CaptureFixture[str]) -> None:
+    from healthd.cli import main
+
+    s = _settings(mariadb, database, tmp_path, "admin1")
+    config = tmp_path / "healthd.toml"
+    config.write_text(f'state_dir = "{tmp_path}/state"\n[ha]\nmode = "mariadb"\nurl = "{s.url}"\n'
+                      f'password_file = "{s.password_file}"\ninstance_id = "admin1"\n')
+    assert main(["ha", "status", "--config", str(config)]) == 1
+    assert "healthd ha init" in capsys.readouterr().err
+    assert main(["ha", "init", "--config", str(config)]) == 0
+    assert f"schema version {SCHEMA_VERSION} created" in capsys.readouterr().out
+    assert main(["ha", "init", "--config", str(config)]) == 0
+    assert "already in place" in capsys.readouterr().out
+    assert main(["ha", "status", "--config", str(config)]) == 1
+    assert "no leader" in capsys.readouterr().out
+    Lease(s).renew()
+    assert main(["ha", "status", "--config", str(config), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (doc["leader"], doc["epoch"]) == ("admin1", 1)
+    off = tmp_path / "off.toml"
+    off.write_text(f'state_dir = "{tmp_path}/state"\n')
+    assert main(["ha", "init", "--config", str(off)]) == 2
+    assert "mode is 'off'" in capsys.readouterr().err
