@@ -774,13 +774,13 @@ class HaSettings(_Section):
     """The database user's password (one line); readable by the service's user only (mode 0600 or 0400)."""
     instance_id: str = Field(default_factory=_host_name, pattern=r"^[A-Za-z0-9._-]{1,128}$")
     """This instance's name in the lease and the action journal (default: the host name)."""
-    lease_ttl_s: float = Field(default=30.0, ge=1.0, le=600.0)
+    lease_ttl_s: float = Field(default=45.0, ge=1.0, le=600.0)
     """The lease's length, on the database's clock: a standby takes over at most ``lease_ttl_s +
-    renew_interval_s`` after the leader's last renewal (35 s with the defaults)."""
+    renew_interval_s`` after the leader's last renewal (50 s with the defaults)."""
     renew_interval_s: float = Field(default=5.0, gt=0.0, le=300.0)
-    fence_margin_s: float = Field(default=10.0, ge=0.0, le=300.0)
+    fence_margin_s: float = Field(default=30.0, ge=0.0, le=300.0)
     """An action is recorded (and taken) only while the lease has at least this long left on the database's
-    clock: the time a Slurm call may take after its journal row (``slurm.command_timeout_s`` or less)."""
+    clock: at least the time a Slurm call may take after its journal row (``slurm.command_timeout_s``)."""
     timeout_s: float = Field(default=5.0, ge=0.1, le=60.0)
     """Connect, read and write timeout of every database call."""
 
@@ -865,6 +865,10 @@ class Settings(BaseSettings):
             (p.interval_s for p in self.probes.values()), default=0
         ):
             raise ValueError("store.retention_days is shorter than the longest probe interval")
+        if self.ha.mode != "off" and self.ha.fence_margin_s < self.slurm.command_timeout_s:
+            raise ValueError(f"ha.fence_margin_s ({self.ha.fence_margin_s:g}) must be at least "
+                             f"slurm.command_timeout_s ({self.slurm.command_timeout_s:g}): a Slurm call must end "
+                             "before the lease it was recorded under can run out")
         return self
 
     @property

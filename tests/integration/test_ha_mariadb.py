@@ -296,7 +296,8 @@ def test_daemon_standby_takes_over_the_schedule(mariadb: dict[str, Any], databas
     old = Lease(_settings(mariadb, database, tmp_path, "a"))
     old.renew()
     _fenced(old, RecordingBackend()).submit(ProbeJob(run_id="r1", probe="gemm", nodes=("n1",)), tmp_path / "r1.json")
-    settings = Settings(state_dir=tmp_path / "state", backend="local", ha=ha)
+    settings = Settings(state_dir=tmp_path / "state", backend="local", ha=ha,
+                        slurm={"command_timeout_s": MARGIN})  # type: ignore[arg-type]
     daemon = Daemon(settings, None)
     try:
         assert isinstance(daemon.backend, FencedBackend)

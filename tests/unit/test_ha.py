@@ -38,7 +38,14 @@ def test_config_errors_are_precise(kw: dict[str, object], message: str) -> None:
 def test_valid_mariadb_settings() -> None:
     s = HaSettings(mode="mariadb", url="mysql://healthd@db.example:3306/healthd", password_file=Path("/p"),
                    instance_id="admin1")
-    assert (s.lease_ttl_s, s.renew_interval_s, s.fence_margin_s) == (30.0, 5.0, 10.0)
+    assert (s.lease_ttl_s, s.renew_interval_s, s.fence_margin_s) == (45.0, 5.0, 30.0)
+
+
+def test_fence_margin_covers_a_slurm_call() -> None:
+    ha = {"mode": "mariadb", "url": "mysql://h@db/x", "password_file": "/p"}
+    assert Settings(ha=ha).ha.fence_margin_s >= Settings().slurm.command_timeout_s  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match=r"must be at least slurm\.command_timeout_s"):
+        Settings(ha={**ha, "fence_margin_s": 5}, slurm={"command_timeout_s": 10})  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("reason", [
