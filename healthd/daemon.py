@@ -189,7 +189,8 @@ class Daemon:
         own (a backend that does not answer is reported, not counted: it is not healthd's fault). The
         text ends with the topology in use (:meth:`topology_text`)."""
         ok, text = self._health()
-        return ok, f"{text}; {self.topology_text()}; {self.passive_text()}"
+        ha = f"; {self.lease.describe()}" if self.lease is not None else ""
+        return ok, f"{text}; {self.topology_text()}; {self.passive_text()}{ha}"
 
     def _health(self) -> tuple[bool, str]:
         ok, text = self.alive()

@@ -193,6 +193,8 @@ class Lease:
         self.last_error: str | None = None
         self.transitions = 0
         """How many times this instance became leader."""
+        self.seen: LeaseRow | None = None
+        """The lease as the last renewal found it."""
 
     # -- connection -----------------------------------------------------------------------------
     @contextmanager
@@ -291,6 +293,7 @@ class Lease:
         assert now_row is not None
         lease = LeaseRow(str(now_row[0]), int(now_row[1]), str(now_row[2]), str(now_row[3]), bool(now_row[4]))
         with self._lock:
+            self.seen = lease
             if self.last_error is not None:
                 log.warning("ha_database_back", instance=self.instance)
             self.last_error = None
@@ -302,6 +305,18 @@ class Lease:
             else:
                 self._step_down(f"{lease.holder} holds epoch {lease.epoch}")
         return lease
+
+    def describe(self) -> str:
+        """One line for ``/healthz``: leading (epoch, since when), or standby and who leads, or why no one."""
+        with self._lock:
+            if self.leading():
+                return f"ha: {self.instance} leads, epoch {self.epoch}, since {self.since} (database clock)"
+            if self.last_error is not None:
+                return f"ha: {self.instance} is standby: {self.last_error}"
+            seen = self.seen
+            if seen is not None and seen.live and seen.holder != self.instance:
+                return f"ha: {self.instance} is standby; {seen.holder} leads, epoch {seen.epoch}, since {seen.since}"
+            return f"ha: {self.instance} is standby; no leader seen yet"
 
     def release(self) -> None:
         """Give the lease up now (a clean stop): the standby takes over at its next renewal."""

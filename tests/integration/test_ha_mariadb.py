@@ -303,11 +303,13 @@ def test_daemon_standby_takes_over_the_schedule(mariadb: dict[str, Any], databas
         assert isinstance(daemon.backend, FencedBackend)
         daemon.renew_lease()
         assert not daemon.leading()  # a holds the lease
+        assert daemon.healthy()[1].endswith("; ha: b is standby; a leads, epoch 1, since " + str(old.since))
         daemon.plan_and_launch()
         assert daemon.store.unfinished_runs() == []  # a standby launches nothing
         _wait(lambda: daemon.leading(), TTL + 3 * RENEW + 0.5, step=lambda: (time.sleep(RENEW), daemon.renew_lease()))
         attempts = daemon._last_attempts(time.time())
         assert ("n1", "gemm") in attempts and abs(attempts[("n1", "gemm")] - time.time()) < 30
+        assert "; ha: b leads, epoch 2, since " in daemon.healthy()[1]
         text = generate_latest(daemon.registry).decode()
         assert "healthd_leader 1.0" in text and f"healthd_ha_epoch {float(daemon.lease.epoch or 0)}" in text
     finally:
