@@ -42,6 +42,7 @@ from healthd.errors import BackendError, ConfigError, HealthdError, SlurmError, 
 from healthd.ha import LeaderCollector
 from healthd.ha.fence import FencedBackend
 from healthd.ha.lease import Lease
+from healthd.ha.reconcile import reconcile
 from healthd.http import HttpApp, HttpServer
 from healthd.judge.persist import judge_ingested, judge_passive_poll, judge_runs, load_judge, run_from_collected
 from healthd.logging import get_logger, setup_logging
@@ -110,6 +111,7 @@ class Daemon:
         """``[ha]``: this instance's side of the lease; ``None`` when HA is off (it always leads)."""
         if self.lease is not None:
             self.backend = FencedBackend(self.backend, self.lease, settings.remediation.reason_prefix)
+        self._reconciled_epoch: int | None = None
         self.backend_up = True
         self._backend_down_since: float | None = None
         self.registry = CollectorRegistry()
@@ -363,6 +365,20 @@ class Daemon:
         if self.lease is not None:
             self.lease.renew()
 
+    def _reconcile_ha(self) -> None:
+        """``[ha]``: once per term, the earlier leaders' drains confirmed by the journal become this
+        instance's own (``healthd.ha.reconcile``); tried again at the next tick after an error."""
+        lease = self.lease
+        if lease is None or lease.epoch is None or self._reconciled_epoch == lease.epoch:
+            return
+        try:
+            reconcile(lease, self.observed, self.store, self.settings.remediation.reason_prefix, lease.epoch,
+                      time.time())
+        except HealthdError as exc:
+            log.warning("ha_reconcile_failed", error=str(exc))
+            return
+        self._reconciled_epoch = lease.epoch
+
     def _last_attempts(self, now: float) -> dict[tuple[str, str], float]:
         """The store's last attempt per (node, probe); with ``[ha]``, joined with the submissions every
         instance journalled, so a new leader goes on with the old leader's schedule (no probe wave)."""
@@ -450,6 +466,7 @@ class Daemon:
         boundary = collect_boundary(self.collector, known=lambda names: {n.name for n in self.store.nodes(names=names)})
         self._judge(self.collector.collect() + boundary)
         if self.leading():
+            self._reconcile_ha()
             self.remediator.repair_tick()
             self.remediator.adopt_boundary_drains(boundary_failures(boundary))
         ingested = self._saving_judgement(lambda: judge_ingested(self.judge, self.store, now=time.time()))

@@ -21,7 +21,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -371,6 +371,19 @@ class Lease:
                 for name in str(probe).split(","):
                     if node and name and float(at) > out.get((node, name), float("-inf")):
                         out[(node, name)] = float(at)
+        return out
+
+    def drains(self, nodes: Sequence[str], verbs: Sequence[str]) -> dict[str, set[int]]:
+        """The epochs under which each of ``nodes`` was recorded with one of ``verbs`` (any instance)."""
+        if not nodes or not verbs:
+            return {}
+        with self._cursor() as cur:
+            cur.execute(f"SELECT nodes, epoch FROM healthd_actions WHERE verb IN ({', '.join(['%s'] * len(verbs))}) "
+                        f"AND nodes IN ({', '.join(['%s'] * len(nodes))})", (*verbs, *nodes))
+            rows = cur.fetchall()
+        out: dict[str, set[int]] = {}
+        for node, epoch in rows:
+            out.setdefault(str(node), set()).add(int(epoch))
         return out
 
     def status(self) -> LeaseRow:

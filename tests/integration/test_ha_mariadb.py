@@ -310,6 +310,8 @@ def test_daemon_standby_takes_over_the_schedule(mariadb: dict[str, Any], databas
         attempts = daemon._last_attempts(time.time())
         assert ("n1", "gemm") in attempts and abs(attempts[("n1", "gemm")] - time.time()) < 30
         assert "; ha: b leads, epoch 2, since " in daemon.healthy()[1]
+        daemon._reconcile_ha()  # this machine's node is not drained: nothing inherited, done for this term
+        assert daemon._reconciled_epoch == 2 and daemon.store.drains(open_only=True) == []
         text = generate_latest(daemon.registry).decode()
         assert "healthd_leader 1.0" in text and f"healthd_ha_epoch {float(daemon.lease.epoch or 0)}" in text
     finally:
@@ -420,3 +422,39 @@ def test_cli_init_and_status(mariadb: dict[str, Any], database: str, tmp_path: P
     off.write_text(f'state_dir = "{tmp_path}/state"\n')
     assert main(["ha", "init", "--config", str(off)]) == 2
     assert "mode is 'off'" in capsys.readouterr().err
+
+
+def test_new_leader_inherits_the_drains_the_journal_confirms(mariadb: dict[str, Any], database: str,
+                                                             tmp_path: Path) -> None:
+    """After a failover the new leader owns the old leader's drains (it will recheck and undrain them), and
+    only those the journal shows: a forged or foreign tag is left alone; twice changes nothing."""
+    from healthd.ha.reconcile import reconcile
+    from healthd.store import Store
+
+    a = Lease(_settings(mariadb, database, tmp_path, "a"))
+    b = Lease(_settings(mariadb, database, tmp_path, "b"))
+    _init(a.settings)
+    a.renew()
+    backend = RecordingBackend()
+    _fenced(a, backend).drain("n1", "healthd: xid 79 gpu 3")
+    a.release()
+    b.renew()
+    assert b.epoch == 2
+    slurm_reason = backend.calls[0][2]
+
+    class Cluster:
+        def list_nodes(self) -> list[Node]:
+            return [Node(name="n1", state="drained", reason=slurm_reason),
+                    Node(name="n2", state="drained", reason="healthd: [e1] forged"),
+                    Node(name="n3", state="drained", reason="NHC: [e1] theirs"),
+                    Node(name="n4", state="idle")]
+
+    store = Store(tmp_path / "b.sqlite")
+    try:
+        assert reconcile(b, Cluster(), store, "healthd:", 2, time.time()) == ["n1"]
+        drains = store.drains(open_only=True)
+        assert [(d.node, d.reason, d.actor) for d in drains] == [("n1", slurm_reason, "healthd-ha")]
+        assert reconcile(b, Cluster(), store, "healthd:", 2, time.time()) == []
+        assert len(store.drains(open_only=True)) == 1
+    finally:
+        store.close()

@@ -71,3 +71,15 @@ def test_epoch_tag_leaves_foreign_reasons() -> None:
     assert tag_reason("NHC: check failed", "healthd:", 7) == "NHC: check failed"
     assert reason_epoch("NHC: [e7] x", "healthd:") is None
     assert not Node(name="n1", state="drained", reason="NHC: [e7] x").owned_by("healthd:")
+
+
+def test_inherited_drains() -> None:
+    from healthd.ha.reconcile import inherited
+
+    nodes = [Node(name="old", state="drained", reason="healthd: [e3] xid 79"),
+             Node(name="mine", state="drained", reason="healthd: [e5] xid 79"),
+             Node(name="known", state="drained", reason="healthd: [e2] xid 79"),
+             Node(name="untagged", state="drained", reason="healthd: xid 79"),
+             Node(name="foreign", state="drained", reason="NHC: [e1] x"),
+             Node(name="back", state="idle", reason="healthd: [e1] x")]
+    assert [(i.node.name, i.epoch) for i in inherited(nodes, {"known"}, "healthd:", 5)] == [("old", 3)]
