@@ -52,43 +52,68 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class Server:
+    """mariadbd on its own datadir, socket and port: started, stopped (a database outage) and started again."""
+
+    def __init__(self, server: str, admin: str, base: Path, user: list[str]) -> None:
+        self.server, self.admin, self.base, self.user = server, admin, base, user
+        self.socket, self.port = f"{base}/sock", _free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with (self.base / "err.log").open("a") as log:
+            self.proc = subprocess.Popen(
+                [self.server, "--no-defaults", f"--datadir={self.base}/db", f"--socket={self.socket}",
+                 f"--port={self.port}", "--bind-address=127.0.0.1", "--skip-log-bin", f"--pid-file={self.base}/pid",
+                 "--innodb-buffer-pool-size=16M", "--skip-name-resolve", *self.user],
+                stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while subprocess.run([self.admin, "--no-defaults", f"--socket={self.socket}", "-uroot", "ping"],
+                             capture_output=True, timeout=10).returncode != 0:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"mariadbd did not start: {(self.base / 'err.log').read_text()[-2000:]}")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.proc = None
+
+
 @pytest.fixture(scope="module")
-def mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A private mariadbd: ``{"port", "socket", "root"}`` (root connects over the socket without a password)."""
-    install, server, admin = _tool("mariadb-install-db"), _tool("mariadbd"), _tool("mariadb-admin")
-    if not (install and server and admin):
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    install, mariadbd, admin = _tool("mariadb-install-db"), _tool("mariadbd"), _tool("mariadb-admin")
+    if not (install and mariadbd and admin):
         _missing("mariadb-install-db, mariadbd or mariadb-admin not found (Debian: mariadb-server, mariadb-client)")
-    assert install and server and admin
-    base = Path(tempfile_dir := str(tmp_path_factory.mktemp("mariadb")))
-    sock, port = f"{tempfile_dir}/sock", _free_port()
+    assert install and mariadbd and admin
+    base = tmp_path_factory.mktemp("mariadb")
     user = ["--user=root"] if os.geteuid() == 0 else []
     subprocess.run([install, "--no-defaults", f"--datadir={base}/db", "--auth-root-authentication-method=socket",
                     "--skip-test-db", *user], check=True, capture_output=True, timeout=120)
-    log = (base / "err.log").open("w")
-    proc = subprocess.Popen([server, "--no-defaults", f"--datadir={base}/db", f"--socket={sock}", f"--port={port}",
-                             "--bind-address=127.0.0.1", "--skip-log-bin", f"--pid-file={base}/pid",
-                             "--innodb-buffer-pool-size=16M", "--skip-name-resolve", *user],
-                            stdout=log, stderr=subprocess.STDOUT)
+    srv = Server(mariadbd, admin, base, user)
     try:
-        deadline = time.monotonic() + 60
-        while subprocess.run([admin, "--no-defaults", f"--socket={sock}", "-uroot", "ping"],
-                             capture_output=True, timeout=10).returncode != 0:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"mariadbd did not start: {(base / 'err.log').read_text()[-2000:]}")
-            time.sleep(0.2)
-        root = pymysql.connect(unix_socket=sock, user="root", autocommit=True)
+        srv.start()
+        root = pymysql.connect(unix_socket=srv.socket, user="root", autocommit=True)
         with root.cursor() as cur:
             cur.execute("CREATE USER 'healthd'@'127.0.0.1' IDENTIFIED BY 'sekret'")
         root.close()
-        yield {"port": port, "socket": sock, "base": base}
+        yield srv
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-        log.close()
+        srv.stop()
+
+
+@pytest.fixture
+def mariadb(server: Server) -> dict[str, Any]:
+    """The private server, running: ``{"port", "socket", "base"}`` (root connects over the socket)."""
+    if server.proc is None:
+        server.start()
+    return {"port": server.port, "socket": server.socket, "base": server.base}
 
 
 def _root(db: dict[str, Any]) -> Any:
@@ -458,3 +483,33 @@ def test_new_leader_inherits_the_drains_the_journal_confirms(mariadb: dict[str, 
         assert len(store.drains(open_only=True)) == 1
     finally:
         store.close()
+
+
+def test_database_outage_no_one_acts_then_exactly_one_leads(server: Server, mariadb: dict[str, Any], database: str,
+                                                            tmp_path: Path) -> None:
+    a = Lease(_settings(mariadb, database, tmp_path, "a"))
+    b = Lease(_settings(mariadb, database, tmp_path, "b"))
+    _init(a.settings)
+    a.renew()
+    b.renew()
+    first = a.epoch
+    assert first is not None and a.leading() and not b.leading()
+    server.stop()
+    try:
+        assert a.renew() is None and b.renew() is None
+        assert not a.leading() and not b.leading()
+        backend = RecordingBackend()
+        with pytest.raises(PolicyRefused):
+            _fenced(a, backend).drain("n1", "healthd: x")
+        with pytest.raises(PolicyRefused):
+            _fenced(b, backend).drain("n1", "healthd: x")
+        assert backend.calls == []
+        assert "database" in a.describe()
+    finally:
+        server.start()
+    _wait(lambda: a.leading() or b.leading(), TTL + 3 * RENEW + 2,
+          step=lambda: (time.sleep(RENEW), a.renew(), b.renew()))
+    a.renew()
+    b.renew()
+    assert [a.leading(), b.leading()].count(True) == 1
+    assert (a.epoch or b.epoch) == first + 1
