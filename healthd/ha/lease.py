@@ -185,7 +185,10 @@ class Lease:
         self._connector = connector
         self._clock = clock
         self._conn: Connection | None = None
+        self._io = threading.RLock()
+        """Held for each database call (one connection); never while ``_lock`` is wanted for long."""
         self._lock = threading.RLock()
+        """Guards the state below; never held across a database call, so ``leading`` never waits on one."""
         self.epoch: int | None = None
         """The epoch this instance leads under, ``None`` while it does not lead."""
         self.since: str | None = None
@@ -202,7 +205,7 @@ class Lease:
         """A cursor on a checked connection; an error drops the connection (the next call reconnects)."""
         import pymysql
 
-        with self._lock:
+        with self._io:
             try:
                 if self._conn is None:
                     conn = self._connector()
@@ -231,7 +234,7 @@ class Lease:
             self._conn = None
 
     def close(self) -> None:
-        with self._lock:
+        with self._io:
             self._drop()
 
     # -- leadership -----------------------------------------------------------------------------
@@ -256,8 +259,10 @@ class Lease:
         when the database did not answer (this instance then does not lead)."""
         started = self._clock()
         ttl = _micro(self.settings.lease_ttl_s)
+        with self._lock:
+            mine = self.epoch
         try:
-            with self._cursor() as cur, self._lock:
+            with self._cursor() as cur:
                 conn = self._conn
                 assert conn is not None
                 conn.begin()
@@ -268,10 +273,10 @@ class Lease:
                     if row is None:
                         raise HaError("healthd_lease has no lease row: run `healthd ha init`")
                     holder, epoch, live = str(row[0]), int(row[1]), bool(row[2])
-                    if holder == self.instance and live and self.epoch == epoch:
+                    if holder == self.instance and live and mine == epoch:
                         cur.execute("UPDATE healthd_lease SET expires_at = NOW(6) + INTERVAL %s MICROSECOND "
                                     "WHERE name = %s", (ttl, LEASE_NAME))
-                    elif not live or (holder == self.instance and self.epoch is None):
+                    elif not live or (holder == self.instance and mine is None):
                         # free, expired, or ours from before this process: a new term, a new epoch
                         cur.execute("UPDATE healthd_lease SET holder = %s, epoch = epoch + 1, since = NOW(6), "
                                     "expires_at = NOW(6) + INTERVAL %s MICROSECOND WHERE name = %s",
@@ -340,23 +345,26 @@ class Lease:
             if not self.leading():
                 return None
             epoch = self.epoch
-            try:
-                with self._cursor() as cur:
-                    cur.execute(
-                        "INSERT INTO healthd_actions (at, epoch, holder, verb, nodes, probe, detail) "
-                        "SELECT NOW(6), %s, %s, %s, %s, %s, %s FROM healthd_lease "
-                        "WHERE name = %s AND holder = %s AND epoch = %s "
-                        "AND expires_at > NOW(6) + INTERVAL %s MICROSECOND",
-                        (epoch, self.instance, verb, ",".join(nodes)[:4096], probe[:255], detail[:MAX_DETAIL],
-                         LEASE_NAME, self.instance, epoch, _micro(self.settings.fence_margin_s)))
-                    inserted = cur.rowcount
-            except HaError as exc:
-                self._step_down(f"journal: {exc}")
-                return None
-            if inserted != 1:
-                self._step_down(f"the journal refused {verb} under epoch {epoch}")
-                return None
+        why = None
+        try:
+            with self._cursor() as cur:
+                cur.execute(
+                    "INSERT INTO healthd_actions (at, epoch, holder, verb, nodes, probe, detail) "
+                    "SELECT NOW(6), %s, %s, %s, %s, %s, %s FROM healthd_lease "
+                    "WHERE name = %s AND holder = %s AND epoch = %s "
+                    "AND expires_at > NOW(6) + INTERVAL %s MICROSECOND",
+                    (epoch, self.instance, verb, ",".join(nodes)[:4096], probe[:255], detail[:MAX_DETAIL],
+                     LEASE_NAME, self.instance, epoch, _micro(self.settings.fence_margin_s)))
+                if cur.rowcount != 1:
+                    why = f"the journal refused {verb} under epoch {epoch}"
+        except HaError as exc:
+            why = f"journal: {exc}"
+        if why is None:
             return epoch
+        with self._lock:
+            if self.epoch == epoch:
+                self._step_down(why)
+        return None
 
     def launches(self, since_s: float) -> dict[tuple[str, str], float]:
         """``(node, probe) → last submission time`` (Unix time) journalled by any instance in the last

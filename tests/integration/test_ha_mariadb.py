@@ -513,3 +513,78 @@ def test_database_outage_no_one_acts_then_exactly_one_leads(server: Server, mari
     b.renew()
     assert [a.leading(), b.leading()].count(True) == 1
     assert (a.epoch or b.epoch) == first + 1
+
+
+class Proxy:
+    """A TCP proxy in front of the server for one instance; ``cut`` makes it a black hole (connections stay
+    open, nothing goes through either way), as a partition between that admin node and the database."""
+
+    def __init__(self, port: int) -> None:
+        import threading
+
+        self.target = port
+        self.cut = threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.listener.getsockname()[1])
+        self._threads: list[threading.Thread] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import threading
+
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                while self.cut.is_set():
+                    time.sleep(0.05)
+                dst.sendall(data)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_partitioned_leader_stops_within_half_the_ttl(mariadb: dict[str, Any], database: str,
+                                                      tmp_path: Path) -> None:
+    """The database stops answering one instance (a black hole, not a refused connection): its renewal
+    hangs until its timeout, and it stops acting by its own clock within half the TTL of its last renewal;
+    the other instance takes over after the lease runs out."""
+    import threading
+
+    proxy = Proxy(mariadb["port"])
+    try:
+        via = _settings(mariadb, database, tmp_path, "a").model_copy(
+            update={"url": f"mysql://healthd@127.0.0.1:{proxy.port}/{database}"})
+        a = Lease(via)
+        b = Lease(_settings(mariadb, database, tmp_path, "b"))
+        _init(b.settings)
+        a.renew()
+        assert a.leading()
+        renewed = time.monotonic()
+        proxy.cut.set()
+        hung = threading.Thread(target=a.renew, daemon=True)
+        hung.start()  # blocks on the black hole until its read timeout
+        stopped = _wait(lambda: not a.leading(), TTL)
+        assert time.monotonic() - renewed <= TTL / 2 + 0.2 and stopped < TTL
+        assert a.describe().startswith("ha: a is standby")  # answers while its renewal hangs
+        backend = RecordingBackend()
+        with pytest.raises(PolicyRefused):
+            _fenced(a, backend).drain("n1", "healthd: x")
+        _wait(lambda: b.leading(), TTL + 3 * RENEW + 0.5, step=lambda: (time.sleep(RENEW), b.renew()))
+        _fenced(b, backend).drain("n1", "healthd: x")
+        assert backend.calls == [("drain", "n1", f"healthd: [e{b.epoch}] x")]
+        hung.join(10)
+        assert a.epoch is None and a.last_error is not None
+    finally:
+        proxy.cut.clear()
+        proxy.close()
