@@ -290,7 +290,10 @@ class Daemon:
         now = time.time()
         self.store.upsert_nodes(nodes, now)
         try:
-            write_expectations(self.settings.results_dir, nodes, self._expectations)
+            if self.leading():  # the shared results directory has one writer ([ha]: the leader)
+                write_expectations(self.settings.results_dir, nodes, self._expectations)
+            else:
+                self._expectations.clear()  # written afresh once this instance leads
         except OSError as exc:
             log.warning("node_expectation_not_written", error=str(exc))
         if ended := self.job_ends.see(nodes, now):
@@ -463,7 +466,10 @@ class Daemon:
         return kept
 
     def collect(self) -> None:
-        boundary = collect_boundary(self.collector, known=lambda names: {n.name for n in self.store.nodes(names=names)})
+        boundary: list[Collected] = []
+        if self.leading():  # it moves the documents in the shared results directory: the leader's to do
+            boundary = collect_boundary(self.collector,
+                                        known=lambda names: {n.name for n in self.store.nodes(names=names)})
         self._judge(self.collector.collect() + boundary)
         if self.leading():
             self._reconcile_ha()
@@ -570,7 +576,7 @@ class Daemon:
         now = time.time()
         cutoff = now - self.settings.store.retention_days * 86400
         deleted = self.store.prune(cutoff)
-        kept_files = prune_boundary_files(self.settings.results_dir, cutoff)
+        kept_files = prune_boundary_files(self.settings.results_dir, cutoff) if self.leading() else 0
         if kept_files:
             log.info("boundary_files_pruned", files=kept_files)
         self.store.prune_judgement(cutoff)
