@@ -27,6 +27,7 @@ from healthd.errors import ConfigError, HaError, PolicyRefused
 from healthd.ha.fence import FencedBackend, reason_epoch
 from healthd.ha.lease import SCHEMA_VERSION, Lease, check_server, connect, init_schema, target
 from healthd.model import Node, ProbeJob
+from tests.integration.conftest import FAKE_GPU_CLASSES, SlurmTestCluster
 
 pymysql = pytest.importorskip("pymysql", reason="PyMySQL is not installed (pip install 'healthd[ha]')")
 
@@ -588,3 +589,39 @@ def test_partitioned_leader_stops_within_half_the_ttl(mariadb: dict[str, Any], d
     finally:
         proxy.cut.clear()
         proxy.close()
+
+
+@pytest.mark.slurm
+def test_epoch_tagged_drains_on_real_slurm(cluster: SlurmTestCluster, mariadb: dict[str, Any], database: str,
+                                           tmp_path: Path) -> None:
+    """The epoch tag through the real scontrol: the drain is healthd's with it, a new leader inherits it from
+    the journal and undrains it; the old leader, its lease gone, is refused."""
+    import sys
+
+    from healthd.cluster.slurm import SlurmBackend
+    from healthd.ha.reconcile import reconcile
+    from healthd.jobs import LaunchSettings
+    from healthd.store import Store
+
+    slurm = SlurmBackend(cluster.cli(), LaunchSettings(python=sys.executable, results_dir=tmp_path / "results"),
+                         node_classes=FAKE_GPU_CLASSES)
+    a = Lease(_settings(mariadb, database, tmp_path, "a"))
+    b = Lease(_settings(mariadb, database, tmp_path, "b"))
+    _init(a.settings)
+    a.renew()
+    FencedBackend(slurm, a, "healthd:").drain("node4", "healthd: xid 79 gpu 1")
+    node = {n.name: n for n in slurm.list_nodes()}["node4"]
+    assert node.drained and node.owned_by("healthd:")
+    assert node.reason == f"healthd: [e{a.epoch}] xid 79 gpu 1"
+    a.release()
+    b.renew()
+    assert b.leading() and b.epoch == 2
+    store = Store(tmp_path / "b.sqlite")
+    try:
+        assert reconcile(b, slurm, store, "healthd:", 2, time.time()) == ["node4"]
+    finally:
+        store.close()
+    with pytest.raises(PolicyRefused):
+        FencedBackend(slurm, a, "healthd:").undrain("node4")
+    FencedBackend(slurm, b, "healthd:").undrain("node4")
+    assert not {n.name: n for n in slurm.list_nodes()}["node4"].drained
