@@ -176,6 +176,15 @@ class RecordingBackend:
     def list_nodes(self) -> list[Node]:
         return []
 
+    def take_over_drain(self, node: str, slurm_reason: str, reason: str) -> None:
+        self.calls.append(("take_over_drain", node, slurm_reason, reason))
+
+    def start_reboot(self, node: str, reason: str) -> None:
+        self.calls.append(("start_reboot", node, reason))
+
+    def release_repair(self, node: str) -> None:
+        self.calls.append(("release_repair", node))
+
 
 def _fenced(lease: Lease, backend: RecordingBackend) -> FencedBackend:
     return FencedBackend(backend, lease, "healthd:")  # type: ignore[arg-type]
@@ -625,3 +634,36 @@ def test_epoch_tagged_drains_on_real_slurm(cluster: SlurmTestCluster, mariadb: d
         FencedBackend(slurm, a, "healthd:").undrain("node4")
     FencedBackend(slurm, b, "healthd:").undrain("node4")
     assert not {n.name: n for n in slurm.list_nodes()}["node4"].drained
+
+
+def test_repairs_and_takeovers_are_fenced_and_tagged(mariadb: dict[str, Any], database: str, tmp_path: Path) -> None:
+    """The calls beyond ClusterBackend (repairs, boundary-drain takeover) go through the journal too; the reason
+    healthd writes gets the tag, Slurm's reason it matches does not; a backend without them stays without."""
+    from healthd.remediation.adopt import DrainTakeover
+    from healthd.remediation.apply import RepairCapability
+
+    a = Lease(_settings(mariadb, database, tmp_path, "a"))
+    _init(a.settings)
+    a.renew()
+    backend = RecordingBackend()
+    fenced = _fenced(a, backend)
+    assert isinstance(fenced, DrainTakeover)
+    fenced.take_over_drain("n1", "Epilog error", "healthd: boundary epilog env.gpu_count")
+    fenced.start_reboot("n2", "healthd: repair reboot gpus_missing")
+    fenced.release_repair("n2")
+    assert backend.calls == [("take_over_drain", "n1", "Epilog error", "healthd: [e1] boundary epilog env.gpu_count"),
+                             ("start_reboot", "n2", "healthd: [e1] repair reboot gpus_missing"),
+                             ("release_repair", "n2")]
+    root = _root(mariadb)
+    with root.cursor() as cur:
+        cur.execute(f"SELECT verb, nodes FROM {database}.healthd_actions ORDER BY id")
+        assert cur.fetchall() == (("take_over_drain", "n1"), ("start_reboot", "n2"), ("release_repair", "n2"))
+    root.close()
+    assert not isinstance(_fenced(a, RecordingBackend()), RepairCapability)  # it has no back_from_repair
+    backend.back_from_repair = backend.start_reboot  # type: ignore[attr-defined]
+    backend.run_repair_command = backend.start_reboot  # type: ignore[attr-defined]
+    assert isinstance(fenced, RepairCapability)
+    a.release()
+    with pytest.raises(PolicyRefused):
+        fenced.start_reboot("n3", "healthd: repair reboot gpus_missing")
+    assert len(backend.calls) == 3
