@@ -273,6 +273,7 @@ class Lease:
                     if row is None:
                         raise HaError("healthd_lease has no lease row: run `healthd ha init`")
                     holder, epoch, live = str(row[0]), int(row[1]), bool(row[2])
+                    took = True
                     if holder == self.instance and live and mine == epoch:
                         cur.execute("UPDATE healthd_lease SET expires_at = NOW(6) + INTERVAL %s MICROSECOND "
                                     "WHERE name = %s", (ttl, LEASE_NAME))
@@ -281,6 +282,8 @@ class Lease:
                         cur.execute("UPDATE healthd_lease SET holder = %s, epoch = epoch + 1, since = NOW(6), "
                                     "expires_at = NOW(6) + INTERVAL %s MICROSECOND WHERE name = %s",
                                     (self.instance, ttl, LEASE_NAME))
+                    else:
+                        took = False
                     cur.execute("SELECT holder, epoch, since, expires_at, expires_at > NOW(6) FROM healthd_lease "
                                 "WHERE name = %s", (LEASE_NAME,))
                     now_row = cur.fetchone()
@@ -302,7 +305,13 @@ class Lease:
             if self.last_error is not None:
                 log.warning("ha_database_back", instance=self.instance)
             self.last_error = None
-            if lease.holder == self.instance and lease.live:
+            if lease.holder == self.instance and lease.live and not took:
+                # the lease names this instance under an epoch it did not take: another process uses the
+                # same instance_id (a copied config); never lead on a term this process did not start
+                log.error("ha_instance_id_in_use", instance=self.instance, epoch=lease.epoch,
+                          why="another process holds the lease under this instance_id: give each its own")
+                self._step_down(f"another process holds epoch {lease.epoch} under instance_id {self.instance}")
+            elif lease.holder == self.instance and lease.live:
                 if self.epoch != lease.epoch:
                     self.transitions += 1
                     log.warning("ha_leader", instance=self.instance, epoch=lease.epoch, since=lease.since)

@@ -667,3 +667,28 @@ def test_repairs_and_takeovers_are_fenced_and_tagged(mariadb: dict[str, Any], da
     with pytest.raises(PolicyRefused):
         fenced.start_reboot("n3", "healthd: repair reboot gpus_missing")
     assert len(backend.calls) == 3
+
+
+def test_two_processes_with_one_instance_id_never_act_together(mariadb: dict[str, Any], database: str,
+                                                               tmp_path: Path) -> None:
+    """A copied config (both admin nodes named alike): the lease cannot tell them apart, so each leads only on
+    a term it started itself; they may take turns (logged as an error), never act under one term together."""
+    one = Lease(_settings(mariadb, database, tmp_path, "admin"))
+    two = Lease(_settings(mariadb, database, tmp_path, "admin"))
+    _init(one.settings)
+    backend = RecordingBackend()
+    for i in range(4):
+        for order in ((one, two, one), (two, one, two)):  # the last renews while holding a term the other took
+            for lease in order:
+                lease.renew()
+            before = len(backend.calls)
+            for each in (one, two):
+                with contextlib.suppress(PolicyRefused):
+                    _fenced(each, backend).undrain(f"n{i}")
+            assert len(backend.calls) - before <= 1
+    root = _root(mariadb)
+    with root.cursor() as cur:
+        cur.execute(f"SELECT epoch FROM {database}.healthd_actions ORDER BY id")
+        epochs = [r[0] for r in cur.fetchall()]
+    root.close()
+    assert epochs == sorted(epochs) and len(set(epochs)) == len(epochs)  # one action per term here, in order
