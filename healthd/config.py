@@ -803,6 +803,63 @@ class LoggingSettings(_Section):
     format: Literal["auto", "json", "console"] = "auto"
 
 
+_HA_URL = re.compile(r"^mysql://[A-Za-z0-9._-]{1,80}@(?:[A-Za-z0-9.-]{1,253}|\[[0-9A-Fa-f:]{2,39}\])"
+                     r"(?::[0-9]{1,5})?/[A-Za-z0-9_]{1,64}$")
+
+
+def _host_name() -> str:
+    return socket.gethostname().split(".")[0] or "healthd"
+
+
+class HaSettings(_Section):
+    """Two admin nodes, active/standby, on the site's MariaDB (``healthd.ha``, docs/ha.md)."""
+
+    mode: Literal["off", "mariadb"] = "off"
+    """``off``: one instance, no database (today's behaviour); ``mariadb``: lead only while holding the lease."""
+    url: str | None = Field(default=None, max_length=600)
+    """``mysql://USER@HOST:PORT/DATABASE`` (no password here: ``password_file``)."""
+    password_file: Path | None = None
+    """The database user's password (one line); readable by the service's user only (mode 0600 or 0400)."""
+    instance_id: str = Field(default_factory=_host_name, pattern=r"^[A-Za-z0-9._-]{1,128}$")
+    """This instance's name in the lease and the action journal (default: the host name)."""
+    lease_ttl_s: float = Field(default=45.0, ge=1.0, le=600.0)
+    """The lease's length, on the database's clock: a standby takes over at most ``lease_ttl_s +
+    renew_interval_s`` after the leader's last renewal (50 s with the defaults)."""
+    renew_interval_s: float = Field(default=5.0, gt=0.0, le=300.0)
+    fence_margin_s: float = Field(default=30.0, ge=0.0, le=300.0)
+    """An action is recorded (and taken) only while the lease has at least this long left on the database's
+    clock: at least the time a Slurm call may take after its journal row (``slurm.command_timeout_s``)."""
+    timeout_s: float = Field(default=5.0, ge=0.1, le=60.0)
+    """Connect, read and write timeout of every database call."""
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, url: str | None) -> str | None:
+        if url is not None and not _HA_URL.match(url):
+            if re.match(r"^mysql://[^@/]*:[^@/]*@", url):
+                raise ValueError("ha.url must not carry the password: put it in ha.password_file")
+            raise ValueError(f"ha.url {url!r} is not mysql://USER@HOST:PORT/DATABASE")
+        return url
+
+    @model_validator(mode="after")
+    def _check(self) -> HaSettings:
+        if self.mode == "off":
+            return self
+        if self.url is None:
+            raise ValueError("ha.mode = 'mariadb' needs ha.url (mysql://USER@HOST:PORT/DATABASE)")
+        if self.password_file is None:
+            raise ValueError("ha.mode = 'mariadb' needs ha.password_file (the database user's password)")
+        if 2 * self.renew_interval_s > self.lease_ttl_s:
+            raise ValueError(f"ha.renew_interval_s ({self.renew_interval_s:g}) must be at most half of "
+                             f"ha.lease_ttl_s ({self.lease_ttl_s:g})")
+        if self.fence_margin_s + self.renew_interval_s >= self.lease_ttl_s:
+            both = self.fence_margin_s + self.renew_interval_s
+            raise ValueError(f"ha.fence_margin_s + ha.renew_interval_s ({both:g})"
+                             f" must be below ha.lease_ttl_s ({self.lease_ttl_s:g}): the leader's own actions "
+                             "would be refused before it renews")
+        return self
+
+
 class Settings(BaseSettings):
     """All of healthd's settings. Build it with ``load_settings``, not directly."""
 
@@ -832,6 +889,7 @@ class Settings(BaseSettings):
     topology: TopologySettings = TopologySettings()
     passive: PassiveSettings = PassiveSettings()
     logging: LoggingSettings = LoggingSettings()
+    ha: HaSettings = Field(default_factory=HaSettings)
 
     @field_validator("probes", mode="before")
     @classmethod
@@ -855,6 +913,10 @@ class Settings(BaseSettings):
             (p.interval_s for p in self.probes.values()), default=0
         ):
             raise ValueError("store.retention_days is shorter than the longest probe interval")
+        if self.ha.mode != "off" and self.ha.fence_margin_s < self.slurm.command_timeout_s:
+            raise ValueError(f"ha.fence_margin_s ({self.ha.fence_margin_s:g}) must be at least "
+                             f"slurm.command_timeout_s ({self.slurm.command_timeout_s:g}): a Slurm call must end "
+                             "before the lease it was recorded under can run out")
         return self
 
     @property

@@ -39,6 +39,10 @@ from healthd.collector import (
 from healthd.config import PassiveSettings, Settings, load_settings
 from healthd.coverage import CoverageCollector, CoverageInputs
 from healthd.errors import BackendError, ConfigError, HealthdError, SlurmError, StoreError
+from healthd.ha import LeaderCollector
+from healthd.ha.fence import FencedBackend
+from healthd.ha.lease import Lease
+from healthd.ha.reconcile import reconcile
 from healthd.http import HttpApp, HttpServer
 from healthd.judge.persist import (
     judge_declared,
@@ -112,10 +116,17 @@ class Daemon:
             raise StoreError(f"cannot create the results directory {settings.results_dir}: {exc}") from None
         self.store = Store(settings.store_path)
         self.backend = backend or make_backend(settings)
+        self.lease: Lease | None = Lease(settings.ha) if settings.ha.mode == "mariadb" else None
+        """``[ha]``: this instance's side of the lease; ``None`` when HA is off (it always leads)."""
+        if self.lease is not None:
+            self.backend = FencedBackend(self.backend, self.lease, settings.remediation.reason_prefix)
+        self._reconciled_epoch: int | None = None
         self.backend_up = True
         self._backend_down_since: float | None = None
         self.registry = CollectorRegistry()
         self.metrics = DaemonMetrics(self.registry)
+        if self.lease is not None:
+            self.registry.register(LeaderCollector(self.lease))
         self.metrics.backend_up.labels(self.backend.name).set(1)
         self.metrics.slurm_up.set(0)
         self.observed = ObservedBackend(self.backend, self._backend_call_ok)
@@ -191,7 +202,8 @@ class Daemon:
         own (a backend that does not answer is reported, not counted: it is not healthd's fault). The
         text ends with the topology in use (:meth:`topology_text`)."""
         ok, text = self._health()
-        return ok, f"{text}; {self.topology_text()}; {self.passive_text()}"
+        ha = f"; {self.lease.describe()}" if self.lease is not None else ""
+        return ok, f"{text}; {self.topology_text()}; {self.passive_text()}{ha}"
 
     def _health(self) -> tuple[bool, str]:
         ok, text = self.alive()
@@ -289,8 +301,11 @@ class Daemon:
         now = time.time()
         self.store.upsert_nodes(nodes, now)
         try:
-            write_expectations(self.settings.results_dir, nodes, self._expectations,
-                               nvswitch={r.name for r in self.settings.slurm.node_classes if r.nvswitch})
+            if self.leading():  # the shared results directory has one writer ([ha]: the leader)
+                write_expectations(self.settings.results_dir, nodes, self._expectations,
+                                   nvswitch={r.name for r in self.settings.slurm.node_classes if r.nvswitch})
+            else:
+                self._expectations.clear()  # written afresh once this instance leads
         except OSError as exc:
             log.warning("node_expectation_not_written", error=str(exc))
         if ended := self.job_ends.see(nodes, now):
@@ -312,6 +327,8 @@ class Daemon:
         if not self.backend_up:
             log.info("plan_skipped", why="the backend is down")
             return
+        if not self.leading():
+            return
         s = self.settings
         known = self.observed.list_nodes()
         now = time.time()
@@ -322,7 +339,7 @@ class Daemon:
         if self._launch_requests(known, runs, limits, now):
             runs = self.store.unfinished_runs()
             in_flight = jobs_in_flight(runs, now, s.scheduler.plan_interval_s)
-        last_attempts = self.store.last_attempts()
+        last_attempts = self._last_attempts(now)
         validating = self.remediator.validating_since()  # a repaired node's full check is due at once
         priority = self.judge.priority_requests(
             self.remediator.recheck_nodes(), s.probes,
@@ -353,6 +370,45 @@ class Daemon:
             )[: limits.max_jobs_in_flight - in_flight - len(jobs)]
         for job in self._with_known_uuids(self._within_budget(jobs, known, runs, now)):
             self.collector.launch(job)
+
+    def leading(self) -> bool:
+        """Whether this instance may act: always without ``[ha]``, else while it holds the lease."""
+        return self.lease is None or self.lease.leading()
+
+    def renew_lease(self) -> None:
+        """``[ha]``: take or renew the lease (every ``renew_interval_s``)."""
+        if self.lease is not None:
+            self.lease.renew()
+
+    def _reconcile_ha(self) -> None:
+        """``[ha]``: once per term, the earlier leaders' drains confirmed by the journal become this
+        instance's own (``healthd.ha.reconcile``); tried again at the next tick after an error."""
+        lease = self.lease
+        if lease is None or lease.epoch is None or self._reconciled_epoch == lease.epoch:
+            return
+        try:
+            reconcile(lease, self.observed, self.store, self.settings.remediation.reason_prefix, lease.epoch,
+                      time.time())
+        except HealthdError as exc:
+            log.warning("ha_reconcile_failed", error=str(exc))
+            return
+        self._reconciled_epoch = lease.epoch
+
+    def _last_attempts(self, now: float) -> dict[tuple[str, str], float]:
+        """The store's last attempt per (node, probe); with ``[ha]``, joined with the submissions every
+        instance journalled, so a new leader goes on with the old leader's schedule (no probe wave)."""
+        attempts = self.store.last_attempts()
+        if self.lease is None:
+            return attempts
+        horizon = max((p.interval_s for p in self.settings.probes.values()), default=DAY_S)
+        try:
+            journalled = self.lease.launches(horizon)
+        except HealthdError as exc:
+            log.warning("ha_launches_unread", error=str(exc))
+            return attempts
+        for key, at in journalled.items():
+            attempts[key] = max(at, attempts.get(key, at))
+        return attempts
 
     def _with_known_uuids(self, jobs: list[ProbeJob]) -> list[ProbeJob]:
         """Single-node jobs that expect GPUs, with the UUIDs the store's inventory has for the node
@@ -426,10 +482,15 @@ class Daemon:
         for e in declared.fleet_events:
             log.warning("declared_event_started" if e.active else "declared_event_ended", node_class=e.node_class,
                         text=e.text)
-        boundary = collect_boundary(self.collector, known=lambda names: {n.name for n in self.store.nodes(names=names)})
+        boundary: list[Collected] = []
+        if self.leading():  # it moves the documents in the shared results directory: the leader's to do
+            boundary = collect_boundary(self.collector,
+                                        known=lambda names: {n.name for n in self.store.nodes(names=names)})
         self._judge(self.collector.collect() + boundary)
-        self.remediator.repair_tick()
-        self.remediator.adopt_boundary_drains(boundary_failures(boundary))
+        if self.leading():
+            self._reconcile_ha()
+            self.remediator.repair_tick()
+            self.remediator.adopt_boundary_drains(boundary_failures(boundary))
         ingested = self._saving_judgement(lambda: judge_ingested(self.judge, self.store, now=time.time()))
         if ingested is not None:
             self.remediator.apply(ingested)
@@ -531,7 +592,7 @@ class Daemon:
         now = time.time()
         cutoff = now - self.settings.store.retention_days * 86400
         deleted = self.store.prune(cutoff)
-        kept_files = prune_boundary_files(self.settings.results_dir, cutoff)
+        kept_files = prune_boundary_files(self.settings.results_dir, cutoff) if self.leading() else 0
         if kept_files:
             log.info("boundary_files_pruned", files=kept_files)
         self.store.prune_judgement(cutoff)
@@ -566,6 +627,7 @@ class Daemon:
         except Exception:
             self.metrics.errors.labels("tick").inc()
             log.exception("recover_crashed")
+        self._tick("ha", self.renew_lease)()
         self._tick("discover", self.discover)()
         self._tick("topology", self.refresh_topology)()
         jobs = (
@@ -574,12 +636,15 @@ class Daemon:
             ("collect", self.collect, s.collect_interval_s),
             ("housekeeping", self.housekeeping, s.housekeeping_interval_s),
             ("topology", self.refresh_topology, self.settings.topology.refresh_interval_s),
-        ) + ((("passive", self.poll_passive, self.settings.passive.interval_s),) if self.passive else ())
+        ) + ((("passive", self.poll_passive, self.settings.passive.interval_s),) if self.passive else ()) + (
+            (("ha", self.renew_lease, self.settings.ha.renew_interval_s),) if self.lease is not None else ())
         now = time.time()
         for name, fn, interval in jobs:
             first = now + (interval if name in ("discover", "housekeeping", "topology") else 0.5)
             if name == "passive":
                 first = now + 1.0
+            if name == "ha":
+                first = now + interval
             self.scheduler.add_job(
                 self._tick(name, fn), "interval", seconds=interval, id=name, name=name,
                 next_run_time=_utc(first), replace_existing=True,
@@ -627,7 +692,7 @@ class Daemon:
         except Exception as exc:  # whatever a hostile file does to the parsers, the old config stays
             self._reload_refused(f"{type(exc).__name__}: {exc}")
             return
-        for key in ("http", "store", "backend", "state_dir"):
+        for key in ("http", "store", "backend", "state_dir", "ha"):
             if getattr(new, key) != getattr(self.settings, key):
                 log.warning("config_change_needs_restart", key=key)
         old = self.settings
@@ -698,6 +763,9 @@ class Daemon:
         waiter = threading.Thread(target=self.scheduler.shutdown, kwargs={"wait": True}, daemon=True)
         waiter.start()
         waiter.join(max(0.0, deadline - time.monotonic()))
+        if self.lease is not None:
+            self.lease.release()
+            self.lease.close()
         self.store.close()
         log.info("daemon_stopped")
 

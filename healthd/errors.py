@@ -59,3 +59,7 @@ class PolicyRefused(HealthdError):
 class TopologyError(ParseError):
     """A topology (Slurm's answer or a topology file) that cannot be used: unreadable, a node under two
     leaves, a loop. The daemon goes on without topology and says so; never a node's fault."""
+
+
+class HaError(HealthdError):
+    """The HA database (``[ha]``) cannot be used: unreachable, ``read_only``, or a schema this healthd does not know."""

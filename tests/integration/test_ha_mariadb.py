@@ -1,0 +1,694 @@
+"""[ha] against a real MariaDB server (Debian's mariadb-server), private to this module: its own datadir,
+socket and port under tmp, started with mariadb-install-db and mariadbd, stopped after. Skips, saying why,
+where the package is missing; fails instead under ``HEALTHD_REQUIRE_SLURM=1`` or ``HEALTHD_REQUIRE_MARIADB=1``
+(CI installs it: scripts/debian-packages.txt, role tests).
+
+Time is real (the lease lives on the database's clock) but short: a TTL of 1.2 s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import generate_latest
+
+from healthd.config import HaSettings, Settings
+from healthd.errors import ConfigError, HaError, PolicyRefused
+from healthd.ha.fence import FencedBackend, reason_epoch
+from healthd.ha.lease import SCHEMA_VERSION, Lease, check_server, connect, init_schema, target
+from healthd.model import Node, ProbeJob
+from tests.integration.conftest import FAKE_GPU_CLASSES, SlurmTestCluster
+
+pymysql = pytest.importorskip("pymysql", reason="PyMySQL is not installed (pip install 'healthd[ha]')")
+
+SBIN = ("/usr/sbin", "/usr/bin")
+TTL = 1.2
+RENEW = 0.3
+MARGIN = 0.3
+
+
+def _tool(name: str) -> str | None:
+    return shutil.which(name) or next((f"{d}/{name}" for d in SBIN if os.access(f"{d}/{name}", os.X_OK)), None)
+
+
+def _missing(why: str) -> None:
+    if os.environ.get("HEALTHD_REQUIRE_SLURM") == "1" or os.environ.get("HEALTHD_REQUIRE_MARIADB") == "1":
+        pytest.fail(f"no MariaDB server for the HA tests: {why} (scripts/install-debian-deps.sh tests)")
+    pytest.skip(f"no MariaDB server for the HA tests: {why} (scripts/install-debian-deps.sh tests)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """mariadbd on its own datadir, socket and port: started, stopped (a database outage) and started again."""
+
+    def __init__(self, server: str, admin: str, base: Path, user: list[str]) -> None:
+        self.server, self.admin, self.base, self.user = server, admin, base, user
+        self.socket, self.port = f"{base}/sock", _free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with (self.base / "err.log").open("a") as log:
+            self.proc = subprocess.Popen(
+                [self.server, "--no-defaults", f"--datadir={self.base}/db", f"--socket={self.socket}",
+                 f"--port={self.port}", "--bind-address=127.0.0.1", "--skip-log-bin", f"--pid-file={self.base}/pid",
+                 "--innodb-buffer-pool-size=16M", "--skip-name-resolve", *self.user],
+                stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while subprocess.run([self.admin, "--no-defaults", f"--socket={self.socket}", "-uroot", "ping"],
+                             capture_output=True, timeout=10).returncode != 0:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"mariadbd did not start: {(self.base / 'err.log').read_text()[-2000:]}")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.proc = None
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    install, mariadbd, admin = _tool("mariadb-install-db"), _tool("mariadbd"), _tool("mariadb-admin")
+    if not (install and mariadbd and admin):
+        _missing("mariadb-install-db, mariadbd or mariadb-admin not found (Debian: mariadb-server, mariadb-client)")
+    assert install and mariadbd and admin
+    base = tmp_path_factory.mktemp("mariadb")
+    user = ["--user=root"] if os.geteuid() == 0 else []
+    subprocess.run([install, "--no-defaults", f"--datadir={base}/db", "--auth-root-authentication-method=socket",
+                    "--skip-test-db", *user], check=True, capture_output=True, timeout=120)
+    srv = Server(mariadbd, admin, base, user)
+    try:
+        srv.start()
+        root = pymysql.connect(unix_socket=srv.socket, user="root", autocommit=True)
+        with root.cursor() as cur:
+            cur.execute("CREATE USER 'healthd'@'127.0.0.1' IDENTIFIED BY 'sekret'")
+        root.close()
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+def mariadb(server: Server) -> dict[str, Any]:
+    """The private server, running: ``{"port", "socket", "base"}`` (root connects over the socket)."""
+    if server.proc is None:
+        server.start()
+    return {"port": server.port, "socket": server.socket, "base": server.base}
+
+
+def _root(db: dict[str, Any]) -> Any:
+    return pymysql.connect(unix_socket=db["socket"], user="root", autocommit=True)
+
+
+@pytest.fixture
+def database(mariadb: dict[str, Any], request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh database for one test, the healthd user granted on it."""
+    name = "ha_" + request.node.name.replace("[", "_").replace("]", "").replace("-", "_")[:50]
+    conn = _root(mariadb)
+    with conn.cursor() as cur:
+        cur.execute(f"DROP DATABASE IF EXISTS {name}")
+        cur.execute(f"CREATE DATABASE {name}")
+        cur.execute(f"GRANT ALL ON {name}.* TO 'healthd'@'127.0.0.1'")
+    conn.close()
+    yield name
+
+
+def _settings(db: dict[str, Any], name: str, tmp_path: Path, instance: str, **kw: Any) -> HaSettings:
+    pw = tmp_path / "ha-password"
+    if not pw.exists():
+        pw.write_text("sekret\n")
+        pw.chmod(0o600)
+    return HaSettings(mode="mariadb", url=f"mysql://healthd@127.0.0.1:{db['port']}/{name}", password_file=pw,
+                      instance_id=instance, lease_ttl_s=kw.get("ttl", TTL), renew_interval_s=RENEW,
+                      fence_margin_s=MARGIN, timeout_s=2.0)
+
+
+def _init(s: HaSettings) -> int:
+    conn = connect(target(s), s.timeout_s)
+    try:
+        return init_schema(conn)
+    finally:
+        conn.close()
+
+
+class RecordingBackend:
+    """A real-enough backend for the fence: it records every call that reaches it, in order (no cluster)."""
+
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, ...]] = []
+
+    def drain(self, node: str, reason: str) -> None:
+        self.calls.append(("drain", node, reason))
+
+    def undrain(self, node: str) -> None:
+        self.calls.append(("undrain", node))
+
+    def submit(self, job: ProbeJob, result_path: Path) -> str:
+        self.calls.append(("submit", ",".join(job.nodes), job.probe))
+        return str(len(self.calls))
+
+    def cancel(self, job_ids: list[str]) -> None:
+        self.calls.append(("cancel", *job_ids))
+
+    def list_nodes(self) -> list[Node]:
+        return []
+
+    def take_over_drain(self, node: str, slurm_reason: str, reason: str) -> None:
+        self.calls.append(("take_over_drain", node, slurm_reason, reason))
+
+    def start_reboot(self, node: str, reason: str) -> None:
+        self.calls.append(("start_reboot", node, reason))
+
+    def release_repair(self, node: str) -> None:
+        self.calls.append(("release_repair", node))
+
+
+def _fenced(lease: Lease, backend: RecordingBackend) -> FencedBackend:
+    return FencedBackend(backend, lease, "healthd:")  # type: ignore[arg-type]
+
+
+def _wait(cond: Any, timeout: float, step: Any = None) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if step is not None:
+            step()
+        if cond():
+            return time.monotonic() - t0
+        time.sleep(0.05)
+    raise AssertionError(f"not within {timeout} s")
+
+
+def test_init_is_idempotent_and_an_unknown_schema_is_refused(mariadb: dict[str, Any], database: str,
+                                                             tmp_path: Path) -> None:
+    s = _settings(mariadb, database, tmp_path, "a")
+    lease = Lease(s)
+    assert lease.renew() is None and "healthd ha init" in str(lease.last_error)  # no schema yet: never leads
+    assert _init(s) == 0
+    assert _init(s) == SCHEMA_VERSION
+    root = _root(mariadb)
+    with root.cursor() as cur:
+        cur.execute(f"UPDATE {database}.healthd_meta SET value = %s", (str(SCHEMA_VERSION + 1),))
+    root.close()
+    with pytest.raises(HaError, match="newer than this healthd knows"):
+        _init(s)
+    assert lease.renew() is None and "newer than this healthd knows" in str(lease.last_error)
+    assert not lease.leading()
+
+
+def test_read_only_server_is_refused(mariadb: dict[str, Any], database: str, tmp_path: Path) -> None:
+    s = _settings(mariadb, database, tmp_path, "a")
+    _init(s)
+    root = _root(mariadb)
+    with root.cursor() as cur:
+        cur.execute("SET GLOBAL read_only = 1")
+    try:
+        conn = connect(target(s), s.timeout_s)
+        with pytest.raises(HaError, match="read_only"):
+            check_server(conn)
+        conn.close()
+        lease = Lease(s)
+        assert lease.renew() is None and "read_only" in str(lease.last_error)
+    finally:
+        with root.cursor() as cur:
+            cur.execute("SET GLOBAL read_only = 0")
+        root.close()
+
+
+def test_password_file_others_can_read_is_refused(mariadb: dict[str, Any], database: str, tmp_path: Path) -> None:
+    s = _settings(mariadb, database, tmp_path, "a")
+    assert s.password_file is not None
+    s.password_file.chmod(0o640)
+    with pytest.raises(ConfigError, match="readable by the service's user only"):
+        Lease(s)
+
+
+def test_one_leader_then_failover_within_ttl_plus_renew(mariadb: dict[str, Any], database: str,
+                                                        tmp_path: Path) -> None:
+    a = Lease(_settings(mariadb, database, tmp_path, "a"))
+    b = Lease(_settings(mariadb, database, tmp_path, "b"))
+    _init(a.settings)
+    a.renew()
+    b.renew()
+    assert a.leading() and not b.leading()
+    first = a.epoch
+    assert first is not None and b.status().holder == "a"
+    for _ in range(3):  # renewals keep the lease and the epoch
+        time.sleep(RENEW)
+        a.renew()
+        b.renew()
+        assert a.leading() and not b.leading() and a.epoch == first
+    # a stops renewing (killed): b leads within TTL + one renew interval
+    took = _wait(lambda: b.leading(), TTL + 2 * RENEW + 0.5, step=lambda: (time.sleep(RENEW), b.renew()))
+    assert took <= TTL + 2 * RENEW + 0.5
+    assert b.epoch == first + 1
+    status = b.status()
+    assert (status.holder, status.epoch, status.live) == ("b", first + 1, True)
+
+
+def test_paused_leader_cannot_act_after_its_lease_expired(mariadb: dict[str, Any], database: str,
+                                                          tmp_path: Path) -> None:
+    """The pause falls between a's own check (its monotonic clock, frozen here) and its journal insert:
+    the database refuses the row, nothing reaches the backend, and a steps down."""
+    frozen = [0.0]
+    a = Lease(_settings(mariadb, database, tmp_path, "a"), clock=lambda: frozen[0])
+    b = Lease(_settings(mariadb, database, tmp_path, "b"))
+    _init(a.settings)
+    a.renew()
+    backend_a, backend_b = RecordingBackend(), RecordingBackend()
+    fa, fb = _fenced(a, backend_a), _fenced(b, backend_b)
+    fa.drain("node1", "healthd: xid 79 gpu 3")
+    assert backend_a.calls == [("drain", "node1", f"healthd: [e{a.epoch}] xid 79 gpu 3")]
+    old = a.epoch
+    # a is paused (no renewal); its lease runs out on the database's clock and b takes over
+    _wait(lambda: b.leading(), TTL + 3 * RENEW + 0.5, step=lambda: (time.sleep(RENEW), b.renew()))
+    assert a.leading()  # a's own clock did not move: only the database can stop it now
+    with pytest.raises(PolicyRefused, match="not the leader"):
+        fa.drain("node2", "healthd: xid 79 gpu 1")
+    assert not a.leading() and a.epoch is None  # stepped down
+    fb.drain("node2", "healthd: xid 79 gpu 1")
+    assert backend_a.calls == [("drain", "node1", f"healthd: [e{old}] xid 79 gpu 3")]
+    assert backend_b.calls == [("drain", "node2", f"healthd: [e{b.epoch}] xid 79 gpu 1")]
+    # the journal: each action once, epochs never going down
+    root = _root(mariadb)
+    with root.cursor() as cur:
+        cur.execute(f"SELECT holder, epoch, verb, nodes FROM {database}.healthd_actions ORDER BY id")
+        rows = cur.fetchall()
+    root.close()
+    assert rows == (("a", old, "drain", "node1"), ("b", b.epoch, "drain", "node2"))
+    assert b.epoch is not None and old is not None and b.epoch > old
+    assert reason_epoch(backend_b.calls[0][2], "healthd:") == b.epoch
+
+
+def test_new_leader_reads_the_old_leaders_launches(mariadb: dict[str, Any], database: str, tmp_path: Path) -> None:
+    """No probe wave after a failover: b's last attempts include what a submitted."""
+    a = Lease(_settings(mariadb, database, tmp_path, "a"))
+    b = Lease(_settings(mariadb, database, tmp_path, "b"))
+    _init(a.settings)
+    a.renew()
+    fa = _fenced(a, RecordingBackend())
+    t0 = time.time()
+    fa.submit(ProbeJob(run_id="r1", probe="gemm", nodes=("n1", "n2")), tmp_path / "r1.json")
+    fa.submit(ProbeJob(run_id="r2", probe="nccl", nodes=("n1",)), tmp_path / "r2.json")
+    with pytest.raises(PolicyRefused):
+        _fenced(b, RecordingBackend()).submit(ProbeJob(run_id="r3", probe="gemm", nodes=("n3",)),
+                                              tmp_path / "r3.json")
+    seen = b.launches(3600)
+    assert set(seen) == {("n1", "gemm"), ("n2", "gemm"), ("n1", "nccl")}
+    assert all(abs(at - t0) < 30 for at in seen.values())
+    assert b.launches(0.000001) == {}
+
+
+def test_daemon_standby_takes_over_the_schedule(mariadb: dict[str, Any], database: str, tmp_path: Path) -> None:
+    """The daemon with [ha] on: its backend is fenced, it leads only with the lease, and its planner's last
+    attempts carry the old leader's submissions (no probe wave after a failover)."""
+    from healthd.daemon import Daemon
+
+    ha = _settings(mariadb, database, tmp_path, "b")
+    _init(ha)
+    old = Lease(_settings(mariadb, database, tmp_path, "a"))
+    old.renew()
+    _fenced(old, RecordingBackend()).submit(ProbeJob(run_id="r1", probe="gemm", nodes=("n1",)), tmp_path / "r1.json")
+    settings = Settings(state_dir=tmp_path / "state", backend="local", ha=ha,
+                        slurm={"command_timeout_s": MARGIN})  # type: ignore[arg-type]
+    daemon = Daemon(settings, None)
+    try:
+        assert isinstance(daemon.backend, FencedBackend)
+        daemon.renew_lease()
+        assert not daemon.leading()  # a holds the lease
+        assert daemon.healthy()[1].endswith("; ha: b is standby; a leads, epoch 1, since " + str(old.since))
+        daemon.plan_and_launch()
+        assert daemon.store.unfinished_runs() == []  # a standby launches nothing
+        _wait(lambda: daemon.leading(), TTL + 3 * RENEW + 0.5, step=lambda: (time.sleep(RENEW), daemon.renew_lease()))
+        attempts = daemon._last_attempts(time.time())
+        assert ("n1", "gemm") in attempts and abs(attempts[("n1", "gemm")] - time.time()) < 30
+        assert "; ha: b leads, epoch 2, since " in daemon.healthy()[1]
+        daemon._reconcile_ha()  # this machine's node is not drained: nothing inherited, done for this term
+        assert daemon._reconciled_epoch == 2 and daemon.store.drains(open_only=True) == []
+        text = generate_latest(daemon.registry).decode()
+        assert "healthd_leader 1.0" in text and f"healthd_ha_epoch {float(daemon.lease.epoch or 0)}" in text
+    finally:
+        daemon.store.close()
+        if daemon.lease is not None:
+            daemon.lease.close()
+
+
+def test_a_leader_without_renewal_stops_by_its_own_clock(mariadb: dict[str, Any], database: str,
+                                                          tmp_path: Path) -> None:
+    """Half a TTL after its last renewal began (its monotonic clock), a leader acts no more, even while the
+    database would still take its rows: a database cut off from it cannot stop it, its own clock does."""
+    now = [100.0]
+    a = Lease(_settings(mariadb, database, tmp_path, "a"), clock=lambda: now[0])
+    _init(a.settings)
+    a.renew()
+    backend = RecordingBackend()
+    _fenced(a, backend).undrain("n1")
+    now[0] += TTL / 2 + 0.01
+    with pytest.raises(PolicyRefused):
+        _fenced(a, backend).undrain("n2")
+    assert backend.calls == [("undrain", "n1")] and a.epoch is None
+    a.renew()  # still its lease on the database: a new term, a new epoch
+    assert a.leading() and a.epoch == 2
+
+
+def test_racing_instances_never_act_under_two_epochs_at_once(mariadb: dict[str, Any], database: str,
+                                                              tmp_path: Path) -> None:
+    """Three instances renew and act as fast as they can, each stalling once past the TTL, in turn (a pause its
+    own clock does not see, so only the database can stop it): in the journal, epochs never go down, each
+    epoch has one holder, and no action is recorded twice."""
+    import random
+    import threading
+
+    settings = {name: _settings(mariadb, database, tmp_path, name) for name in "abc"}
+    _init(settings["a"])
+    stop = time.monotonic() + 5.0
+    errors: list[BaseException] = []
+
+    def run(name: str, seed: int) -> None:
+        rnd = random.Random(seed)
+        paused = [0.0]  # its clock leaves its pauses out: a pause between its own check and its insert
+        lease = Lease(settings[name], clock=lambda: time.monotonic() - paused[0])
+        fenced = _fenced(lease, RecordingBackend())
+        n = 0
+        pause_at = stop - 5.0 + 0.5 + 1.1 * seed  # each pauses once past its lease, at its turn
+        try:
+            while time.monotonic() < stop:
+                lease.renew()
+                if time.monotonic() > pause_at:
+                    pause_at = float("inf")
+                    pause = TTL * rnd.uniform(1.2, 1.6)
+                    time.sleep(pause)  # paused: then it acts before renewing
+                    paused[0] += pause
+                for _ in range(3):
+                    n += 1
+                    with contextlib.suppress(PolicyRefused):
+                        fenced.drain(f"{name}-{n}", "healthd: x")
+                time.sleep(rnd.uniform(0, RENEW))
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            lease.close()
+
+    threads = [threading.Thread(target=run, args=(name, i)) for i, name in enumerate("abc")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert errors == []
+    root = _root(mariadb)
+    with root.cursor() as cur:
+        cur.execute(f"SELECT holder, epoch, nodes FROM {database}.healthd_actions ORDER BY id")
+        rows = cur.fetchall()
+    root.close()
+    epochs = [r[1] for r in rows]
+    assert len(rows) > 20 and len({r[0] for r in rows}) >= 2  # several leaders took turns
+    assert epochs == sorted(epochs)
+    holders: dict[int, set[str]] = {}
+    for holder, epoch, _ in rows:
+        holders.setdefault(epoch, set()).add(holder)
+    assert all(len(h) == 1 for h in holders.values())
+    assert len({r[2] for r in rows}) == len(rows)
+    assert all(nodes.startswith(f"{holder}-") for holder, _, nodes in rows)  # the row says who acted
+
+
+def test_cli_init_and_status(mariadb: dict[str, Any], database: str, tmp_path: Path,
+                             capsys: pytest.CaptureFixture[str]) -> None:
+    from healthd.cli import main
+
+    s = _settings(mariadb, database, tmp_path, "admin1")
+    config = tmp_path / "healthd.toml"
+    config.write_text(f'state_dir = "{tmp_path}/state"\n[ha]\nmode = "mariadb"\nurl = "{s.url}"\n'
+                      f'password_file = "{s.password_file}"\ninstance_id = "admin1"\n')
+    assert main(["ha", "status", "--config", str(config)]) == 1
+    assert "healthd ha init" in capsys.readouterr().err
+    assert main(["ha", "init", "--config", str(config)]) == 0
+    assert f"schema version {SCHEMA_VERSION} created" in capsys.readouterr().out
+    assert main(["ha", "init", "--config", str(config)]) == 0
+    assert "already in place" in capsys.readouterr().out
+    assert main(["ha", "status", "--config", str(config)]) == 1
+    assert "no leader" in capsys.readouterr().out
+    Lease(s).renew()
+    assert main(["ha", "status", "--config", str(config), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (doc["leader"], doc["epoch"]) == ("admin1", 1)
+    off = tmp_path / "off.toml"
+    off.write_text(f'state_dir = "{tmp_path}/state"\n')
+    assert main(["ha", "init", "--config", str(off)]) == 2
+    assert "mode is 'off'" in capsys.readouterr().err
+
+
+def test_new_leader_inherits_the_drains_the_journal_confirms(mariadb: dict[str, Any], database: str,
+                                                             tmp_path: Path) -> None:
+    """After a failover the new leader owns the old leader's drains (it will recheck and undrain them), and
+    only those the journal shows: a forged or foreign tag is left alone; twice changes nothing."""
+    from healthd.ha.reconcile import reconcile
+    from healthd.store import Store
+
+    a = Lease(_settings(mariadb, database, tmp_path, "a"))
+    b = Lease(_settings(mariadb, database, tmp_path, "b"))
+    _init(a.settings)
+    a.renew()
+    backend = RecordingBackend()
+    _fenced(a, backend).drain("n1", "healthd: xid 79 gpu 3")
+    a.release()
+    b.renew()
+    assert b.epoch == 2
+    slurm_reason = backend.calls[0][2]
+
+    class Cluster:
+        def list_nodes(self) -> list[Node]:
+            return [Node(name="n1", state="drained", reason=slurm_reason),
+                    Node(name="n2", state="drained", reason="healthd: [e1] forged"),
+                    Node(name="n3", state="drained", reason="NHC: [e1] theirs"),
+                    Node(name="n4", state="idle")]
+
+    store = Store(tmp_path / "b.sqlite")
+    try:
+        assert reconcile(b, Cluster(), store, "healthd:", 2, time.time()) == ["n1"]
+        drains = store.drains(open_only=True)
+        assert [(d.node, d.reason, d.actor) for d in drains] == [("n1", slurm_reason, "healthd-ha")]
+        assert reconcile(b, Cluster(), store, "healthd:", 2, time.time()) == []
+        assert len(store.drains(open_only=True)) == 1
+    finally:
+        store.close()
+
+
+def test_database_outage_no_one_acts_then_exactly_one_leads(server: Server, mariadb: dict[str, Any], database: str,
+                                                            tmp_path: Path) -> None:
+    a = Lease(_settings(mariadb, database, tmp_path, "a"))
+    b = Lease(_settings(mariadb, database, tmp_path, "b"))
+    _init(a.settings)
+    a.renew()
+    b.renew()
+    first = a.epoch
+    assert first is not None and a.leading() and not b.leading()
+    server.stop()
+    try:
+        assert a.renew() is None and b.renew() is None
+        assert not a.leading() and not b.leading()
+        backend = RecordingBackend()
+        with pytest.raises(PolicyRefused):
+            _fenced(a, backend).drain("n1", "healthd: x")
+        with pytest.raises(PolicyRefused):
+            _fenced(b, backend).drain("n1", "healthd: x")
+        assert backend.calls == []
+        assert "database" in a.describe()
+    finally:
+        server.start()
+    _wait(lambda: a.leading() or b.leading(), TTL + 3 * RENEW + 2,
+          step=lambda: (time.sleep(RENEW), a.renew(), b.renew()))
+    a.renew()
+    b.renew()
+    assert [a.leading(), b.leading()].count(True) == 1
+    assert (a.epoch or b.epoch) == first + 1
+
+
+class Proxy:
+    """A TCP proxy in front of the server for one instance; ``cut`` makes it a black hole (connections stay
+    open, nothing goes through either way), as a partition between that admin node and the database."""
+
+    def __init__(self, port: int) -> None:
+        import threading
+
+        self.target = port
+        self.cut = threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.listener.getsockname()[1])
+        self._threads: list[threading.Thread] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import threading
+
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                while self.cut.is_set():
+                    time.sleep(0.05)
+                dst.sendall(data)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_partitioned_leader_stops_within_half_the_ttl(mariadb: dict[str, Any], database: str,
+                                                      tmp_path: Path) -> None:
+    """The database stops answering one instance (a black hole, not a refused connection): its renewal
+    hangs until its timeout, and it stops acting by its own clock within half the TTL of its last renewal;
+    the other instance takes over after the lease runs out."""
+    import threading
+
+    proxy = Proxy(mariadb["port"])
+    try:
+        via = _settings(mariadb, database, tmp_path, "a").model_copy(
+            update={"url": f"mysql://healthd@127.0.0.1:{proxy.port}/{database}"})
+        a = Lease(via)
+        b = Lease(_settings(mariadb, database, tmp_path, "b"))
+        _init(b.settings)
+        a.renew()
+        assert a.leading()
+        renewed = time.monotonic()
+        proxy.cut.set()
+        hung = threading.Thread(target=a.renew, daemon=True)
+        hung.start()  # blocks on the black hole until its read timeout
+        stopped = _wait(lambda: not a.leading(), TTL)
+        assert time.monotonic() - renewed <= TTL / 2 + 0.2 and stopped < TTL
+        assert a.describe().startswith("ha: a is standby")  # answers while its renewal hangs
+        backend = RecordingBackend()
+        with pytest.raises(PolicyRefused):
+            _fenced(a, backend).drain("n1", "healthd: x")
+        _wait(lambda: b.leading(), TTL + 3 * RENEW + 0.5, step=lambda: (time.sleep(RENEW), b.renew()))
+        _fenced(b, backend).drain("n1", "healthd: x")
+        assert backend.calls == [("drain", "n1", f"healthd: [e{b.epoch}] x")]
+        hung.join(10)
+        assert a.epoch is None and a.last_error is not None
+    finally:
+        proxy.cut.clear()
+        proxy.close()
+
+
+@pytest.mark.slurm
+def test_epoch_tagged_drains_on_real_slurm(cluster: SlurmTestCluster, mariadb: dict[str, Any], database: str,
+                                           tmp_path: Path) -> None:
+    """The epoch tag through the real scontrol: the drain is healthd's with it, a new leader inherits it from
+    the journal and undrains it; the old leader, its lease gone, is refused."""
+    import sys
+
+    from healthd.cluster.slurm import SlurmBackend
+    from healthd.ha.reconcile import reconcile
+    from healthd.jobs import LaunchSettings
+    from healthd.store import Store
+
+    slurm = SlurmBackend(cluster.cli(), LaunchSettings(python=sys.executable, results_dir=tmp_path / "results"),
+                         node_classes=FAKE_GPU_CLASSES)
+    a = Lease(_settings(mariadb, database, tmp_path, "a"))
+    b = Lease(_settings(mariadb, database, tmp_path, "b"))
+    _init(a.settings)
+    a.renew()
+    FencedBackend(slurm, a, "healthd:").drain("node4", "healthd: xid 79 gpu 1")
+    node = {n.name: n for n in slurm.list_nodes()}["node4"]
+    assert node.drained and node.owned_by("healthd:")
+    assert node.reason == f"healthd: [e{a.epoch}] xid 79 gpu 1"
+    a.release()
+    b.renew()
+    assert b.leading() and b.epoch == 2
+    store = Store(tmp_path / "b.sqlite")
+    try:
+        assert reconcile(b, slurm, store, "healthd:", 2, time.time()) == ["node4"]
+    finally:
+        store.close()
+    with pytest.raises(PolicyRefused):
+        FencedBackend(slurm, a, "healthd:").undrain("node4")
+    FencedBackend(slurm, b, "healthd:").undrain("node4")
+    assert not {n.name: n for n in slurm.list_nodes()}["node4"].drained
+
+
+def test_repairs_and_takeovers_are_fenced_and_tagged(mariadb: dict[str, Any], database: str, tmp_path: Path) -> None:
+    """The calls beyond ClusterBackend (repairs, boundary-drain takeover) go through the journal too; the reason
+    healthd writes gets the tag, Slurm's reason it matches does not; a backend without them stays without."""
+    from healthd.remediation.adopt import DrainTakeover
+    from healthd.remediation.apply import RepairCapability
+
+    a = Lease(_settings(mariadb, database, tmp_path, "a"))
+    _init(a.settings)
+    a.renew()
+    backend = RecordingBackend()
+    fenced = _fenced(a, backend)
+    assert isinstance(fenced, DrainTakeover)
+    fenced.take_over_drain("n1", "Epilog error", "healthd: boundary epilog env.gpu_count")
+    fenced.start_reboot("n2", "healthd: repair reboot gpus_missing")
+    fenced.release_repair("n2")
+    assert backend.calls == [("take_over_drain", "n1", "Epilog error", "healthd: [e1] boundary epilog env.gpu_count"),
+                             ("start_reboot", "n2", "healthd: [e1] repair reboot gpus_missing"),
+                             ("release_repair", "n2")]
+    root = _root(mariadb)
+    with root.cursor() as cur:
+        cur.execute(f"SELECT verb, nodes FROM {database}.healthd_actions ORDER BY id")
+        assert cur.fetchall() == (("take_over_drain", "n1"), ("start_reboot", "n2"), ("release_repair", "n2"))
+    root.close()
+    assert not isinstance(_fenced(a, RecordingBackend()), RepairCapability)  # it has no back_from_repair
+    backend.back_from_repair = backend.start_reboot  # type: ignore[attr-defined]
+    backend.run_repair_command = backend.start_reboot  # type: ignore[attr-defined]
+    assert isinstance(fenced, RepairCapability)
+    a.release()
+    with pytest.raises(PolicyRefused):
+        fenced.start_reboot("n3", "healthd: repair reboot gpus_missing")
+    assert len(backend.calls) == 3
+
+
+def test_two_processes_with_one_instance_id_never_act_together(mariadb: dict[str, Any], database: str,
+                                                               tmp_path: Path) -> None:
+    """A copied config (both admin nodes named alike): the lease cannot tell them apart, so each leads only on
+    a term it started itself; they may take turns (logged as an error), never act under one term together."""
+    one = Lease(_settings(mariadb, database, tmp_path, "admin"))
+    two = Lease(_settings(mariadb, database, tmp_path, "admin"))
+    _init(one.settings)
+    backend = RecordingBackend()
+    for i in range(4):
+        for order in ((one, two, one), (two, one, two)):  # the last renews while holding a term the other took
+            for lease in order:
+                lease.renew()
+            before = len(backend.calls)
+            for each in (one, two):
+                with contextlib.suppress(PolicyRefused):
+                    _fenced(each, backend).undrain(f"n{i}")
+            assert len(backend.calls) - before <= 1
+    root = _root(mariadb)
+    with root.cursor() as cur:
+        cur.execute(f"SELECT epoch FROM {database}.healthd_actions ORDER BY id")
+        epochs = [r[0] for r in cur.fetchall()]
+    root.close()
+    assert epochs == sorted(epochs) and len(set(epochs)) == len(epochs)  # one action per term here, in order
