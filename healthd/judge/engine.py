@@ -48,7 +48,7 @@ from healthd.judge.confirm import (
     split,
 )
 from healthd.judge.fleet import FleetStats, fleet_stats
-from healthd.judge.floors import FloorTable, floor_rules
+from healthd.judge.floors import FloorTable, confirmable, floor_rules
 from healthd.judge.hardfault import HARD_FAULTS
 from healthd.judge.model import (
     CONFIRMED,
@@ -709,7 +709,7 @@ class Judge:
                   suspects: Mapping[str, list[GroupRecord]], now: float, out: JudgeOutput,
                   class_errors: float = 1.0) -> None:
         c = self.settings.confirm
-        marks = self._recent_marks(node, probe, now)
+        marks = confirmable(self._recent_marks(node, probe, now))
         status = self.status.get((node, probe))
         if not marks and status is None:
             return

@@ -16,6 +16,7 @@ from healthd.judge.fleet import check_event
 from healthd.judge.model import Finding, FleetEvent, GroupRecord, JudgeOutput, JudgeState
 from healthd.judge.rounds import Hold, event_hold
 from healthd.judge.sources.seam import RANK_CLASS, BaseCause, Context, Update
+from healthd.judge.switches import ambiguity
 
 
 class ClassEvents(BaseCause):
@@ -39,8 +40,10 @@ class ClassEvents(BaseCause):
             active = self.events.get((cls, probe))
             check = check_event(sample, ctx.settings.fleet, active=active is not None)
             if active is None and check is not None:
+                amb = ambiguity(ctx.topology, ctx.classes, node_class=cls)
                 event = FleetEvent(cls, probe, check.started_at, None, check.flagged, check.sampled, (),
-                                   f"fleet event: {probe} on {cls}: {check.text}")
+                                   f"fleet event: {probe} on {cls}: {check.text}"
+                                   + (f"; {amb.text}" if amb is not None else ""))
                 self.events[(cls, probe)] = event
                 out.fleet_events.append(event)
                 changed.add((cls, probe))
