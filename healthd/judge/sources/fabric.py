@@ -257,9 +257,7 @@ class Fabric(BaseSource):
         at = top.last_at if top is not None else now
         verdict = Verdict(node, PROBE, outcome, text, code, (), ev, at)
         out.evaluated.add((node, PROBE))
-        if old is None or (old.outcome, old.reason_code, old.reason) != (outcome, code, text):
-            out.verdicts.append(verdict)
-        ctx.verdicts[(node, PROBE)] = verdict
+        ctx.set_verdict(verdict, out)
         if recommend and top is not None:
             out.recommendations.append(RecommendationCandidate(node, PROBE, outcome, code, text,
                                                                {"run_ids": [], "summary": top.summary, **ev}, at))

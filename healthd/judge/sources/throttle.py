@@ -126,10 +126,7 @@ class Throttle(BaseSource):
         else:
             verdict = Verdict(node, PROBE, Outcome.PASS, "no throttling held on a busy GPU", "ok", (), {}, now)
         out.evaluated.add((node, PROBE))
-        if old is None or (old.outcome, old.reason_code, old.reason) != (verdict.outcome, verdict.reason_code,
-                                                                          verdict.reason):
-            out.verdicts.append(verdict)
-        ctx.verdicts[(node, PROBE)] = verdict
+        ctx.set_verdict(verdict, out)
         if mine:
             out.recommendations.append(RecommendationCandidate(
                 node, PROBE, verdict.outcome, verdict.reason_code, verdict.reason,
