@@ -87,7 +87,8 @@ def node_document(view: NodeView, *, detail: bool = False, topology: Topology | 
     the probes last reported them (``Store.gpu_inventory``); a per-GPU measurement carries its GPU's ``gpu_uuid``.
     ``switch_path``: the switches from the node's leaf (or block) up to the root in ``topology``; empty
     without topology or for a node outside it. ``passive_signals``: the passive signals the judge follows on the
-    node now (``passive``: the daemon's, ``healthd.judge.engine.Judge.passive_signals``)."""
+    node now (``passive``: the daemon's, ``Judge.view(Passive, Passive.signals)`` and the fabric source's
+    port signals)."""
     node = view.node
     uuids = gpu_uuids(view.gpus)
     latest: dict[str, list[dict[str, Any]]] = defaultdict(list)
