@@ -3,6 +3,10 @@ Prometheus and Alertmanager configurations that connect the daemon's scrape, the
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
+import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -53,3 +57,33 @@ receivers:
     webhook_configs: [{{url: "http://127.0.0.1:{hook_port}/", send_resolved: true}}]
 """)
     return path
+
+
+def prometheus_missing() -> str | None:
+    """Why a test with a real Prometheus server cannot run here, or ``None``."""
+    if os.geteuid() != 0:
+        return "needs root, like the alert tests; scripts/test.sh runs the integration suites as root"
+    if shutil.which("prometheus") is None:
+        return "prometheus not installed (Debian package prometheus; scripts/test.sh installs it as root)"
+    return None
+
+
+def start_prometheus(tmp: Path, port: int) -> subprocess.Popen[bytes]:
+    """A Prometheus on ``127.0.0.1:port`` with ``tmp/prometheus.yml``, its TSDB in ``tmp/tsdb``, its log in
+    ``tmp/prometheus.log``, in a session of its own (``stop_prometheus``)."""
+    log = (tmp / "prometheus.log").open("ab")
+    return subprocess.Popen(
+        ["prometheus", f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+         f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop_prometheus(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to its session, SIGKILL after 15 s; nothing when it has already ended."""
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

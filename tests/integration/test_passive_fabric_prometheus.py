@@ -15,9 +15,6 @@ About 30 s.
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -31,6 +28,7 @@ from healthd.judge.sources.fabric import PROBE, Fabric
 from healthd.passive.model import PassivePoll
 from healthd.passive.source import PassiveSource
 from tests.fakes.node_exporter import FakeNodeExporter
+from tests.integration.alerting import prometheus_missing, start_prometheus, stop_prometheus
 from tests.unit.test_judge_engine import Fleet
 
 pytestmark = pytest.mark.slow
@@ -39,14 +37,6 @@ PROM_PORT = 9192
 NODES = ("fa", "fb", "fc")
 PAIRS = ("fd", "fe", "ff")
 """Nodes without node_exporter: the NCCL partners of the fleet's pairs."""
-
-
-def _missing() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root, like the alert tests; scripts/test.sh runs the integration suites as root"
-    if shutil.which("prometheus") is None:
-        return "prometheus not installed (Debian package prometheus; scripts/test.sh installs it as root)"
-    return None
 
 
 @dataclass
@@ -87,7 +77,7 @@ class Stack:
 
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[Stack]:
-    missing = _missing()
+    missing = prometheus_missing()
     if missing:
         pytest.skip(missing)
     exporter = FakeNodeExporter(NODES, hcas=2, legacy=("fc",)).start()
@@ -102,20 +92,12 @@ scrape_configs:
 """)
     source = PassiveSource(PassiveSettings(prometheus_url=f"http://127.0.0.1:{PROM_PORT}", timeout_s=3))
     s = Stack(tmp_path, exporter, source, Fleet(list(NODES + PAIRS)))
-    log = (tmp_path / "prometheus.log").open("ab")
-    s.prometheus = subprocess.Popen(
-        ["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{PROM_PORT}"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    s.prometheus = start_prometheus(tmp_path, PROM_PORT)
     try:
         exporter.add("fb", "mlx5_0", "symbol_error", 40)  # errors from before healthd: a baseline
         yield s
     finally:
-        os.killpg(s.prometheus.pid, signal.SIGTERM)
-        try:
-            s.prometheus.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(s.prometheus.pid, signal.SIGKILL)
-            s.prometheus.wait()
+        stop_prometheus(s.prometheus)
         exporter.stop()
 
 

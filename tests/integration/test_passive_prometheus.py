@@ -14,9 +14,6 @@ False with the error, and the source is back when Prometheus is. Root only, like
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -29,19 +26,12 @@ from healthd.config import PassiveSettings
 from healthd.passive.model import PassivePoll, Strength
 from healthd.passive.source import PassiveSource
 from tests.fakes.dcgm_exporter import FakeDcgmExporter, fake_uuid
+from tests.integration.alerting import prometheus_missing, start_prometheus, stop_prometheus
 
 pytestmark = pytest.mark.slow
 
 PROM_PORT = 9190
 NODES = ("pa", "pb", "pc")
-
-
-def _missing() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root, like the alert tests; scripts/test.sh runs the integration suites as root"
-    if shutil.which("prometheus") is None:
-        return "prometheus not installed (Debian package prometheus; scripts/test.sh installs it as root)"
-    return None
 
 
 @dataclass
@@ -52,20 +42,11 @@ class Stack:
     prometheus: subprocess.Popen[bytes] | None = None
 
     def start_prometheus(self) -> None:
-        log = (self.tmp / "prometheus.log").open("ab")
-        self.prometheus = subprocess.Popen(
-            ["prometheus", f"--config.file={self.tmp / 'prometheus.yml'}", f"--storage.tsdb.path={self.tmp / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{PROM_PORT}"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.prometheus = start_prometheus(self.tmp, PROM_PORT)
 
     def stop_prometheus(self) -> None:
-        if self.prometheus is not None and self.prometheus.poll() is None:
-            os.killpg(self.prometheus.pid, signal.SIGTERM)
-            try:
-                self.prometheus.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.prometheus.pid, signal.SIGKILL)
-                self.prometheus.wait()
+        if self.prometheus is not None:
+            stop_prometheus(self.prometheus)
         self.prometheus = None
 
     def poll(self) -> PassivePoll:
@@ -86,7 +67,7 @@ class Stack:
 
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[Stack]:
-    missing = _missing()
+    missing = prometheus_missing()
     if missing:
         pytest.skip(missing)
     exporter = FakeDcgmExporter(NODES, gpus=2, xid_count=["pc"]).start()

@@ -15,9 +15,6 @@ like the other Prometheus tests; skips with the reason otherwise. About 25 s.
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -31,6 +28,7 @@ from healthd.judge.sources.throttle import PROBE
 from healthd.passive.model import PassivePoll
 from healthd.passive.source import PassiveSource
 from tests.fakes.dcgm_exporter import FakeDcgmExporter, fake_uuid
+from tests.integration.alerting import prometheus_missing, start_prometheus, stop_prometheus
 from tests.unit.test_judge_engine import Fleet
 
 pytestmark = pytest.mark.slow
@@ -39,14 +37,6 @@ PROM_PORT = 9193
 NODES = ("ta", "tb")
 SUSTAIN_S = 4.0
 REASONS = "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"
-
-
-def _missing() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root, like the alert tests; scripts/test.sh runs the integration suites as root"
-    if shutil.which("prometheus") is None:
-        return "prometheus not installed (Debian package prometheus; scripts/test.sh installs it as root)"
-    return None
 
 
 @dataclass
@@ -84,7 +74,7 @@ class Stack:
 
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[Stack]:
-    missing = _missing()
+    missing = prometheus_missing()
     if missing:
         pytest.skip(missing)
     exporter = FakeDcgmExporter(NODES, gpus=2, profiling=["ta"], pcie=True).start()
@@ -101,19 +91,11 @@ scrape_configs:
                                fabric={"enabled": False})
     fleet = Fleet(list(NODES), JudgeSettings(passive={"throttle_sustain_s": SUSTAIN_S}))
     s = Stack(tmp_path, exporter, PassiveSource(settings), fleet)
-    log = (tmp_path / "prometheus.log").open("ab")
-    s.prometheus = subprocess.Popen(
-        ["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{PROM_PORT}"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    s.prometheus = start_prometheus(tmp_path, PROM_PORT)
     try:
         yield s
     finally:
-        os.killpg(s.prometheus.pid, signal.SIGTERM)
-        try:
-            s.prometheus.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(s.prometheus.pid, signal.SIGKILL)
-            s.prometheus.wait()
+        stop_prometheus(s.prometheus)
         exporter.stop()
 
 
