@@ -151,12 +151,14 @@ class LauncherSettings(_Section):
 
     ``bare``: a Python on the node (``python``, default ``slurm.python``); ``pyxis``: in the image
     through ``srun --container-image`` (Enroot); ``apptainer``: ``apptainer exec IMAGE``
-    (``runtime = "singularity"`` for Singularity). Slurm backend only.
+    (``runtime = "singularity"`` for Singularity); ``oci``: Slurm's ``srun --container=BUNDLE``
+    (``oci.conf``); ``podman``: ``podman run IMAGE`` per task. Slurm backend only.
     """
 
-    kind: Literal["bare", "pyxis", "apptainer"] = "bare"
+    kind: Literal["bare", "pyxis", "apptainer", "oci", "podman"] = "bare"
     image: str | None = None
-    """pyxis: a squashfs path or enroot URI (``nvcr.io#nvidia/pytorch:24.05-py3``); apptainer: a SIF path or URI."""
+    """pyxis: a squashfs path or enroot URI (``nvcr.io#nvidia/pytorch:24.05-py3``); apptainer: a SIF path or
+    URI; oci: an OCI bundle directory (``healthd image build``); podman: an image name in the node's store."""
     mounts: list[str] = Field(default_factory=list)
     """``SRC:DST[:FLAGS]`` bind mounts; the results directory is always mounted at its own path."""
     args: list[str] = Field(default_factory=list)
@@ -164,14 +166,20 @@ class LauncherSettings(_Section):
     python: str | None = None
     """The Python that runs ``-m probes`` (containers: default ``python3`` in the image)."""
     runtime: str | None = None
-    """apptainer: the runtime command (default ``apptainer``)."""
+    """apptainer, podman: the runtime command (default ``apptainer``, ``podman``)."""
+    devices: list[str] = Field(default_factory=list)
+    """podman: host devices to add (``/dev/infiniband``); GPUs come through CDI (``nvidia.com/gpu=all``)."""
     probes_from: Literal["daemon", "image"] = "daemon"
     """``daemon``: mount this daemon's ``probes`` package read-only; ``image``: the image has it."""
 
     @model_validator(mode="after")
     def _carryable(self) -> LauncherSettings:
         problems = launcher_problems(Launcher(kind=self.kind, image=self.image, mounts=tuple(self.mounts),
-                                              args=tuple(self.args), python=self.python, runtime=self.runtime))
+                                              args=tuple(self.args), python=self.python, runtime=self.runtime,
+                                              devices=tuple(self.devices)))
+        if self.kind == "oci" and self.probes_from == "daemon":
+            problems.append('an oci launcher cannot mount the daemon\'s probes package (its bundle carries the '
+                            'mounts): set probes_from = "image"')
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -5,9 +5,14 @@ The job holds its nodes exclusively for a short time limit and never requeues; `
 one task per GPU (or per configured rank) and rank 0 writes the ``ProbeResult`` to the shared
 results directory.
 
-Each task runs in one of three launch environments (:class:`Launcher`, docs/containers.md):
+Each task runs in one of five launch environments (:class:`Launcher`, docs/containers.md):
 ``bare`` (a Python on the node), ``pyxis`` (``srun --container-image=...``, Enroot through the
-Pyxis SPANK plugin) or ``apptainer`` (``apptainer exec IMAGE ...``, also Singularity). In a
+Pyxis SPANK plugin), ``apptainer`` (``apptainer exec IMAGE ...``, also Singularity), ``oci``
+(Slurm's own ``srun --container=BUNDLE``, the runtime of ``oci.conf``; the bundle's ``config.json``
+carries the mounts and devices, ``healthd image build --mount``) or ``podman`` (``podman run``
+per task: host network and IPC, the GPUs through CDI ``--device=nvidia.com/gpu=all``, the listed
+devices such as ``/dev/infiniband``, and the job's ``HEALTHD_*``, ``SLURM_*``, ``NCCL_*`` and
+``MASTER_*`` variables passed by name). In a
 container the results directory is bind-mounted at its own path and, unless the image has the
 ``probes`` package itself, the daemon's ``probes`` package is bind-mounted read-only at
 ``/opt/healthd-probes/probes`` and the task starts there, so ``python -m probes`` finds it first
@@ -33,23 +38,32 @@ from probes.catalogue import CHECK_COMMAND, probe_spec
 START_MARGIN_S = 60.0
 _UNSAFE = re.compile(r"[\s'\"\\]")
 
-LauncherKind = Literal["bare", "pyxis", "apptainer"]
+LauncherKind = Literal["bare", "pyxis", "apptainer", "oci", "podman"]
 CONTAINER_PROBES_DIR = "/opt/healthd-probes"
 """Where the daemon's ``probes`` package is mounted in a container (as ``<this>/probes``)."""
 CONTAINER_IMAGE_ENV = "HEALTHD_CONTAINER_IMAGE"
 """Exported by container launches so the probe can record the image in its environment."""
 DEFAULT_CONTAINER_PYTHON = "python3"
 DEFAULT_APPTAINER_RUNTIME = "apptainer"
+DEFAULT_PODMAN_RUNTIME = "podman"
+PODMAN_PASSED_ENV = ("HEALTHD_*", "SLURM_*", "NCCL_*", "MASTER_*", "CUDA_VISIBLE_DEVICES")
+"""Passed to ``podman run`` by name (``--env=NAME``, ``--env=PREFIX*``): the host's values win, as
+ranks need the step's own ``SLURM_*`` and the site's ``NCCL_*``; ``[slurm] env`` keys are added."""
+CDI_ALL_GPUS = "nvidia.com/gpu=all"
 
 _PATH = re.compile(r"^/[A-Za-z0-9._+@%=~/-]*$")
 _IMAGE = re.compile(r"^[A-Za-z0-9._+@%=~/:#-]+$")
 _COMMAND = re.compile(r"^[A-Za-z0-9._+@%=~/-]+$")
 _PYXIS_FLAGS = re.compile(r"^[A-Za-z0-9_=-]+(\+[A-Za-z0-9_=-]+)*$")
-_APPTAINER_FLAGS = frozenset({"ro", "rw"})
+_BIND_FLAGS = frozenset({"ro", "rw"})
 _OWN_OPTIONS: dict[str, tuple[str, ...]] = {
     "pyxis": ("--container-image", "--container-mounts", "--container-workdir"),
     "apptainer": ("--bind", "-B", "--mount", "--pwd", "--nv"),
+    "oci": ("--container",),
+    "podman": ("--rm", "--pull", "--network", "--net", "--ipc", "--volume", "-v", "--mount", "--env", "-e",
+               "--workdir", "-w", "--device"),
 }
+_RUNTIME_KINDS = ("apptainer", "podman")
 
 
 @dataclass(frozen=True)
@@ -69,6 +83,8 @@ class Launcher:
     """apptainer only: the runtime command (``apptainer``, ``singularity`` or a path)."""
     probes_dir: Path | None = None
     """Host directory of the ``probes`` package to mount in the container; ``None``: the image has it."""
+    devices: tuple[str, ...] = ()
+    """podman only: host devices for ``--device`` (``/dev/infiniband``); GPUs come through CDI."""
 
 
 def launcher_problems(launcher: Launcher) -> list[str]:
@@ -85,15 +101,19 @@ def launcher_problems(launcher: Launcher) -> list[str]:
             if value is not None:
                 problems.append(f"{name} is set but the launcher kind is bare")
         if launcher.mounts or launcher.args:
-            problems.append("mounts and args need a container launcher (pyxis or apptainer)")
+            problems.append("mounts and args need a container launcher (pyxis, apptainer, oci or podman)")
     else:
         if not launcher.image:
             problems.append(f"a {kind} launcher needs an image")
         elif not _IMAGE.match(launcher.image) or launcher.image.startswith("-"):
             problems.append(f"image {launcher.image!r}: only letters, digits and ._+@%=~/:#- are allowed, "
                             "and it may not start with '-'")
-        if kind == "pyxis" and launcher.runtime is not None:
-            problems.append("runtime is for apptainer launchers; pyxis runs through srun")
+        if kind not in _RUNTIME_KINDS and launcher.runtime is not None:
+            problems.append(f"runtime is for apptainer and podman launchers; {kind} runs through srun")
+        if kind == "oci" and launcher.mounts:
+            problems.append("an oci launcher's mounts are in its bundle's config.json (healthd image build --mount)")
+        if kind == "oci" and launcher.probes_dir is not None:
+            problems.append("an oci launcher cannot mount the daemon's probes package: set probes_from = \"image\"")
         for mount in launcher.mounts:
             problems.extend(_mount_problems(kind, mount))
         for arg in launcher.args:
@@ -102,6 +122,12 @@ def launcher_problems(launcher: Launcher) -> list[str]:
                 problems.append(f"args item {arg!r} is not an option (write --opt or --opt=value)")
             elif name in _OWN_OPTIONS[kind]:
                 problems.append(f"args item {arg!r}: healthd sets {name} itself (use image and mounts)")
+    if launcher.devices and kind != "podman":
+        problems.append("devices are for podman launchers (pyxis, apptainer and oci bring the node's devices "
+                        "through their hooks or the bundle)")
+    for device in launcher.devices:
+        if not _PATH.match(device):
+            problems.append(f"device {device!r}: an absolute path without spaces, quotes, ',' or ':'")
     for name, value in (("python", launcher.python), ("runtime", launcher.runtime)):
         if value is not None and (not _COMMAND.match(value) or value.startswith("-")):
             problems.append(f"{name} {value!r}: a command name or absolute path without spaces or quotes")
@@ -119,8 +145,8 @@ def _mount_problems(kind: LauncherKind, mount: str) -> list[str]:
                 for p in parts[:2] if not _PATH.match(p)]
     if len(parts) == 3:
         flags = parts[2]
-        if kind == "apptainer" and flags not in _APPTAINER_FLAGS:
-            problems.append(f"mount {mount!r}: apptainer bind flags are ro or rw")
+        if kind in ("apptainer", "podman") and flags not in _BIND_FLAGS:
+            problems.append(f"mount {mount!r}: {kind} bind flags are ro or rw")
         elif kind == "pyxis" and not _PYXIS_FLAGS.match(flags):
             problems.append(f"mount {mount!r}: pyxis mount flags are joined with '+', e.g. ro+rprivate")
     return problems
@@ -204,6 +230,23 @@ def task_argv(settings: LaunchSettings, probe_args: Sequence[str], *, gpus_per_n
             *launcher.args,
             *inside,
         ]
+    if launcher.kind == "oci":
+        return [f"--container={launcher.image}", *launcher.args, *inside]
+    if launcher.kind == "podman":
+        passed = [*PODMAN_PASSED_ENV]
+        passed += [key for key, _ in settings.env if not any(_passed_by(p, key) for p in passed)]
+        return [
+            launcher.runtime or DEFAULT_PODMAN_RUNTIME, "run", "--rm", "--pull=never",
+            "--network=host", "--ipc=host",
+            *([f"--device={CDI_ALL_GPUS}"] if gpus_per_node > 0 else []),
+            *[f"--device={d}" for d in launcher.devices],
+            *[f"--volume={m}" for m in mounts],
+            *[f"--env={name}" for name in passed],
+            *[f"--workdir={w}" for w in workdir],
+            *launcher.args,
+            launcher.image,
+            *inside,
+        ]
     return [
         launcher.runtime or DEFAULT_APPTAINER_RUNTIME, "exec",
         *(["--nv"] if gpus_per_node > 0 else []),
@@ -213,6 +256,10 @@ def task_argv(settings: LaunchSettings, probe_args: Sequence[str], *, gpus_per_n
         launcher.image,
         *inside,
     ]
+
+
+def _passed_by(pattern: str, key: str) -> bool:
+    return key.startswith(pattern[:-1]) if pattern.endswith("*") else key == pattern
 
 
 def job_name(prefix: str, job: ProbeJob) -> str:

@@ -62,6 +62,7 @@ def launcher_from_settings(settings: LauncherSettings, probes_dir: Path) -> Laun
         python=settings.python,
         runtime=settings.runtime,
         probes_dir=probes_dir if container and settings.probes_from == "daemon" else None,
+        devices=tuple(settings.devices),
     )
 
 

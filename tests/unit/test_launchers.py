@@ -115,7 +115,15 @@ def test_mounts_already_covering_the_results_or_probes_are_not_repeated() -> Non
     (Launcher(kind="pyxis", image="i.sqsh", args=("container-writable",)), "is not an option"),
     (Launcher(kind="pyxis", image="i.sqsh", args=("--container-image=other",)), "healthd sets --container-image"),
     (Launcher(kind="apptainer", image="i.sif", args=("-B",)), "healthd sets -B itself"),
-    (Launcher(kind="pyxis", image="i.sqsh", runtime="enroot"), "runtime is for apptainer launchers"),
+    (Launcher(kind="pyxis", image="i.sqsh", runtime="enroot"), "runtime is for apptainer and podman launchers"),
+    (Launcher(kind="oci", image="/b", runtime="crun"), "runtime is for apptainer and podman launchers; oci runs"),
+    (Launcher(kind="oci", image="/b", mounts=("/a",)), "mounts are in its bundle's config.json"),
+    (Launcher(kind="oci", image="/b", probes_dir=PROBES_DIR), 'set probes_from = "image"'),
+    (Launcher(kind="oci", image="/b", args=("--container=/other",)), "healthd sets --container itself"),
+    (Launcher(kind="podman", image="i", args=("--network=none",)), "healthd sets --network itself"),
+    (Launcher(kind="podman", image="i", mounts=("/a:/b:z",)), "podman bind flags are ro or rw"),
+    (Launcher(kind="podman", image="i", devices=("dev/infiniband",)), "device 'dev/infiniband'"),
+    (Launcher(kind="pyxis", image="i.sqsh", devices=("/dev/infiniband",)), "devices are for podman launchers"),
     (Launcher(kind="apptainer", image="i.sif", runtime="apptainer --debug"), "runtime 'apptainer --debug'"),
     (Launcher(image="i.sif"), "image is set but the launcher kind is bare"),
     (Launcher(mounts=("/a",)), "mounts and args need a container launcher"),
@@ -134,8 +142,60 @@ def test_results_dir_that_cannot_be_mounted() -> None:
         render_batch_script(PAIR, odd, ranks_per_node=8, gpus_per_node=8)
 
 
+OCI = Launcher(kind="oci", image="/shared/images/healthd-probe/bundle")
+PODMAN = Launcher(
+    kind="podman",
+    image="localhost/healthd-probe:0123456789abcdef",
+    mounts=("/etc/nccl.conf:/etc/nccl.conf:ro",),
+    devices=("/dev/infiniband",),
+    args=("--security-opt=label=disable",),
+    probes_dir=PROBES_DIR,
+)
+ENV_SETTINGS = (("NCCL_IB_HCA", "mlx5"), ("UCX_TLS", "rc"))
+
+
+def test_oci_script() -> None:
+    """Slurm's own OCI path: the bundle on srun's line; mounts, devices and the network are the
+    bundle's (config.json) and Slurm hands the step's environment to the container process."""
+    script = render_batch_script(PAIR, settings(OCI), ranks_per_node=8, gpus_per_node=8)
+    assert_golden("sbatch_oci_nccl_pair.sh", script)
+    argv = exec_argv(script)
+    assert argv[3] == "--container=/shared/images/healthd-probe/bundle"
+    assert argv[4:8] == ["python3", "-m", "probes", "nccl"]
+
+
+def test_podman_script() -> None:
+    """podman per task: host network and IPC (NCCL across nodes, shared memory), GPUs through CDI,
+    /dev/infiniband, the results and probes mounts, the step's variables passed by name."""
+    launch = LaunchSettings(python="/opt/healthd/bin/python", results_dir=RESULTS, partition="gpu",
+                            pending_timeout_s=600.0, launcher=PODMAN, env=ENV_SETTINGS)
+    script = render_batch_script(PAIR, launch, ranks_per_node=8, gpus_per_node=8)
+    assert_golden("sbatch_podman_nccl_pair.sh", script)
+    argv = exec_argv(script)
+    assert argv[3:9] == ["podman", "run", "--rm", "--pull=never", "--network=host", "--ipc=host"]
+    assert argv[9:11] == ["--device=nvidia.com/gpu=all", "--device=/dev/infiniband"]
+    assert [a for a in argv if a.startswith("--volume=")] == [
+        "--volume=/etc/nccl.conf:/etc/nccl.conf:ro", "--volume=/shared/healthd/results:/shared/healthd/results",
+        "--volume=/opt/healthd/lib/python3.11/site-packages/probes:/opt/healthd-probes/probes:ro"]
+    assert [a for a in argv if a.startswith("--env=")] == [
+        "--env=HEALTHD_*", "--env=SLURM_*", "--env=NCCL_*", "--env=MASTER_*", "--env=CUDA_VISIBLE_DEVICES",
+        "--env=UCX_TLS"]  # NCCL_IB_HCA is covered by NCCL_*
+    assert "export UCX_TLS=rc" in script.splitlines()
+    image_at = argv.index("localhost/healthd-probe:0123456789abcdef")
+    assert argv[image_at - 2:image_at] == ["--workdir=/opt/healthd-probes", "--security-opt=label=disable"]
+    assert argv[image_at + 1:image_at + 5] == ["python3", "-m", "probes", "nccl"]
+
+
+def test_podman_on_cpu_nodes_has_no_cdi_device() -> None:
+    launcher = Launcher(kind="podman", image="healthd-probe:x", runtime="/usr/bin/podman")
+    argv = exec_argv(render_batch_script(PAIR, settings(launcher), ranks_per_node=2, gpus_per_node=0))
+    assert argv[3] == "/usr/bin/podman"
+    assert not any(a.startswith("--device") for a in argv)
+
+
 def test_valid_launchers_have_no_problems() -> None:
-    for launcher in (PYXIS, APPTAINER, Launcher(), Launcher(kind="pyxis", image="nvcr.io#nvidia/pytorch:24.05-py3")):
+    for launcher in (PYXIS, APPTAINER, OCI, PODMAN, Launcher(),
+                     Launcher(kind="pyxis", image="nvcr.io#nvidia/pytorch:24.05-py3")):
         assert launcher_problems(launcher) == []
 
 
@@ -204,7 +264,9 @@ def test_class_settings_override_the_probe_settings(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("text", "key", "message"), [
     ("[probes.nccl.launcher]\nkind = 'pyxis'\n", "probes.nccl.launcher", "a pyxis launcher needs an image"),
-    ("[probes.nccl.launcher]\nkind = 'docker'\n", "probes.nccl.launcher.kind", "'bare', 'pyxis' or 'apptainer'"),
+    ("[probes.nccl.launcher]\nkind = 'docker'\n", "probes.nccl.launcher.kind",
+     "'bare', 'pyxis', 'apptainer', 'oci' or 'podman'"),
+    ("[probes.nccl.launcher]\nkind = 'oci'\nimage = '/b'\n", "probes.nccl.launcher", 'set probes_from = "image"'),
     ("[probes.nccl.launcher]\nkind = 'apptainer'\nimage = 'x.sif'\nbinds = ['/a']\n",
      "probes.nccl.launcher.binds", "Extra inputs are not permitted"),
     ("[[slurm.node_classes]]\nname = 'a'\n[slurm.node_classes.launcher]\nkind = 'apptainer'\nimage = 'a b.sif'\n",
