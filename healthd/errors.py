@@ -63,3 +63,7 @@ class TopologyError(ParseError):
 
 class HaError(HealthdError):
     """The HA database (``[ha]``) cannot be used: unreachable, ``read_only``, or a schema this healthd does not know."""
+
+
+class ImageError(HealthdError):
+    """The probe image could not be built, or an image lacks what ``python -m probes`` needs."""

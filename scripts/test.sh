@@ -10,7 +10,8 @@
 # HEALTHD_TEST_SLURM=0 skips starting the Slurm cluster. As root, the release-sensitive Slurm
 # integration tests (marked slurm_release) also run against Slurm 24.11 (trixie) and 26.05 (sid) in
 # chroots after the main suite (scripts/slurm-matrix.sh; about 3 minutes a release);
-# HEALTHD_TEST_SLURM_MATRIX=0 skips that. HEALTHD_TEST_LINT=0 skips ruff and mypy (scripts/pristine-check.sh,
+# HEALTHD_TEST_SLURM_MATRIX=0 skips that. As root, the probe image of tests/integration/test_containers.py
+# is built in the background first (healthd image build; HEALTHD_TEST_IMAGE=0 skips). HEALTHD_TEST_LINT=0 skips ruff and mypy (scripts/pristine-check.sh,
 # whose slice the main run lints anyway).
 # Every step says its name before it runs; a step that fails says which, and where its log is.
 set -Eeuo pipefail
@@ -38,6 +39,15 @@ if [ "${HEALTHD_TEST_SLURM:-1}" != 0 ] && [ "${HEALTHD_TEST_SLURM_MATRIX:-1}" !=
   scripts/slurm-matrix.sh build trixie sid > /tmp/healthd-slurm-chroots.log 2>&1 &
 fi
 
+image_pid=
+if [ "$(id -u)" = 0 ] && [ "${HEALTHD_TEST_IMAGE:-1}" != 0 ] && [ $# -eq 0 ]; then
+  # tests/integration/test_containers.py runs it in crun, ch-run and podman; built once per machine
+  # (the Debian + torch layer is cached by its recipe), the healthd layer again when the code changed.
+  echo "== building the probe image in the background (healthd image build)"
+  healthd image build --out "${HEALTHD_IMAGE_DIR:-/var/cache/healthd-image/out}" > /tmp/healthd-image-build.log 2>&1 &
+  image_pid=$!
+fi
+
 if [ "${HEALTHD_TEST_SLURM:-1}" != 0 ] && [ "$(id -u)" = 0 ] && [ -x scripts/slurm-test-cluster.sh ]; then
   echo "== starting the Slurm test cluster"
   t0=$(date +%s)
@@ -60,6 +70,11 @@ if [ "$matrix" = 1 ]; then
   t0=$(date +%s)
   wait || { cat /tmp/healthd-slurm-chroots.log; echo "test.sh: error: building the Slurm chroots failed (log above: /tmp/healthd-slurm-chroots.log)" >&2; exit 1; }
   echo "== Slurm chroots ready ($(( $(date +%s) - t0 )) s waited)"
+fi
+if [ -n "$image_pid" ]; then
+  t0=$(date +%s)
+  wait "$image_pid" || { tail -n 30 /tmp/healthd-image-build.log; echo "test.sh: error: healthd image build failed (log: /tmp/healthd-image-build.log)" >&2; exit 1; }
+  echo "== probe image ready ($(( $(date +%s) - t0 )) s waited)"
 fi
 echo "== pytest"
 python -m pytest --durations=25 "$@"

@@ -1,0 +1,277 @@
+"""Probes inside real container runtimes (docs/containers.md): the probe image that
+``healthd image build`` writes, run by
+
+* crun on the OCI bundle (what Slurm's ``oci.conf`` runs for ``srun --container``),
+* ``ch-run`` on the enroot-format ``.sqsh`` (an unprivileged SquashFS runtime, as enroot is),
+* podman on the OCI archive (``podman load``), with the exact argv healthd renders for a
+  ``podman`` launcher,
+
+each running ``python3 -m probes check --probes env,gemm`` (the daemon's combined job: one start-up,
+small CPU sizes) with the results directory bind-mounted. The collector's ``read_result`` accepts
+every document, and each has the same shape as the host's run of the same command.
+
+The image is built once per machine (``$HEALTHD_IMAGE_DIR``, default /var/cache/healthd-image/out;
+the Debian + torch layer is cached beside it and rebuilt only when its recipe changes). Needs root
+(mmdebstrap, crun, podman's store). With ``CI=true`` a missing runtime or tool fails the test: on
+the CI machine a skip would hide that the runtimes were never run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from healthd.collector import log_tail, outcome_of, read_result
+from healthd.errors import ParseError
+from healthd.image import (
+    BUNDLE_DIR,
+    IMAGE_NAME,
+    OCI_ARCHIVE_FILE,
+    SITE_PACKAGES,
+    SQSH_FILE,
+    BuildInputs,
+    BuildRecord,
+    build_image,
+    image_files,
+    image_problems,
+    oci_runtime_config,
+)
+from healthd.jobs import Launcher, LaunchSettings, task_argv
+from healthd.model import JobState, JobStatus
+from probes.result import Outcome, ProbeResult
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGE_DIR = Path(os.environ.get("HEALTHD_IMAGE_DIR", "/var/cache/healthd-image/out"))
+CACHE = Path(os.environ.get("HEALTHD_IMAGE_CACHE", "/var/cache/healthd-image"))
+GEMM_ARGS = ("--size", "256", "--dtypes", "fp32", "--copy-bytes", "4M")
+TIMEOUT_S = 180.0
+
+
+def cgroup_hybrid_wrapper() -> list[str]:
+    """crun (podman's runtime too) refuses a host whose cgroup v2 hierarchy has controllers in
+    hybrid mode ("cgroups in hybrid mode not supported, drop all controllers from cgroupv2"), as
+    this machine kind has (v1 plus hugetlb on /sys/fs/cgroup/unified). The runtime then runs in a
+    private mount namespace without that mount: it sees cgroup v1 only; the host is untouched."""
+    controllers = Path("/sys/fs/cgroup/unified/cgroup.controllers")
+    if not controllers.is_file() or not controllers.read_text().strip():
+        return []
+    return ["unshare", "--mount", "--propagation=private", "--", "sh", "-c",
+            'umount /sys/fs/cgroup/unified && exec "$@"', "sh"]
+
+
+def need(ok: bool, why: str) -> None:
+    """Skip when ``ok`` is false, but fail on CI (``CI=true``): there every runtime must run."""
+    if ok:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true and {why}: install them (scripts/install-debian-deps.sh containers)")
+    pytest.skip(why)
+
+
+def need_tools(*tools: str) -> None:
+    missing = [t for t in tools if shutil.which(t) is None]
+    need(not missing, f"{', '.join(missing)} not installed")
+
+
+def probe_args(results: Path) -> list[str]:
+    """``python -m probes check`` for env and gemm, writing ``results/<probe>-run.json``."""
+    args = ["check", "--probes", "env,gemm", "--run-ids", "env=env-run,gemm=gemm-run",
+            "--limits", "env=60,gemm=120", "--timeout", f"{TIMEOUT_S:g}", "--output-dir", str(results)]
+    for token in GEMM_ARGS:
+        args += ["--arg", f"gemm={token}"]
+    return args
+
+
+def shape(result: ProbeResult) -> dict[str, Any]:
+    """What must be equal between a host run and a container run of one probe."""
+    env = result.environment
+    return {
+        "probe": result.probe,
+        "outcome": result.outcome.value,
+        "run_id": result.run_id,
+        "measurements": sorted({m.name for m in result.measurements}),
+        "checks": sorted((c.name, c.ok) for c in result.checks),
+        "params": sorted(result.params),
+        "environment": None if env is None else sorted(k for k, v in env.model_dump().items()
+                                                        if v not in (None, [], "") and k != "container_image"),
+        "ranks": None if env is None else len(env.ranks),
+    }
+
+
+def read_both(results: Path) -> dict[str, ProbeResult]:
+    found = {p.stem: p for p in results.glob("*.json")}
+    assert sorted(found) == ["env-run", "gemm-run"], sorted(os.listdir(results))
+    return {name: read_result(path) for name, path in found.items()}
+
+
+def results_dir(tmp_path: Path, name: str) -> Path:
+    path = tmp_path / name
+    path.mkdir()
+    path.chmod(0o777)
+    return path
+
+
+@pytest.fixture(scope="module")
+def built() -> BuildRecord:
+    need(os.geteuid() == 0, "the probe image is built as root (mmdebstrap --mode=root)")
+    need_tools("mmdebstrap", "mksquashfs", "tar")
+    t0 = time.monotonic()
+    record = build_image(IMAGE_DIR, BuildInputs(source=REPO), cache=CACHE, log=lambda m: print(m, file=sys.stderr))
+    print(f"probe image ready in {time.monotonic() - t0:.1f} s: {record.digest} {dict(record.sizes)}",
+          file=sys.stderr)
+    return record
+
+
+@pytest.fixture(scope="module")
+def host_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ProbeResult]:
+    results = tmp_path_factory.mktemp("host-results")
+    done = subprocess.run([sys.executable, "-m", "probes", *probe_args(results)], capture_output=True, text=True,
+                          timeout=TIMEOUT_S + 30)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return read_both(results)
+
+
+def assert_like_host(results: Path, host: dict[str, ProbeResult], digest: str) -> None:
+    inside = read_both(results)
+    for name, result in inside.items():
+        assert result.outcome.value == "pass", (name, result.reason)
+        assert shape(result) == shape(host[name]), name
+        assert result.environment is not None
+        assert result.environment.container_image == digest
+        assert result.environment.torch == host[name].environment.torch  # type: ignore[union-attr]
+        assert result.nodes == host[name].nodes  # the host's name: the container shares its UTS namespace
+
+
+def test_the_image_has_what_probes_need(built: BuildRecord) -> None:
+    for image in (IMAGE_DIR / BUNDLE_DIR, IMAGE_DIR / SQSH_FILE, IMAGE_DIR / OCI_ARCHIVE_FILE):
+        assert image_problems(image_files(image)) == [], image
+    with (IMAGE_DIR / BUNDLE_DIR / "rootfs" / "etc" / "rc").open() as rc:
+        assert 'exec "$@"' in rc.read()
+    assert built.digest.startswith("sha256:") and len(built.digest) == 71
+
+
+def test_crun_runs_the_bundle(built: BuildRecord, host_run: dict[str, ProbeResult], tmp_path: Path) -> None:
+    """The bundle's root under a config.json that bind-mounts the results, as Slurm's generated
+    config does: ``crun run`` (oci.conf's RunTimeRun)."""
+    need_tools("crun")
+    results = results_dir(tmp_path, "results")
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    config = oci_runtime_config(["python3", "-m", "probes", *probe_args(results)],
+                                root=str(IMAGE_DIR / BUNDLE_DIR / "rootfs"),
+                                env=[("HEALTHD_CONTAINER_IMAGE", built.digest)],
+                                mounts=[(str(results), str(results), False)])
+    (bundle / "config.json").write_text(json.dumps(config))
+    name = f"healthd-test-{uuid.uuid4().hex[:8]}"
+    done = subprocess.run([*cgroup_hybrid_wrapper(), "crun", "--root", str(tmp_path / "state"), "run",
+                           "--bundle", str(bundle), name], capture_output=True, text=True, timeout=TIMEOUT_S + 30)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert_like_host(results, host_run, built.digest)
+
+
+def test_ch_run_runs_the_squashfs_image(built: BuildRecord, host_run: dict[str, ProbeResult], tmp_path: Path) -> None:
+    """``ch-run`` mounts the .sqsh itself (libsquashfuse; /dev/fuse is root's here, and CI is root)
+    in an unprivileged user namespace, as enroot runs its images."""
+    need_tools("ch-run")
+    results = results_dir(tmp_path, "results")
+    env = {**os.environ, "USER": os.environ.get("USER", "root"), "HEALTHD_CONTAINER_IMAGE": built.digest}
+    done = subprocess.run(["ch-run", f"--bind={results}:{results}", "--unset-env=*",
+                           "--set-env=" + str(IMAGE_DIR / BUNDLE_DIR / "rootfs" / "etc" / "environment"),
+                           "--set-env=HEALTHD_CONTAINER_IMAGE=" + built.digest,
+                           str(IMAGE_DIR / SQSH_FILE), "--", "python3", "-m", "probes", *probe_args(results)],
+                          capture_output=True, text=True, timeout=TIMEOUT_S + 30, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert_like_host(results, host_run, built.digest)
+
+
+def podman_conf() -> str:
+    """containers.conf for a host without systemd (cgroupfs, file events) whose root lacks
+    CAP_SYS_RESOURCE (this machine kind): podman's default rlimits for root (nofile 1048576,
+    nproc 4194304) cannot be set there, so they are the caller's own, nproc at most 16384 (root
+    is not held to it)."""
+    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    nproc = min(resource.getrlimit(resource.RLIMIT_NPROC)[1], 16384)
+    return (f'[containers]\ndefault_ulimits = ["nofile={nofile}:{nofile}", "nproc={nproc}:{nproc}"]\n'
+            '[engine]\ncgroup_manager = "cgroupfs"\nevents_logger = "file"\n')
+
+
+@pytest.fixture(scope="module")
+def podman_env(built: BuildRecord, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """podman as this machine allows it (``podman_conf``) and its store beside the image (kept: a
+    loaded image is found again by its tag; a new one whose base layer is stored already adds
+    only the healthd layer)."""
+    need_tools("podman")
+    conf = tmp_path_factory.mktemp("podman")
+    (conf / "containers.conf").write_text(podman_conf())
+    store = CACHE / "podman"
+    (conf / "storage.conf").write_text(f'[storage]\ndriver = "overlay"\ngraphroot = "{store}/root"\n'
+                                       f'runroot = "{conf}/run"\n')
+    env = {**os.environ, "CONTAINERS_CONF": str(conf / "containers.conf"),
+           "CONTAINERS_STORAGE_CONF": str(conf / "storage.conf")}
+    tag = f"localhost/{IMAGE_NAME}:{built.healthd_key}"
+    if subprocess.run(["podman", "image", "exists", tag], env=env, timeout=60).returncode != 0:
+        done = subprocess.run([*cgroup_hybrid_wrapper(), "podman", "load", "-q", "-i",
+                               str(IMAGE_DIR / OCI_ARCHIVE_FILE)], env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+    yield env
+
+
+def test_podman_runs_healthds_rendered_line(built: BuildRecord, host_run: dict[str, ProbeResult],
+                                            podman_env: dict[str, str], tmp_path: Path) -> None:
+    """The argv a ``podman`` launcher renders (host network and IPC, results volume, variables
+    passed by name), minus srun, on the loaded archive; the image digest podman reports is ours."""
+    results = results_dir(tmp_path, "results")
+    tag = f"localhost/{IMAGE_NAME}:{built.healthd_key}"
+    inspect = subprocess.run(["podman", "image", "inspect", "--format", "{{.Digest}}", tag], env=podman_env,
+                             capture_output=True, text=True, timeout=60)
+    assert inspect.stdout.strip() == built.digest, inspect.stderr
+    launch = LaunchSettings(python="python3", results_dir=results,
+                            launcher=Launcher(kind="podman", image=tag))
+    argv = task_argv(launch, probe_args(results), gpus_per_node=0)
+    done = subprocess.run([*cgroup_hybrid_wrapper(), *argv], capture_output=True, text=True, timeout=TIMEOUT_S + 30,
+                          env={**podman_env, "HEALTHD_CONTAINER_IMAGE": built.digest})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert_like_host(results, host_run, built.digest)
+
+
+def test_a_broken_image_is_an_error_with_the_runtimes_message(built: BuildRecord, tmp_path: Path) -> None:
+    """The image's site-packages hidden (a tmpfs over it: ``probes``, torch and pydantic missing
+    inside): no document, the step's output holds Python's own message, and the collector's sorting
+    makes the run ``error`` with that message, never ``fail`` (could not check never drains)."""
+    need_tools("crun")
+    results = results_dir(tmp_path, "results")
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    config = oci_runtime_config(["python3", "-m", "probes", "gemm", "--output", str(results / "broken.json")],
+                                root=str(IMAGE_DIR / BUNDLE_DIR / "rootfs"),
+                                mounts=[(str(results), str(results), False)])
+    config["mounts"].append({"destination": f"/{SITE_PACKAGES}", "type": "tmpfs", "source": "tmpfs",
+                             "options": ["nosuid", "nodev", "ro"]})
+    (bundle / "config.json").write_text(json.dumps(config))
+    with (results / "broken.log").open("w") as log:
+        done = subprocess.run([*cgroup_hybrid_wrapper(), "crun", "--root", str(tmp_path / "state"), "run",
+                               "--bundle", str(bundle), f"healthd-test-{uuid.uuid4().hex[:8]}"], stdout=log,
+                              stderr=subprocess.STDOUT, timeout=120)
+    assert done.returncode != 0
+    with pytest.raises(ParseError) as missing:
+        read_result(results / "broken.json")
+    tail = log_tail(results / "broken.json")
+    assert "No module named probes" in tail, tail
+    outcome, reason = outcome_of(JobStatus("1", JobState.FAILED, exit_code=done.returncode), None,
+                                 f"{missing.value}; output: {tail}", ("node1",))
+    assert outcome is Outcome.ERROR
+    assert "No module named probes" in reason

@@ -1,0 +1,179 @@
+"""The probe image's pure parts and the OCI archive writer (healthd/image.py): what an image lacks
+for ``python -m probes``, the bundle's config.json (golden), the archive's layout and digest, the
+cache keys. The build itself runs in tests/integration/test_containers.py."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shutil
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from healthd.errors import ImageError
+from healthd.image import (
+    DEFAULT_TORCH,
+    IMAGE_NAME,
+    SITE_PACKAGES,
+    BuildInputs,
+    base_key,
+    check_torch_spec,
+    environment_file,
+    healthd_key,
+    image_files,
+    image_problems,
+    oci_runtime_config,
+    parse_mount,
+    project_requirements,
+    write_oci_archive,
+)
+from tests.golden_files import assert_golden
+
+REPO = Path(__file__).resolve().parents[2]
+GOOD = [
+    "usr/bin/python3", "usr/bin/python3.11",
+    *[f"{SITE_PACKAGES}/{m}/__init__.py" for m in ("probes", "torch", "pydantic", "numpy")],
+]
+
+
+def test_an_image_with_everything_has_no_problems() -> None:
+    assert image_problems(GOOD) == []
+    assert image_problems(["./" + p for p in GOOD]) == []  # tar and unsquashfs listings
+
+
+def test_a_site_image_with_conda_and_the_probes_mounted() -> None:
+    conda = ["opt/conda/bin/python3", "opt/conda/bin/python3.12",
+             *[f"opt/conda/lib/python3.12/site-packages/{m}/__init__.py" for m in ("torch", "pydantic", "numpy")]]
+    assert image_problems(conda, probes_mounted=True) == []
+    assert image_problems(conda) == ["module 'probes' is not installed (no probes/__init__.py in a site- or "
+                                     "dist-packages directory)"]
+
+
+@pytest.mark.parametrize(("drop", "problem"), [
+    ("usr/bin/python3", "no python3"),
+    (f"{SITE_PACKAGES}/torch/__init__.py", "module 'torch' is not installed"),
+    (f"{SITE_PACKAGES}/pydantic/__init__.py", "module 'pydantic' is not installed"),
+])
+def test_what_an_image_lacks(drop: str, problem: str) -> None:
+    problems = image_problems([p for p in GOOD if p != drop])
+    assert len(problems) == 1 and problems[0].startswith(problem), problems
+
+
+def test_an_old_python_is_named() -> None:
+    old = ["usr/bin/python3", "usr/bin/python3.8",
+           *[f"usr/lib/python3/dist-packages/{m}/__init__.py" for m in ("probes", "torch", "pydantic", "numpy")]]
+    assert image_problems(old) == ["python3.8 is older than the 3.11 healthd's probes need"]
+
+
+def test_bundle_config() -> None:
+    config = oci_runtime_config(["python3", "-m", "probes", "env"], root="/images/healthd-probe/bundle/rootfs",
+                                env=[("HEALTHD_CONTAINER_IMAGE", "sha256:ab")],
+                                mounts=[("/shared/healthd/results", "/shared/healthd/results", False),
+                                        ("/etc/nccl.conf", "/etc/nccl.conf", True)])
+    assert_golden("oci_bundle_config.json", json.dumps(config, indent=2) + "\n")
+    assert config["root"] == {"path": "/images/healthd-probe/bundle/rootfs", "readonly": True}
+    assert "network" not in {n["type"] for n in config["linux"]["namespaces"]}  # the host's: NCCL across nodes
+    assert "HEALTHD_CONTAINER_IMAGE=sha256:ab" in config["process"]["env"]
+    assert "PYTHONDONTWRITEBYTECODE=1" in config["process"]["env"]
+
+
+def test_environment_file_is_enroots_format() -> None:
+    lines = environment_file().splitlines()
+    assert lines[0].startswith("PATH=/usr/local/sbin:") and all("=" in line and " " not in line for line in lines)
+
+
+@pytest.mark.parametrize("spec", ["torch", "torch>=2.1", "torch==2.*", "numpy==1.0"])
+def test_an_unpinned_torch_is_refused(spec: str) -> None:
+    with pytest.raises(ImageError, match="pin one version"):
+        check_torch_spec(spec)
+
+
+def test_the_default_torch_is_pinned() -> None:
+    check_torch_spec(DEFAULT_TORCH)
+    check_torch_spec("torch==2.13.0+cpu")
+
+
+def test_requirements_are_healthds_without_torch() -> None:
+    reqs = project_requirements(REPO / "pyproject.toml")
+    assert any(r.startswith("pydantic>=") for r in reqs) and any(r.startswith("numpy") for r in reqs)
+    assert not any(r.startswith("torch") for r in reqs)
+
+
+def copy_source(tmp_path: Path) -> Path:
+    src = tmp_path / "src"
+    for name in ("pyproject.toml", "healthd.example.toml"):
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / name, src / name)
+    for top in ("healthd", "probes", "systemd", "grafana"):
+        shutil.copytree(REPO / top, src / top, ignore=shutil.ignore_patterns("__pycache__"))
+    return src
+
+
+def test_keys_follow_their_inputs(tmp_path: Path) -> None:
+    """A code change moves only the healthd layer's key; the torch pin moves only the base's."""
+    src = copy_source(tmp_path)
+    inputs = BuildInputs(source=src)
+    base, code = base_key(inputs), healthd_key(src)
+    (src / "probes" / "gemm.py").write_text((src / "probes" / "gemm.py").read_text() + "\n# changed\n")
+    assert base_key(inputs) == base
+    assert healthd_key(src) != code
+    assert base_key(BuildInputs(source=src, torch="torch==2.12.0")) != base
+
+
+def layer(tmp_path: Path, name: str, files: dict[str, bytes]) -> tuple[Path, str]:
+    path = tmp_path / f"{name}.tar"
+    with tarfile.open(path, "w") as tar:
+        for member, data in files.items():
+            info = tarfile.TarInfo(member)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path, "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_oci_archive_layout_and_digest(tmp_path: Path) -> None:
+    """The OCI image layout in a tar: index.json names the image, the manifest's sha256 is the
+    digest returned, every blob is stored under its own digest, and image_files sees both layers."""
+    layers = [layer(tmp_path, "base", {"usr/bin/python3": b"#!", **{
+        f"{SITE_PACKAGES}/{m}/__init__.py": b"" for m in ("torch", "pydantic", "numpy")}}),
+              layer(tmp_path, "healthd", {f"{SITE_PACKAGES}/probes/__init__.py": b"", "etc/rc": b"exec \"$@\"\n"})]
+    archive = tmp_path / "image.oci.tar"
+    digest = write_oci_archive(archive, layers, tag="abc")
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+        index = json.loads(tar.extractfile("index.json").read())  # type: ignore[union-attr]
+        blobs = {n: tar.extractfile(n).read() for n in names if n.startswith("blobs/")}  # type: ignore[union-attr]
+    assert {"oci-layout", "index.json"} <= names
+    for name, data in blobs.items():
+        assert name == "blobs/sha256/" + hashlib.sha256(data).hexdigest()
+    (entry,) = index["manifests"]
+    assert entry["digest"] == digest
+    assert entry["annotations"]["org.opencontainers.image.ref.name"] == f"{IMAGE_NAME}:abc"
+    manifest = json.loads(blobs["blobs/sha256/" + digest.split(":")[1]])
+    assert [x["digest"] for x in manifest["layers"]] == [d for _, d in layers]
+    config = json.loads(blobs["blobs/sha256/" + manifest["config"]["digest"].split(":")[1]])
+    assert config["rootfs"]["diff_ids"] == [d for _, d in layers]
+    assert image_problems(image_files(archive)) == []
+    assert write_oci_archive(tmp_path / "again.tar", layers, tag="abc") == digest  # deterministic
+
+
+def test_check_of_a_missing_image(tmp_path: Path) -> None:
+    with pytest.raises(ImageError, match="no such image"):
+        image_files(tmp_path / "nope.sqsh")
+
+
+@pytest.mark.parametrize(("text", "parsed"), [
+    ("/shared/results", ("/shared/results", "/shared/results", False)),
+    ("/a:/b:ro", ("/a", "/b", True)),
+    ("/a::rw", ("/a", "/a", False)),
+])
+def test_bundle_mounts(text: str, parsed: tuple[str, str, bool]) -> None:
+    assert parse_mount(text) == parsed
+
+
+@pytest.mark.parametrize("text", ["rel", "/a:b", "/a:/b:z", "/a:/b:ro:x"])
+def test_bad_bundle_mounts(text: str) -> None:
+    with pytest.raises(ImageError, match="expected SRC"):
+        parse_mount(text)
