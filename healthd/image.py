@@ -325,7 +325,7 @@ def _oci_archive_files(archive: Path) -> Iterator[str]:
             member = outer.extractfile("blobs/" + layer["digest"].replace(":", "/"))
             if member is None:
                 raise ImageError(f"{archive}: layer {layer['digest']} is missing")
-            with tarfile.open(fileobj=member, mode="r|*") as inner:
+            with tarfile.open(fileobj=member, mode="r:") as inner:  # uncompressed: seeks past the data
                 for entry in inner:
                     if not entry.isdir():
                         yield entry.name

@@ -37,6 +37,7 @@
 # HEALTHD_SLURM_HEALTH_CHECK_INTERVAL (HealthCheckInterval=, default 60),
 # HEALTHD_SLURM_REBOOT_PROGRAM (opt-in RebootProgram=, e.g. scripts/slurm-test-reboot.sh: restarts the
 # node's own slurmd with -b, so `scontrol reboot` completes as a real reboot would; unset: none),
+# HEALTHD_SLURM_OCI_CONF (opt-in: a file installed as oci.conf beside slurm.conf, for srun --container),
 # HEALTHD_SLURM_PROLOG_EPILOG_TIMEOUT (seconds: PrologEpilogTimeout= before 25.05, PrologTimeout= and
 # EpilogTimeout= from 25.05; unset: Slurm's default), HEALTHD_SLURM_TOPOLOGY
 # (the network topology slurmctld is given: `tree` (default; topology/tree with a topology.conf of
@@ -300,6 +301,11 @@ AutoDetect=off
 NodeName=node[1-$NNODES] Name=gpu Type=tgpu File=$DIR/dev/tgpu[0-1]
 EOF
     chmod 0644 "$CONF" "$DIR/etc/gres.conf"
+    # Slurm's OCI containers (srun --container) read oci.conf beside slurm.conf; opt-in.
+    rm -f "$DIR/etc/oci.conf"
+    if [[ -n ${HEALTHD_SLURM_OCI_CONF:-} ]]; then
+        install -m 0644 "$HEALTHD_SLURM_OCI_CONF" "$DIR/etc/oci.conf" || die "cannot copy HEALTHD_SLURM_OCI_CONF=$HEALTHD_SLURM_OCI_CONF"
+    fi
 }
 
 write_topology() {  # topology.conf or topology.yaml next to slurm.conf; prints the slurm.conf line

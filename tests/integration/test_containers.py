@@ -47,8 +47,8 @@ from healthd.image import (
     image_problems,
     oci_runtime_config,
 )
-from healthd.jobs import Launcher, LaunchSettings, task_argv
-from healthd.model import JobState, JobStatus
+from healthd.jobs import Launcher, LaunchSettings, render_batch_script, task_argv
+from healthd.model import JobState, JobStatus, ProbeJob
 from probes.result import Outcome, ProbeResult
 
 pytestmark = pytest.mark.slow
@@ -275,3 +275,97 @@ def test_a_broken_image_is_an_error_with_the_runtimes_message(built: BuildRecord
                                  f"{missing.value}; output: {tail}", ("node1",))
     assert outcome is Outcome.ERROR
     assert "No module named probes" in reason
+
+
+CRUN_V1 = """#!/bin/sh
+# crun for slurmstepd where cgroup v2 has controllers in hybrid mode (see cgroup_hybrid_wrapper).
+exec unshare --mount --propagation=private -- sh -c 'umount /sys/fs/cgroup/unified 2>/dev/null; exec "$@"' sh crun "$@"
+"""
+
+
+@pytest.fixture(scope="module")
+def oci_cluster(built: BuildRecord, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A one-node Slurm cluster of its own (scripts/slurm-test-cluster.sh: own directory and ports,
+    $HEALTHD_CONTAINERS_SLURM_CTLD_PORT/NODE_PORT, default 16877/17201) whose oci.conf runs crun, as
+    Slurm's containers page shows for crun (``RunTimeRun``; 22.05 wants Query, Kill and Delete too)."""
+    need(os.geteuid() == 0, "the Slurm test cluster runs as root")
+    need_tools("crun", "slurmctld", "slurmd", "munged", "srun", "sbatch")
+    work = tmp_path_factory.mktemp("oci-slurm")
+    crun = work / "crun-v1"
+    crun.write_text(CRUN_V1 if cgroup_hybrid_wrapper() else '#!/bin/sh\nexec crun "$@"\n')
+    crun.chmod(0o755)
+    state, ident = work / "crun-state", "%n.%u.%j.%s.%t"
+    (work / "oci.conf").write_text(
+        f'RunTimeQuery="{crun} --root={state} state {ident}"\n'
+        f'RunTimeKill="{crun} --root={state} kill -a {ident}"\n'
+        f'RunTimeDelete="{crun} --root={state} delete --force {ident}"\n'
+        f'RunTimeRun="{crun} --root={state} run --bundle %b {ident}"\n')
+    env = {**os.environ,
+           "HEALTHD_SLURM_DIR": str(work / "slurm"), "HEALTHD_SLURM_NODES": "1",
+           "HEALTHD_SLURM_CTLD_PORT": os.environ.get("HEALTHD_CONTAINERS_SLURM_CTLD_PORT", "16877"),
+           "HEALTHD_SLURM_NODE_PORT": os.environ.get("HEALTHD_CONTAINERS_SLURM_NODE_PORT", "17201"),
+           "HEALTHD_SLURM_OCI_CONF": str(work / "oci.conf")}
+    env.pop("HEALTHD_SLURM_RELEASE", None)
+    script = str(REPO / "scripts" / "slurm-test-cluster.sh")
+    started = subprocess.run([script, "start"], env=env, capture_output=True, text=True, timeout=180)
+    assert started.returncode == 0, started.stderr[-2000:]
+    env["SLURM_CONF"] = str(work / "slurm" / "etc" / "slurm.conf")
+    try:
+        yield env
+    finally:
+        subprocess.run([script, "stop"], env=env, capture_output=True, timeout=120)
+
+
+def sbatch_wait(script: str, env: dict[str, str], folder: Path) -> None:
+    path = folder / "job.sh"
+    path.write_text(script)
+    subprocess.run(["sbatch", "--wait", "--quiet", str(path)], env=env, capture_output=True, text=True,
+                   timeout=TIMEOUT_S + 60)
+
+
+def test_slurm_runs_the_bundle_with_srun_container(built: BuildRecord, oci_cluster: dict[str, str],
+                                                   tmp_path: Path) -> None:
+    """healthd's batch script for an ``oci`` launcher (``srun --container=BUNDLE``) on Slurm 22.05
+    with oci.conf running crun: the results directory is a mount of the bundle's config.json
+    (``healthd image build --mount``), and the collector reads the gemm document.
+
+    What 22.05 does (found here): one task per node only (``_modify_config: unexpected number of
+    tasks 2 > 1``), and no ``SLURM_PROCID``/``SLURM_LOCALID``/``SLURM_NODEID`` inside the container,
+    so the probe starts its local ranks itself (``standalone``)."""
+    results = results_dir(tmp_path, "results")
+    build_image(IMAGE_DIR, BuildInputs(source=REPO), cache=CACHE, mounts=[(str(results), str(results), False)])
+    job = ProbeJob(run_id="oci0000000000001", probe="gemm", nodes=("node1",), timeout_s=TIMEOUT_S,
+                   args=GEMM_ARGS)
+    launch = LaunchSettings(python="python3", results_dir=results, nice=0,
+                            launcher=Launcher(kind="oci", image=str(IMAGE_DIR / BUNDLE_DIR)))
+    script = render_batch_script(job, launch, ranks_per_node=1, gpus_per_node=0)
+    assert f"--container={IMAGE_DIR / BUNDLE_DIR}" in script
+    sbatch_wait(script, oci_cluster, tmp_path)
+    result = read_result(results / f"{job.run_id}.json")
+    assert result.outcome is Outcome.PASS, (result.reason, log_tail(results / f"{job.run_id}.json"))
+    assert result.environment is not None
+    assert result.environment.container_image == str(IMAGE_DIR / BUNDLE_DIR)
+    assert result.environment.launcher == "standalone"
+    assert len(result.environment.ranks) == 2 and {m.name for m in result.measurements}
+
+
+def test_slurm_with_a_broken_bundle_is_an_error_with_cruns_message(oci_cluster: dict[str, str],
+                                                                  tmp_path: Path) -> None:
+    """A bundle without its root: the step fails before the probe; the collector's sorting is
+    ``error`` with crun's own message from the job log, never ``fail``."""
+    results = results_dir(tmp_path, "results")
+    bundle = tmp_path / "broken-bundle"
+    bundle.mkdir()
+    (bundle / "config.json").write_text(json.dumps(oci_runtime_config(["true"])))
+    job = ProbeJob(run_id="oci0000000000002", probe="gemm", nodes=("node1",), timeout_s=60.0)
+    launch = LaunchSettings(python="python3", results_dir=results, nice=0,
+                            launcher=Launcher(kind="oci", image=str(bundle)))
+    sbatch_wait(render_batch_script(job, launch, ranks_per_node=1, gpus_per_node=0), oci_cluster, tmp_path)
+    path = results / f"{job.run_id}.json"
+    with pytest.raises(ParseError) as missing:
+        read_result(path)
+    tail = log_tail(path)
+    assert "rootfs" in tail and "No such file or directory" in tail, tail
+    outcome, reason = outcome_of(JobStatus("1", JobState.FAILED, exit_code=1), None,
+                                 f"{missing.value}; output: {tail}", ("node1",))
+    assert outcome is Outcome.ERROR and "No such file or directory" in reason
