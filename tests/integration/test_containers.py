@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -50,6 +51,7 @@ from healthd.image import (
 from healthd.jobs import Launcher, LaunchSettings, render_batch_script, task_argv
 from healthd.model import JobState, JobStatus, ProbeJob
 from probes.result import Outcome, ProbeResult
+from tests.integration.conftest import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -227,6 +229,11 @@ def podman_env(built: BuildRecord, tmp_path_factory: pytest.TempPathFactory) -> 
                                str(IMAGE_DIR / OCI_ARCHIVE_FILE)], env=env,
                               capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-2000:]
+        listed = subprocess.run(["podman", "images", "--format", "{{.Repository}}:{{.Tag}}"], env=env,
+                                capture_output=True, text=True, timeout=60).stdout.split()
+        stale = [t for t in listed if t.startswith(f"localhost/{IMAGE_NAME}:") and t != tag]
+        if stale:  # earlier code's images: their healthd layers go, the shared base layer stays
+            subprocess.run(["podman", "rmi", *stale], env=env, capture_output=True, timeout=120)
     yield env
 
 
@@ -316,11 +323,26 @@ def oci_cluster(built: BuildRecord, tmp_path_factory: pytest.TempPathFactory) ->
         subprocess.run([script, "stop"], env=env, capture_output=True, timeout=120)
 
 
-def sbatch_wait(script: str, env: dict[str, str], folder: Path) -> None:
+FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "DEADLINE")
+
+
+def sbatch_wait(script: str, env: dict[str, str], folder: Path) -> str:
+    """Submit ``script`` and poll (0.5 s; ``sbatch --wait`` sleeps up to 10 s between looks) until
+    the job ends; its final state."""
     path = folder / "job.sh"
     path.write_text(script)
-    subprocess.run(["sbatch", "--wait", "--quiet", str(path)], env=env, capture_output=True, text=True,
-                   timeout=TIMEOUT_S + 60)
+    submitted = subprocess.run(["sbatch", "--parsable", str(path)], env=env, capture_output=True, text=True,
+                               timeout=60)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip().split(";")[0]
+
+    def state() -> str | None:
+        shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], env=env, capture_output=True,
+                               text=True, timeout=30).stdout
+        found = re.search(r"\bJobState=(\S+)", shown)
+        return found.group(1) if found and found.group(1) in FINAL_STATES else None
+
+    return str(wait_for(state, TIMEOUT_S + 60, f"job {job_id} to end"))
 
 
 def test_slurm_runs_the_bundle_with_srun_container(built: BuildRecord, oci_cluster: dict[str, str],
@@ -340,7 +362,7 @@ def test_slurm_runs_the_bundle_with_srun_container(built: BuildRecord, oci_clust
                             launcher=Launcher(kind="oci", image=str(IMAGE_DIR / BUNDLE_DIR)))
     script = render_batch_script(job, launch, ranks_per_node=1, gpus_per_node=0)
     assert f"--container={IMAGE_DIR / BUNDLE_DIR}" in script
-    sbatch_wait(script, oci_cluster, tmp_path)
+    assert sbatch_wait(script, oci_cluster, tmp_path) == "COMPLETED"
     result = read_result(results / f"{job.run_id}.json")
     assert result.outcome is Outcome.PASS, (result.reason, log_tail(results / f"{job.run_id}.json"))
     assert result.environment is not None
@@ -360,7 +382,8 @@ def test_slurm_with_a_broken_bundle_is_an_error_with_cruns_message(oci_cluster: 
     job = ProbeJob(run_id="oci0000000000002", probe="gemm", nodes=("node1",), timeout_s=60.0)
     launch = LaunchSettings(python="python3", results_dir=results, nice=0,
                             launcher=Launcher(kind="oci", image=str(bundle)))
-    sbatch_wait(render_batch_script(job, launch, ranks_per_node=1, gpus_per_node=0), oci_cluster, tmp_path)
+    final = sbatch_wait(render_batch_script(job, launch, ranks_per_node=1, gpus_per_node=0), oci_cluster, tmp_path)
+    assert final == "FAILED"
     path = results / f"{job.run_id}.json"
     with pytest.raises(ParseError) as missing:
         read_result(path)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from healthd.cli import main
 from healthd.errors import ImageError
 from healthd.image import (
     DEFAULT_TORCH,
@@ -177,3 +178,28 @@ def test_bundle_mounts(text: str, parsed: tuple[str, str, bool]) -> None:
 def test_bad_bundle_mounts(text: str) -> None:
     with pytest.raises(ImageError, match="expected SRC"):
         parse_mount(text)
+
+
+def fake_root(root: Path, files: list[str]) -> Path:
+    for name in files:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text("")
+    return root
+
+
+def test_cli_check_of_a_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = fake_root(tmp_path / "good", GOOD)
+    assert main(["image", "check", str(good)]) == 0
+    assert "has python3 >= 3.11 and probes, torch, pydantic, numpy" in capsys.readouterr().out
+    bad = fake_root(tmp_path / "bad", [p for p in GOOD if "/torch/" not in p and "/probes/" not in p])
+    assert main(["image", "check", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert "module 'torch' is not installed" in err and "module 'probes' is not installed" in err
+    assert main(["image", "check", "--probes-mounted", str(bad)]) == 1
+    assert "probes" not in capsys.readouterr().err
+
+
+def test_cli_build_refuses_an_unpinned_torch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["image", "build", "--out", str(tmp_path / "out"), "--torch", "torch>=2"]) == 1
+    assert "pin one version" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
