@@ -555,6 +555,16 @@ def write_bundle_config(out: Path, mounts: Sequence[tuple[str, str, bool]] = ())
     path.write_text(json.dumps(oci_runtime_config(["python3", "-m", "probes", "env"], mounts=mounts), indent=2) + "\n")
 
 
+def recorded_digest(image: str) -> str | None:
+    """The digest ``healthd image build`` recorded for ``image`` when it is one of its outputs
+    (``DIR/bundle``, ``DIR/healthd-probe.sqsh``, ``DIR/healthd-probe.oci.tar``), else ``None``."""
+    path = Path(image)
+    if not path.is_absolute() or path.name not in (BUNDLE_DIR, SQSH_FILE, OCI_ARCHIVE_FILE):
+        return None
+    record = read_record(path.parent)
+    return record.digest if record is not None else None
+
+
 def build_image(out: Path, inputs: BuildInputs, *, cache: Path = DEFAULT_CACHE, log: Log = _stderr_log,
                 mounts: Sequence[tuple[str, str, bool]] = ()) -> BuildRecord:
     """Build (or find already built) the probe image in ``out`` (see the module docstring); the

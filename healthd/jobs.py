@@ -85,6 +85,9 @@ class Launcher:
     """Host directory of the ``probes`` package to mount in the container; ``None``: the image has it."""
     devices: tuple[str, ...] = ()
     """podman only: host devices for ``--device`` (``/dev/infiniband``); GPUs come through CDI."""
+    image_digest: str | None = None
+    """The image's digest (``sha256:…``) when known (``healthd image build``'s record beside it): the
+    probe then records ``IMAGE@DIGEST`` as ``environment.container_image``, so a rebuilt image shows."""
 
 
 def launcher_problems(launcher: Launcher) -> list[str]:
@@ -376,7 +379,8 @@ def render_batch_script(job: ProbeJob, settings: LaunchSettings, *, ranks_per_no
         f"export HEALTHD_RUN_ID={shlex.quote(job.run_id)}",
     ]
     if launcher.image is not None:
-        lines.append(f"export {CONTAINER_IMAGE_ENV}={shlex.quote(launcher.image)}")
+        named = f"{launcher.image}@{launcher.image_digest}" if launcher.image_digest else launcher.image
+        lines.append(f"export {CONTAINER_IMAGE_ENV}={shlex.quote(named)}")
     lines += [
         *[f"export {key}={shlex.quote(value)}" for key, value in settings.env],
         "exec " + shlex.join(srun_argv),

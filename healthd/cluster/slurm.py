@@ -33,6 +33,7 @@ from healthd.cluster.base import BackendTraits
 from healthd.cluster.slurm_cli import SlurmCli, SlurmClient
 from healthd.config import LauncherSettings, NodeClassRule, Settings
 from healthd.errors import BackendError, CommandTimeout, HealthdError, PolicyRefused, SlurmError
+from healthd.image import recorded_digest
 from healthd.jobs import Launcher, LaunchSettings, render_batch_script, run_id_from_job_name
 from healthd.logging import get_logger
 from healthd.model import JobStatus, Node, ProbeJob, RunKind, validate_node_name
@@ -63,6 +64,7 @@ def launcher_from_settings(settings: LauncherSettings, probes_dir: Path) -> Laun
         runtime=settings.runtime,
         probes_dir=probes_dir if container and settings.probes_from == "daemon" else None,
         devices=tuple(settings.devices),
+        image_digest=recorded_digest(settings.image) if settings.image else None,
     )
 
 

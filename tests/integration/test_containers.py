@@ -33,7 +33,9 @@ from typing import Any
 
 import pytest
 
+from healthd.cluster.slurm import launcher_from_settings
 from healthd.collector import log_tail, outcome_of, read_result
+from healthd.config import LauncherSettings
 from healthd.errors import ParseError
 from healthd.image import (
     BUNDLE_DIR,
@@ -349,7 +351,8 @@ def test_slurm_runs_the_bundle_with_srun_container(built: BuildRecord, oci_clust
                                                    tmp_path: Path) -> None:
     """healthd's batch script for an ``oci`` launcher (``srun --container=BUNDLE``) on Slurm 22.05
     with oci.conf running crun: the results directory is a mount of the bundle's config.json
-    (``healthd image build --mount``), and the collector reads the gemm document.
+    (``healthd image build --mount``), and the collector reads the gemm document, whose
+    ``environment.container_image`` names the bundle by the image's digest.
 
     What 22.05 does (found here): one task per node only (``_modify_config: unexpected number of
     tasks 2 > 1``), and no ``SLURM_PROCID``/``SLURM_LOCALID``/``SLURM_NODEID`` inside the container,
@@ -358,15 +361,16 @@ def test_slurm_runs_the_bundle_with_srun_container(built: BuildRecord, oci_clust
     build_image(IMAGE_DIR, BuildInputs(source=REPO), cache=CACHE, mounts=[(str(results), str(results), False)])
     job = ProbeJob(run_id="oci0000000000001", probe="gemm", nodes=("node1",), timeout_s=TIMEOUT_S,
                    args=GEMM_ARGS)
-    launch = LaunchSettings(python="python3", results_dir=results, nice=0,
-                            launcher=Launcher(kind="oci", image=str(IMAGE_DIR / BUNDLE_DIR)))
+    launcher = launcher_from_settings(LauncherSettings(kind="oci", image=str(IMAGE_DIR / BUNDLE_DIR),
+                                                       probes_from="image"), REPO / "probes")
+    launch = LaunchSettings(python="python3", results_dir=results, nice=0, launcher=launcher)
     script = render_batch_script(job, launch, ranks_per_node=1, gpus_per_node=0)
     assert f"--container={IMAGE_DIR / BUNDLE_DIR}" in script
     assert sbatch_wait(script, oci_cluster, tmp_path) == "COMPLETED"
     result = read_result(results / f"{job.run_id}.json")
     assert result.outcome is Outcome.PASS, (result.reason, log_tail(results / f"{job.run_id}.json"))
     assert result.environment is not None
-    assert result.environment.container_image == str(IMAGE_DIR / BUNDLE_DIR)
+    assert result.environment.container_image == f"{IMAGE_DIR / BUNDLE_DIR}@{built.digest}"
     assert result.environment.launcher == "standalone"
     assert len(result.environment.ranks) == 2 and {m.name for m in result.measurements}
 

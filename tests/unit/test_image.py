@@ -14,12 +14,15 @@ from pathlib import Path
 import pytest
 
 from healthd.cli import main
+from healthd.cluster.slurm import launcher_from_settings
+from healthd.config import LauncherSettings
 from healthd.errors import ImageError
 from healthd.image import (
     DEFAULT_TORCH,
     IMAGE_NAME,
     SITE_PACKAGES,
     BuildInputs,
+    BuildRecord,
     base_key,
     check_torch_spec,
     environment_file,
@@ -29,8 +32,11 @@ from healthd.image import (
     oci_runtime_config,
     parse_mount,
     project_requirements,
+    recorded_digest,
     write_oci_archive,
 )
+from healthd.jobs import LaunchSettings, render_batch_script
+from healthd.model import ProbeJob
 from tests.golden_files import assert_golden
 
 REPO = Path(__file__).resolve().parents[2]
@@ -203,3 +209,22 @@ def test_cli_build_refuses_an_unpinned_torch(tmp_path: Path, capsys: pytest.Capt
     assert main(["image", "build", "--out", str(tmp_path / "out"), "--torch", "torch>=2"]) == 1
     assert "pin one version" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_recorded_digest_names_the_image_in_the_script(tmp_path: Path) -> None:
+    """An image that ``healthd image build`` wrote is exported as IMAGE@DIGEST (the daemon reads the
+    record beside it when it starts), so the probe's ``environment.container_image`` names it by digest."""
+    record = BuildRecord(base_key="b", healthd_key="h", digest="sha256:" + "ab" * 32, torch=DEFAULT_TORCH,
+                         suite="bookworm", base_seconds=0.0, seconds=1.0, sizes={})
+    (tmp_path / "healthd-probe.json").write_text(record.to_json())
+    bundle = str(tmp_path / "bundle")
+    assert recorded_digest(bundle) == record.digest
+    assert recorded_digest(str(tmp_path / "healthd-probe.sqsh")) == record.digest
+    assert recorded_digest(str(tmp_path / "other.sqsh")) is None
+    assert recorded_digest("localhost/healthd-probe:h") is None
+    settings = LauncherSettings(kind="oci", image=bundle, probes_from="image")
+    launcher = launcher_from_settings(settings, REPO / "probes")
+    job = ProbeJob(run_id="feedfacecafe0003", probe="gemm", nodes=("gpu01",), timeout_s=60.0)
+    script = render_batch_script(job, LaunchSettings(python="python3", results_dir=Path("/r"), launcher=launcher),
+                                 ranks_per_node=1, gpus_per_node=0)
+    assert f"export HEALTHD_CONTAINER_IMAGE={bundle}@{record.digest}" in script.splitlines()
