@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import importlib.util
 import io
 import json
 import os
@@ -445,9 +446,14 @@ def _build_healthd_layer(inputs: BuildInputs, stage: Path, log: Log) -> None:
     wheels = stage.parent / "wheel"
     shutil.rmtree(wheels, ignore_errors=True)
     log("healthd layer: the wheel of this checkout")
-    _run(_pip("wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(inputs.source)),
+    # hatchling where it is installed (the dev environment); else pip fetches it (build isolation)
+    isolation = ["--no-build-isolation"] if importlib.util.find_spec("hatchling") is not None else []
+    _run(_pip("wheel", "--no-deps", *isolation, "-w", str(wheels), str(inputs.source)),
          timeout=_PIP_TIMEOUT_S, what="pip wheel")
-    wheel = next(wheels.glob("healthd-*.whl"))
+    built = sorted(wheels.glob("healthd-*.whl"))
+    if not built:
+        raise ImageError(f"pip wheel wrote no healthd wheel into {wheels}")
+    wheel = built[0]
     _run(_pip("install", "--no-deps", "--no-compile", "--no-warn-script-location", "--target",
               str(stage / HEALTHD_SITE), str(wheel)), timeout=_PIP_TIMEOUT_S, what="pip install (healthd)")
     shutil.rmtree(stage / HEALTHD_SITE / "bin", ignore_errors=True)
