@@ -295,8 +295,9 @@ exec unshare --mount --propagation=private -- sh -c 'umount /sys/fs/cgroup/unifi
 @pytest.fixture(scope="module")
 def oci_cluster(built: BuildRecord, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """A one-node Slurm cluster of its own (scripts/slurm-test-cluster.sh: own directory and ports,
-    $HEALTHD_CONTAINERS_SLURM_CTLD_PORT/NODE_PORT, default 16877/17201) whose oci.conf runs crun, as
-    Slurm's containers page shows for crun (``RunTimeRun``; 22.05 wants Query, Kill and Delete too)."""
+    $HEALTHD_CONTAINERS_SLURM_CTLD_PORT/NODE_PORT, default 16887/17251, apart from the main cluster's
+    and slurm-matrix.sh's) whose oci.conf runs crun, as Slurm's containers page shows for crun
+    (``RunTimeRun``; 22.05 wants Query, Kill and Delete too)."""
     need(os.geteuid() == 0, "the Slurm test cluster runs as root")
     need_tools("crun", "slurmctld", "slurmd", "munged", "srun", "sbatch")
     work = tmp_path_factory.mktemp("oci-slurm")
@@ -311,8 +312,8 @@ def oci_cluster(built: BuildRecord, tmp_path_factory: pytest.TempPathFactory) ->
         f'RunTimeRun="{crun} --root={state} run --bundle %b {ident}"\n')
     env = {**os.environ,
            "HEALTHD_SLURM_DIR": str(work / "slurm"), "HEALTHD_SLURM_NODES": "1",
-           "HEALTHD_SLURM_CTLD_PORT": os.environ.get("HEALTHD_CONTAINERS_SLURM_CTLD_PORT", "16877"),
-           "HEALTHD_SLURM_NODE_PORT": os.environ.get("HEALTHD_CONTAINERS_SLURM_NODE_PORT", "17201"),
+           "HEALTHD_SLURM_CTLD_PORT": os.environ.get("HEALTHD_CONTAINERS_SLURM_CTLD_PORT", "16887"),
+           "HEALTHD_SLURM_NODE_PORT": os.environ.get("HEALTHD_CONTAINERS_SLURM_NODE_PORT", "17251"),
            "HEALTHD_SLURM_OCI_CONF": str(work / "oci.conf")}
     env.pop("HEALTHD_SLURM_RELEASE", None)
     script = str(REPO / "scripts" / "slurm-test-cluster.sh")
