@@ -29,7 +29,8 @@ def test_roles_select_their_packages() -> None:
     assert set(listed("slurm")) == {"slurmctld", "slurmd", "slurm-client", "munge"}
     assert {"mmdebstrap", "util-linux"} <= set(listed("chroot"))
     assert set(listed("venv")) == {"python3-venv"}
-    assert set(listed("slurm", "chroot", "tests", "venv")) == set(everything)
+    assert {"crun", "podman", "squashfs-tools", "charliecloud-runtime", "mmdebstrap"} <= set(listed("containers"))
+    assert set(listed("slurm", "chroot", "tests", "containers", "venv")) == set(everything)
     assert len(everything) == len(set(everything))
     unknown = subprocess.run([str(INSTALL), "--list", "nosuchrole"], capture_output=True, text=True, timeout=30)
     assert unknown.returncode != 0 and "nosuchrole" in unknown.stderr
