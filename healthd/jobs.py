@@ -226,10 +226,14 @@ def task_argv(settings: LaunchSettings, probe_args: Sequence[str], *, gpus_per_n
     inside = [launcher.python or DEFAULT_CONTAINER_PYTHON, "-m", "probes", *probe_args]
     workdir = [CONTAINER_PROBES_DIR] if launcher.probes_dir is not None else []
     if launcher.kind == "pyxis":
+        # pyxis sets the host's variables after the image's entrypoint, the image's values winning;
+        # the site's own ([slurm] env: NCCL_* and the like) must win, so they are named.
+        site_env = sorted({key for key, _ in settings.env})
         return [
             f"--container-image={launcher.image}",
             f"--container-mounts={','.join(mounts)}",
             *[f"--container-workdir={w}" for w in workdir],
+            *([f"--container-env={','.join(site_env)}"] if site_env else []),
             *launcher.args,
             *inside,
         ]

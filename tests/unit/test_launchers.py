@@ -186,6 +186,16 @@ def test_podman_script() -> None:
     assert argv[image_at + 1:image_at + 5] == ["python3", "-m", "probes", "nccl"]
 
 
+def test_pyxis_names_the_sites_variables_so_they_win_over_the_images() -> None:
+    """pyxis: "names of environment variables to override with the host environment and set at the
+    entrypoint" (``--container-env=NAME[,NAME...]``); without it the image's values win."""
+    launch = LaunchSettings(python="python3", results_dir=RESULTS, launcher=PYXIS, env=ENV_SETTINGS)
+    argv = exec_argv(render_batch_script(PAIR, launch, ranks_per_node=8, gpus_per_node=8))
+    assert argv[6] == "--container-env=NCCL_IB_HCA,UCX_TLS"
+    assert "--container-env" not in " ".join(exec_argv(render_batch_script(PAIR, settings(PYXIS), ranks_per_node=8,
+                                                                          gpus_per_node=8)))
+
+
 def test_podman_on_cpu_nodes_has_no_cdi_device() -> None:
     launcher = Launcher(kind="podman", image="healthd-probe:x", runtime="/usr/bin/podman")
     argv = exec_argv(render_batch_script(PAIR, settings(launcher), ranks_per_node=2, gpus_per_node=0))
