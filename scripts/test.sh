@@ -64,17 +64,17 @@ if [ "${HEALTHD_TEST_LINT:-1}" != 0 ]; then
   echo "== mypy"
   mypy
 fi
+if [ -n "$image_pid" ]; then  # before the chroots' plain `wait`, which would reap it unseen
+  t0=$(date +%s)
+  wait "$image_pid" || { tail -n 30 /tmp/healthd-image-build.log; echo "test.sh: error: healthd image build failed (log: /tmp/healthd-image-build.log)" >&2; exit 1; }
+  echo "== probe image ready ($(( $(date +%s) - t0 )) s waited)"
+fi
 if [ "$matrix" = 1 ]; then
   # Built once per machine (a no-op when cached); on a fresh machine the two builds load both cores,
   # and the timed end-to-end tests (a real slow-down against a noisy baseline) must not run beside them.
   t0=$(date +%s)
   wait || { cat /tmp/healthd-slurm-chroots.log; echo "test.sh: error: building the Slurm chroots failed (log above: /tmp/healthd-slurm-chroots.log)" >&2; exit 1; }
   echo "== Slurm chroots ready ($(( $(date +%s) - t0 )) s waited)"
-fi
-if [ -n "$image_pid" ]; then
-  t0=$(date +%s)
-  wait "$image_pid" || { tail -n 30 /tmp/healthd-image-build.log; echo "test.sh: error: healthd image build failed (log: /tmp/healthd-image-build.log)" >&2; exit 1; }
-  echo "== probe image ready ($(( $(date +%s) - t0 )) s waited)"
 fi
 echo "== pytest"
 python -m pytest --durations=25 "$@"
