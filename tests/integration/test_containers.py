@@ -61,7 +61,8 @@ REPO = Path(__file__).resolve().parents[2]
 IMAGE_DIR = Path(os.environ.get("HEALTHD_IMAGE_DIR", "/var/cache/healthd-image/out"))
 CACHE = Path(os.environ.get("HEALTHD_IMAGE_CACHE", "/var/cache/healthd-image"))
 GEMM_ARGS = ("--size", "256", "--dtypes", "fp32", "--copy-bytes", "4M")
-TIMEOUT_S = 180.0
+TIMEOUT_S = 300.0
+"""Generous: the limits only bound a run; on a loaded 2-core machine a cold container start took over a minute."""
 
 
 def cgroup_hybrid_wrapper() -> list[str]:
@@ -93,7 +94,7 @@ def need_tools(*tools: str) -> None:
 def probe_args(results: Path) -> list[str]:
     """``python -m probes check`` for env and gemm, writing ``results/<probe>-run.json``."""
     args = ["check", "--probes", "env,gemm", "--run-ids", "env=env-run,gemm=gemm-run",
-            "--limits", "env=60,gemm=120", "--timeout", f"{TIMEOUT_S:g}", "--output-dir", str(results)]
+            "--limits", "env=150,gemm=150", "--timeout", f"{TIMEOUT_S:g}", "--output-dir", str(results)]
     for token in GEMM_ARGS:
         args += ["--arg", f"gemm={token}"]
     return args
