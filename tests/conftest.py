@@ -37,7 +37,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Every ``slurm`` test lives under tests/integration (``scripts/slurm-matrix.sh`` collects only there)
-    and ``slurm_release`` marks ``slurm`` tests only."""
+    and ``slurm_release`` marks ``slurm`` tests only. ``containers`` tests run last, in their own order:
+    the probe image they need is built in the background by scripts/test.sh while the rest run."""
     integration = Path(__file__).resolve().parent / "integration"
     misplaced = [item.nodeid for item in items if (
         item.get_closest_marker("slurm_release") is not None and item.get_closest_marker("slurm") is None
@@ -45,3 +46,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if misplaced:
         raise pytest.UsageError(f"slurm tests must be under tests/integration and slurm_release ones slurm too: "
                                 f"{misplaced}")
+    last = [item for item in items if item.get_closest_marker("containers") is not None]
+    if last:
+        items[:] = [item for item in items if item.get_closest_marker("containers") is None] + last

@@ -11,7 +11,9 @@ small CPU sizes) with the results directory bind-mounted. The collector's ``read
 every document, and each has the same shape as the host's run of the same command.
 
 The image is built once per machine (``$HEALTHD_IMAGE_DIR``, default /var/cache/healthd-image/out;
-the Debian + torch layer is cached beside it and rebuilt only when its recipe changes). Needs root
+the Debian + torch layer is cached beside it and rebuilt only when its recipe changes). Under
+scripts/test.sh it is built in the background while the rest of the suite runs
+(``$HEALTHD_TEST_IMAGE_BUILD``); these tests, marked ``containers``, run last and wait for it. Needs root
 (mmdebstrap, crun, podman's store). With ``CI=true`` a missing runtime or tool fails the test: on
 the CI machine a skip would hide that the runtimes were never run.
 """
@@ -54,8 +56,9 @@ from healthd.jobs import Launcher, LaunchSettings, render_batch_script, task_arg
 from healthd.model import JobState, JobStatus, ProbeJob
 from probes.result import Outcome, ProbeResult
 from tests.integration.conftest import wait_for
+from tests.integration.daemons import DaemonProc, free_port, get
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.containers]
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE_DIR = Path(os.environ.get("HEALTHD_IMAGE_DIR", "/var/cache/healthd-image/out"))
@@ -63,6 +66,10 @@ CACHE = Path(os.environ.get("HEALTHD_IMAGE_CACHE", "/var/cache/healthd-image"))
 GEMM_ARGS = ("--size", "256", "--dtypes", "fp32", "--copy-bytes", "4M")
 TIMEOUT_S = 300.0
 """Generous: the limits only bound a run; on a loaded 2-core machine a cold container start took over a minute."""
+BACKGROUND_BUILD = os.environ.get("HEALTHD_TEST_IMAGE_BUILD")
+"""scripts/test.sh's background ``healthd image build``: it writes its exit status to ``<this>.rc``
+when it ends, its output to ``<this>.log``. Read at import: the tests' own environment is cleared."""
+BACKGROUND_BUILD_WAIT_S = 2700.0
 
 
 def cgroup_hybrid_wrapper() -> list[str]:
@@ -129,10 +136,26 @@ def results_dir(tmp_path: Path, name: str) -> Path:
     return path
 
 
+def await_background_build(prefix: str, limit_s: float) -> float:
+    """Seconds spent waiting for the background build at ``prefix`` to end; fails with its log's
+    tail when it failed (a rebuild here would only repeat its error, slower)."""
+    t0 = time.monotonic()
+    rc_file, log_file = Path(prefix + ".rc"), Path(prefix + ".log")
+    rc = wait_for(lambda: rc_file.is_file() and rc_file.read_text().strip(), limit_s,
+                  f"the background image build ({log_file}) to end")
+    if rc != "0":
+        tail = log_file.read_text(errors="replace")[-3000:] if log_file.is_file() else "(no log)"
+        pytest.fail(f"scripts/test.sh's background healthd image build exited {rc} (log {log_file}):\n{tail}")
+    return time.monotonic() - t0
+
+
 @pytest.fixture(scope="module")
 def built() -> BuildRecord:
     need(os.geteuid() == 0, "the probe image is built as root (mmdebstrap --mode=root)")
     need_tools("mmdebstrap", "mksquashfs", "tar")
+    if BACKGROUND_BUILD:
+        waited = await_background_build(BACKGROUND_BUILD, BACKGROUND_BUILD_WAIT_S)
+        print(f"waited {waited:.1f} s for the background image build", file=sys.stderr)
     t0 = time.monotonic()
     record = build_image(IMAGE_DIR, BuildInputs(source=REPO), cache=CACHE, log=lambda m: print(m, file=sys.stderr))
     print(f"probe image ready in {time.monotonic() - t0:.1f} s: {record.digest} {dict(record.sizes)}",
@@ -398,3 +421,71 @@ def test_slurm_with_a_broken_bundle_is_an_error_with_cruns_message(oci_cluster: 
     outcome, reason = outcome_of(JobStatus("1", JobState.FAILED, exit_code=1), None,
                                  f"{missing.value}; output: {tail}", ("node1",))
     assert outcome is Outcome.ERROR and "No such file or directory" in reason
+
+
+def test_the_daemon_runs_its_gemm_probe_with_srun_container(built: BuildRecord, oci_cluster: dict[str, str],
+                                                            tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``healthd run`` on the oci.conf cluster with ``[probes.gemm.launcher] kind = "oci"``: the
+    daemon's own planner submits ``srun --container=BUNDLE``, its collector reads the document and
+    its judge passes it; the run's document names the image by the digest the daemon read from
+    ``healthd-probe.json`` at start."""
+    results = tmp_path / "results"
+    results.mkdir(mode=0o750)  # the daemon refuses a results directory others may write to
+    build_image(IMAGE_DIR, BuildInputs(source=REPO), cache=CACHE, mounts=[(str(results), str(results), False)])
+    monkeypatch.setenv("SLURM_CONF", oci_cluster["SLURM_CONF"])
+    port = free_port()
+    config = tmp_path / "healthd.toml"
+    config.write_text(f"""
+backend = "slurm"
+state_dir = "{tmp_path / 'state'}"
+[http]
+host = "127.0.0.1"
+port = {port}
+[scheduler]
+discover_interval_s = 1
+plan_interval_s = 1
+collect_interval_s = 1
+[slurm]
+python = "{sys.executable}"
+results_dir = "{results}"
+job_name_prefix = "hdoci."
+max_idle_share = 1.0
+max_concurrent_jobs = 1
+command_timeout_s = 20
+[[slurm.node_classes]]
+name = "testgpu"
+gpu_type = "tgpu"
+expect_gpus = 0
+[probes.gemm]
+interval_s = 3600
+timeout_s = {TIMEOUT_S:g}
+ranks_per_node = 1
+args = {json.dumps(list(GEMM_ARGS))}
+[probes.gemm.launcher]
+kind = "oci"
+image = "{IMAGE_DIR / BUNDLE_DIR}"
+probes_from = "image"
+""")
+    daemon = DaemonProc(config, port, tmp_path / "daemon.log")
+    try:
+        daemon.wait_http()
+
+        def finished() -> dict[str, Any] | None:
+            assert daemon.proc.poll() is None, daemon.log_path.read_text()[-4000:]
+            runs = json.loads(get(port, "/api/v1/runs")[1])["runs"]
+            done = [r for r in runs if r["state"] == "finished"]
+            return dict(done[0]) if done else None
+
+        run = wait_for(finished, TIMEOUT_S + 60, "the daemon's gemm run to finish")
+        assert isinstance(run, dict)
+        assert run["outcome"] == "pass", (run, log_tail(Path(str(run["result_path"]))))
+        script = Path(str(run["result_path"])).with_suffix(".sbatch").read_text()
+        assert f"--container={IMAGE_DIR / BUNDLE_DIR} " in script
+        result = read_result(Path(str(run["result_path"])))
+        assert result.environment is not None
+        assert result.environment.container_image == f"{IMAGE_DIR / BUNDLE_DIR}@{built.digest}"
+        assert {m.name for m in result.measurements}
+        metrics = get(port, "/metrics")[1]
+        assert re.search(r'^healthd_probe_runs_total\{outcome="pass",probe="gemm"\} [1-9]', metrics, re.M), metrics
+    finally:
+        daemon.kill()
