@@ -486,7 +486,9 @@ class Daemon:
         if self.leading():  # it moves the documents in the shared results directory: the leader's to do
             boundary = collect_boundary(self.collector,
                                         known=lambda names: {n.name for n in self.store.nodes(names=names)})
-        self._judge(self.collector.collect() + boundary)
+        collected = self.collector.collect()
+        self._observe_container_setup(collected)
+        self._judge(collected + boundary)
         if self.leading():
             self._reconcile_ha()
             self.remediator.repair_tick()
@@ -494,6 +496,18 @@ class Daemon:
         ingested = self._saving_judgement(lambda: judge_ingested(self.judge, self.store, now=time.time()))
         if ingested is not None:
             self.remediator.apply(ingested)
+
+    def _observe_container_setup(self, done: Sequence[Collected]) -> None:
+        """``healthd_probe_container_setup_seconds``: each collected run's container start-up as its
+        probe measured it (``ProbeResult.container``), under the class of its first node."""
+        started = [(c.nodes[0], c.result.container) for c in done
+                   if c.result is not None and c.result.container is not None and c.nodes]
+        if not started:
+            return
+        classes = {n.name: n.node_class for n in self.store.nodes(names=sorted({node for node, _ in started}))}
+        for node, container in started:
+            self.metrics.container_setup.labels(classes.get(node) or "", container.kind).observe(
+                container.setup_seconds)
 
     def _saving_judgement(self, judge: Callable[[], _Output]) -> _Output:
         """Run ``judge`` (an evaluation and its save). When the save fails the judge in memory is ahead

@@ -34,6 +34,7 @@ from typing import Literal
 from healthd.errors import ConfigError
 from healthd.model import ProbeJob, validate_node_name
 from probes.catalogue import CHECK_COMMAND, probe_spec
+from probes.timing import CONTAINER_KIND_ENV, LAUNCH_T0_ENV
 
 START_MARGIN_S = 60.0
 _UNSAFE = re.compile(r"[\s'\"\\]")
@@ -385,8 +386,10 @@ def render_batch_script(job: ProbeJob, settings: LaunchSettings, *, ranks_per_no
     if launcher.image is not None:
         named = f"{launcher.image}@{launcher.image_digest}" if launcher.image_digest else launcher.image
         lines.append(f"export {CONTAINER_IMAGE_ENV}={shlex.quote(named)}")
+    lines += [f"export {key}={shlex.quote(value)}" for key, value in settings.env]
+    if launcher.kind != "bare":  # the probe counts its container's start-up from here (probes.timing)
+        lines += [f"export {CONTAINER_KIND_ENV}={launcher.kind}", f'export {LAUNCH_T0_ENV}="$(date +%s.%N)"']
     lines += [
-        *[f"export {key}={shlex.quote(value)}" for key, value in settings.env],
         "exec " + shlex.join(srun_argv),
         "",
     ]

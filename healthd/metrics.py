@@ -27,7 +27,7 @@ from itertools import accumulate
 from sys import intern
 from typing import Any, Literal
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -786,6 +786,10 @@ class PassiveSignalCollector(Collector):
         yield family
 
 
+CONTAINER_SETUP_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+"""From a warm local image (about a second) to a cold import of a multi-GB image over a shared file system."""
+
+
 class DaemonMetrics:
     """Direct instrumentation of the daemon's own work."""
 
@@ -808,6 +812,10 @@ class DaemonMetrics:
                                        "Topology reads that failed (the previous topology kept)", registry=registry)
         self.topology_nodes = Gauge("healthd_topology_nodes", "Nodes under a leaf switch or block of the topology in "
                                     "use (0: no topology)", registry=registry)
+        self.container_setup = Histogram(
+            "healthd_probe_container_setup_seconds", "Seconds from a containerised probe step's launch to the probe's "
+            "own start (image import or mount, the runtime, the interpreter), by node class and launcher kind",
+            ["node_class", "kind"], buckets=CONTAINER_SETUP_BUCKETS, registry=registry)
         for kind in ("tick", "submit", "parse", "collect", "backend", "store", "config_reload"):
             self.errors.labels(kind)
         for task in SCHEDULER_TASKS:

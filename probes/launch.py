@@ -39,7 +39,7 @@ from probes.expect import missing_gpus_result
 from probes.report import emit, render, reserve_stdout
 from probes.result import Outcome, ProbeResult
 from probes.runner import RESULT_FILE_ENV, exit_code_of
-from probes.timing import T0_ENV, process_start_time
+from probes.timing import T0_ENV, budget_t0, process_start_time
 
 LAUNCHER_MARGIN_S = 0.3
 """The launcher kills what is left this long before ``--timeout`` so its document is on time."""
@@ -188,7 +188,7 @@ def run_standalone(probe: ProbeModule, args: argparse.Namespace, argv: Sequence[
         if missing is not None:
             emit(render(missing, args.format, probe.format_table), args.output)
             return exit_code_of(missing.outcome)
-    deadline = t0 + float(args.timeout) - LAUNCHER_MARGIN_S
+    deadline = budget_t0(t0) + float(args.timeout) - LAUNCHER_MARGIN_S
     nproc = args.nproc or default_nproc(args.device)
     args.nproc = nproc
     tmpdir = tempfile.mkdtemp(prefix="healthd-probe-")

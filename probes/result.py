@@ -128,6 +128,18 @@ class Environment(_Frozen):
     ranks: list[RankInfo] = Field(default_factory=list)
 
 
+ContainerKind = Literal["pyxis", "apptainer", "oci", "podman"]
+
+
+class ContainerStart(_Frozen):
+    """How the probe's container started: ``setup_seconds`` from the batch script's launch of the
+    step to the probe's own start (image import or mount, the runtime, the interpreter), which the
+    probe's ``--timeout`` counts (``started_at`` is then the launch)."""
+
+    kind: ContainerKind
+    setup_seconds: Finite = Field(ge=0)
+
+
 class ProbeResult(_Frozen):
     schema_version: Literal[1] = 1
     probe: str
@@ -138,6 +150,9 @@ class ProbeResult(_Frozen):
     finished_at: Finite
     startup_seconds: Finite | None = None
     measure_seconds: Finite | None = None
+    container: ContainerStart | None = None
+    """Set by a container launcher's run, on the first document of the job only (a check's later
+    parts share its start-up)."""
     nodes: list[str] = Field(default_factory=list)
     environment: Environment | None = None
     params: dict[str, Any] = Field(default_factory=dict)

@@ -6,7 +6,8 @@ died or hung, ``--timeout``, SIGTERM from the launcher) goes through :meth:`Rank
 which on rank 0 names the rank(s) at fault (:mod:`probes.liveness`) and still writes an
 ``error`` document; the exit code is then 1.
 
-Time budget (``T`` = ``--timeout``, counted from the probe's start, see
+Time budget (``T`` = ``--timeout``, counted from the probe's start, or from the container launch
+before it under a container launcher: :func:`probes.timing.budget_t0`; see
 :func:`probes.timing.probe_t0`): the rank's watchdog fires at ``T - margin``; process-group
 timeouts end a stuck collective two seconds before that, so the error text of the collective
 is what gets reported; the standalone launcher kills whatever is left at ``T``.
@@ -21,9 +22,9 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast, get_args
 
 from probes import env as env_probe
 from probes.context import ProbeContext, ProbeModule, ProbeOutput
@@ -40,8 +41,24 @@ from probes.faults import CRASH_EXIT_CODE, FaultKind, active_faults, faults_appl
 from probes.gpus import gpu_slot, name_check_gpus, node_gpus
 from probes.liveness import Liveness, diagnose, prefixed_client, tcp_store
 from probes.report import emit, render, reserve_stdout
-from probes.result import NOT_RUN, Check, Environment, Outcome, ProbeResult, RankInfo
-from probes.timing import Deadline, probe_t0, rank_margin_seconds
+from probes.result import (
+    NOT_RUN,
+    Check,
+    ContainerKind,
+    ContainerStart,
+    Environment,
+    Outcome,
+    ProbeResult,
+    RankInfo,
+)
+from probes.timing import (
+    CONTAINER_KIND_ENV,
+    Deadline,
+    budget_t0,
+    container_setup_seconds,
+    probe_t0,
+    rank_margin_seconds,
+)
 
 RESULT_FILE_ENV = "HEALTHD_PROBE_RESULT_FILE"
 """Set by the standalone launcher: rank 0 writes its JSON document there instead of stdout."""
@@ -99,7 +116,9 @@ class RankSession:
         self.probe = probe
         self.args = args
         self.launch = launch
-        self.t0 = probe_t0()
+        started = probe_t0()
+        self.container = container_start(started)
+        self.t0 = budget_t0(started)
         total = float(args.timeout if check_timeout is None else check_timeout)
         self.check_timeout = check_timeout
         self.deadline = Deadline(self.t0 + total)
@@ -139,6 +158,7 @@ class RankSession:
             part = self.later.pop(0)
             self.probe, self.args = part.probe, part.args
             self.part_t0 = self.part_ready_at = time.time()
+            self.container = None
             self.part_deadline = self._part_deadline()
             backend, device = self.params["backend"], self.params["device"]
             self.params = {**common_params(part.args, self.launch), "backend": backend, "device": device}
@@ -178,6 +198,7 @@ class RankSession:
             started_at=self.part_t0,
             finished_at=time.time(),
             startup_seconds=self._startup_seconds(),
+            container=self.container,
             nodes=env_probe.nodes_in_order(self.ranks) if self.ranks else [self.launch.node],
             environment=environment,
             params=self.params,
@@ -206,6 +227,7 @@ class RankSession:
                 started_at=self.part_t0,
                 finished_at=time.time(),
                 startup_seconds=self._startup_seconds(),
+            container=self.container,
                 measure_seconds=(measure_end - self.part_ready_at) if self.part_ready_at else None,
                 nodes=env_probe.nodes_in_order(self.ranks),
                 environment=self.environment,
@@ -333,6 +355,17 @@ def run_rank(probe: ProbeModule, args: argparse.Namespace, launch: LaunchInfo) -
         session.fail(f"{type(exc).__name__}: {exc}".strip())
     except KeyboardInterrupt:
         session.fail("interrupted")
+
+
+def container_start(t0: float, environ: Mapping[str, str] | None = None) -> ContainerStart | None:
+    """The container's start-up before ``t0`` when a container launcher started this probe
+    (:data:`probes.timing.CONTAINER_KIND_ENV` names a known kind and the launch time is set)."""
+    env = os.environ if environ is None else environ
+    kind = env.get(CONTAINER_KIND_ENV)
+    setup = container_setup_seconds(t0, env)
+    if setup is None or kind not in get_args(ContainerKind):
+        return None
+    return ContainerStart(kind=cast(ContainerKind, kind), setup_seconds=round(setup, 3))
 
 
 def run_check_rank(parts: Sequence[CheckPart], check_timeout: float, launch: LaunchInfo,

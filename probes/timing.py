@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 T0_ENV = "HEALTHD_PROBE_T0"
@@ -29,6 +29,38 @@ def process_start_time(pid: int | None = None) -> float:
         return time.time() - max(0.0, age)
     except (OSError, ValueError, IndexError, AttributeError):
         return time.time()
+
+
+LAUNCH_T0_ENV = "HEALTHD_LAUNCH_T0"
+"""Set by healthd's batch script for a container launcher: the unix time just before ``srun`` starts
+the containerised step (``date +%s.%N``)."""
+CONTAINER_KIND_ENV = "HEALTHD_CONTAINER_KIND"
+"""Set beside :data:`LAUNCH_T0_ENV`: the launcher kind (``pyxis``, ``apptainer``, ``oci``, ``podman``)."""
+
+
+def launch_t0(environ: Mapping[str, str] | None = None) -> float | None:
+    """:data:`LAUNCH_T0_ENV` as a number; ``None`` when unset or not a finite number."""
+    raw = (os.environ if environ is None else environ).get(LAUNCH_T0_ENV)
+    try:
+        value = float(raw) if raw else None
+    except ValueError:
+        return None
+    return value if value is not None and math.isfinite(value) else None
+
+
+def container_setup_seconds(t0: float, environ: Mapping[str, str] | None = None) -> float | None:
+    """Seconds from the batch script's launch of a containerised step to ``t0`` (this probe's own
+    start): the container's start-up (image import or mount, runtime, the interpreter); ``None``
+    outside a container launcher. A launch "after" ``t0`` (clocks of two nodes) counts 0."""
+    launched = launch_t0(environ)
+    return None if launched is None else max(0.0, t0 - launched)
+
+
+def budget_t0(t0: float, environ: Mapping[str, str] | None = None) -> float:
+    """Where the probe's ``--timeout`` counts from: the container launch when there was one (the
+    budget counts the container's start-up), else ``t0``."""
+    setup = container_setup_seconds(t0, environ)
+    return t0 - setup if setup is not None else t0
 
 
 def probe_t0(environ: dict[str, str] | None = None) -> float:

@@ -18,4 +18,6 @@
 set -u
 export HEALTHD_RUN_ID=feedfacecafe0002
 export HEALTHD_CONTAINER_IMAGE=/shared/images/pytorch_24.05.sif
+export HEALTHD_CONTAINER_KIND=apptainer
+export HEALTHD_LAUNCH_T0="$(date +%s.%N)"
 exec srun --kill-on-bad-exit=1 --ntasks-per-node=8 singularity exec --nv --bind=/opt/amazon/efa:/opt/amazon/efa:ro --bind=/opt/aws-ofi-nccl:/opt/aws-ofi-nccl:ro --bind=/scratch:/scratch --bind=/shared/healthd/results:/shared/healthd/results --writable-tmpfs /shared/images/pytorch_24.05.sif /opt/conda/bin/python -m probes nccl --run-id feedfacecafe0002 --output /shared/healthd/results/feedfacecafe0002.json --timeout 120 --sizes 8K,64M,1G --expect-transport IB

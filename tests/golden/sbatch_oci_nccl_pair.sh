@@ -18,4 +18,6 @@
 set -u
 export HEALTHD_RUN_ID=feedfacecafe0002
 export HEALTHD_CONTAINER_IMAGE=/shared/images/healthd-probe/bundle
+export HEALTHD_CONTAINER_KIND=oci
+export HEALTHD_LAUNCH_T0="$(date +%s.%N)"
 exec srun --kill-on-bad-exit=1 --ntasks-per-node=8 --container=/shared/images/healthd-probe/bundle python3 -m probes nccl --run-id feedfacecafe0002 --output /shared/healthd/results/feedfacecafe0002.json --timeout 120 --sizes 8K,64M,1G --expect-transport IB

@@ -20,4 +20,6 @@ export HEALTHD_RUN_ID=feedfacecafe0002
 export HEALTHD_CONTAINER_IMAGE=localhost/healthd-probe:0123456789abcdef
 export NCCL_IB_HCA=mlx5
 export UCX_TLS=rc
+export HEALTHD_CONTAINER_KIND=podman
+export HEALTHD_LAUNCH_T0="$(date +%s.%N)"
 exec srun --kill-on-bad-exit=1 --ntasks-per-node=8 podman run --rm --pull=never --network=host --ipc=host --device=nvidia.com/gpu=all --device=/dev/infiniband --volume=/etc/nccl.conf:/etc/nccl.conf:ro --volume=/shared/healthd/results:/shared/healthd/results --volume=/opt/healthd/lib/python3.11/site-packages/probes:/opt/healthd-probes/probes:ro '--env=HEALTHD_*' '--env=SLURM_*' '--env=NCCL_*' '--env=MASTER_*' --env=CUDA_VISIBLE_DEVICES --env=UCX_TLS --workdir=/opt/healthd-probes --security-opt=label=disable localhost/healthd-probe:0123456789abcdef python3 -m probes nccl --run-id feedfacecafe0002 --output /shared/healthd/results/feedfacecafe0002.json --timeout 120 --sizes 8K,64M,1G --expect-transport IB

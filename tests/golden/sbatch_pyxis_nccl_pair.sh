@@ -18,4 +18,6 @@
 set -u
 export HEALTHD_RUN_ID=feedfacecafe0002
 export HEALTHD_CONTAINER_IMAGE=/shared/images/pytorch-24.05-py3.sqsh
+export HEALTHD_CONTAINER_KIND=pyxis
+export HEALTHD_LAUNCH_T0="$(date +%s.%N)"
 exec srun --kill-on-bad-exit=1 --ntasks-per-node=8 --container-image=/shared/images/pytorch-24.05-py3.sqsh --container-mounts=/opt/hpcx/nccl_rdma_sharp_plugin:/opt/hpcx/nccl_rdma_sharp_plugin:ro,/etc/nccl.conf:/etc/nccl.conf:ro,/shared/healthd/results:/shared/healthd/results,/opt/healthd/lib/python3.11/site-packages/probes:/opt/healthd-probes/probes:ro --container-workdir=/opt/healthd-probes --no-container-mount-home --container-writable python3 -m probes nccl --run-id feedfacecafe0002 --output /shared/healthd/results/feedfacecafe0002.json --timeout 120 --sizes 8K,64M,1G --expect-transport IB

@@ -398,6 +398,7 @@ def test_slurm_runs_the_bundle_with_srun_container(built: BuildRecord, oci_clust
     assert result.environment.container_image == f"{IMAGE_DIR / BUNDLE_DIR}@{built.digest}"
     assert result.environment.launcher == "standalone"
     assert len(result.environment.ranks) == 2 and {m.name for m in result.measurements}
+    assert result.container is not None and result.container.kind == "oci" and result.container.setup_seconds > 0
 
 
 def test_slurm_with_a_broken_bundle_is_an_error_with_cruns_message(oci_cluster: dict[str, str],
@@ -485,7 +486,14 @@ probes_from = "image"
         assert result.environment is not None
         assert result.environment.container_image == f"{IMAGE_DIR / BUNDLE_DIR}@{built.digest}"
         assert {m.name for m in result.measurements}
+        assert result.container is not None and result.container.kind == "oci", result.container
+        assert 0 < result.container.setup_seconds < TIMEOUT_S
+        assert result.startup_seconds is not None and result.startup_seconds >= result.container.setup_seconds
         metrics = get(port, "/metrics")[1]
         assert re.search(r'^healthd_probe_runs_total\{outcome="pass",probe="gemm"\} [1-9]', metrics, re.M), metrics
+        assert re.search(r'^healthd_probe_container_setup_seconds_count\{kind="oci",node_class="testgpu"\} 1\.0$',
+                         metrics, re.M), metrics
+        print(f"container setup {result.container.setup_seconds:.2f} s, start-up {result.startup_seconds:.2f} s",
+              file=sys.stderr)
     finally:
         daemon.kill()

@@ -3,8 +3,11 @@ which launcher and transport expectation a job gets from the config (probe vs no
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,9 @@ from healthd.config import load_settings
 from healthd.errors import ConfigError
 from healthd.jobs import Launcher, LaunchSettings, container_mounts, launcher_problems, render_batch_script
 from healthd.model import BundledRun, ProbeJob
+from probes.result import ContainerStart
+from probes.runner import container_start
+from probes.timing import budget_t0, container_setup_seconds
 from tests.golden_files import assert_golden
 
 FAILURES = Path(__file__).resolve().parents[1] / "fixtures" / "launchers"
@@ -95,6 +101,32 @@ def test_bare_launcher_with_its_own_python_and_unchanged_default() -> None:
     default = render_batch_script(job, settings(Launcher()), ranks_per_node=4, gpus_per_node=4)
     assert exec_argv(default)[3] == "/opt/healthd/bin/python"
     assert "HEALTHD_CONTAINER_IMAGE" not in default and "# Launcher" not in default
+    assert "HEALTHD_LAUNCH_T0" not in default and "HEALTHD_CONTAINER_KIND" not in default
+
+
+def test_a_container_script_stamps_its_launch_and_the_probe_counts_the_start_up_in_its_budget(
+        tmp_path: Path) -> None:
+    """The exports before ``exec srun``, run by bash as Slurm runs the script (srun replaced by
+    ``env``): the launch time is a real clock reading, and the probe's clock (``budget_t0``,
+    ``container_start``) counts from it."""
+    job = ProbeJob(run_id="r1", probe="gemm", nodes=("node1",), timeout_s=60.0)
+    script = render_batch_script(job, settings(Launcher(kind="oci", image="/shared/bundle")), ranks_per_node=1,
+                                 gpus_per_node=0)
+    exports = "\n".join(ln for ln in script.splitlines() if ln.startswith("export "))
+    before = time.time()
+    done = subprocess.run(["bash", "-c", exports + "\nexec env"], capture_output=True, text=True, timeout=30,
+                          env={"PATH": os.environ["PATH"]})
+    env = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    assert env["HEALTHD_CONTAINER_KIND"] == "oci"
+    launched = float(env["HEALTHD_LAUNCH_T0"])
+    assert before - 0.01 <= launched <= time.time()
+    started = launched + 4.25  # the probe's own start, 4.25 s of container start-up later
+    assert budget_t0(started, env) == launched and budget_t0(started, {}) == started
+    assert container_start(started, env) == ContainerStart(kind="oci", setup_seconds=4.25)
+    assert container_start(started, {**env, "HEALTHD_CONTAINER_KIND": "docker"}) is None
+    assert container_start(started, {"HEALTHD_CONTAINER_KIND": "oci"}) is None
+    assert container_setup_seconds(launched - 1.0, env) == 0.0  # another node's clock a little behind
+    assert container_setup_seconds(started, {"HEALTHD_LAUNCH_T0": "nan"}) is None
 
 
 def test_mounts_already_covering_the_results_or_probes_are_not_repeated() -> None:
