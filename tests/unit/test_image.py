@@ -228,3 +228,24 @@ def test_the_recorded_digest_names_the_image_in_the_script(tmp_path: Path) -> No
     script = render_batch_script(job, LaunchSettings(python="python3", results_dir=Path("/r"), launcher=launcher),
                                  ranks_per_node=1, gpus_per_node=0)
     assert f"export HEALTHD_CONTAINER_IMAGE={bundle}@{record.digest}" in script.splitlines()
+
+
+def test_the_container_tests_run_last(pytestconfig: pytest.Config) -> None:
+    """scripts/test.sh builds the probe image beside the suite and does not wait for it: only the
+    tests marked ``containers`` do, so tests/conftest.py moves them behind every other test, each
+    group in its own order."""
+    from tests.conftest import pytest_collection_modifyitems
+
+    class Item:
+        def __init__(self, nodeid: str, *markers: str) -> None:
+            self.nodeid, self.markers = nodeid, markers
+            self.path = REPO / nodeid.split("::")[0]
+
+        def get_closest_marker(self, name: str) -> object | None:
+            return name if name in self.markers else None
+
+    items = [Item("tests/unit/test_a.py::t1"), Item("tests/integration/test_containers.py::c1", "slow", "containers"),
+             Item("tests/integration/test_b.py::t2", "slurm"),
+             Item("tests/integration/test_containers.py::c2", "containers"), Item("tests/unit/test_c.py::t3")]
+    pytest_collection_modifyitems(pytestconfig, items)  # type: ignore[arg-type]
+    assert [i.nodeid.split("::")[1] for i in items] == ["t1", "t2", "t3", "c1", "c2"]
