@@ -157,6 +157,10 @@ class Judge:
         self.classes: dict[str, str] = {}
         self.drained: set[str] = set()
         self.resets: dict[str, float] = {}
+        self.images: dict[tuple[str, str], str] = {}
+        """(node, probe) → the container image of its newest judged run that named one."""
+        self.image_notes: dict[tuple[str, str], str] = {}
+        """(node, run id) → "image changed from A to B: baseline restarted", for that run's mark."""
         self._topology: Topology | None = None
         self.sources: tuple[Source, ...] = tuple(registered_sources())
         """The evidence sources registered (``healthd.judge.sources``), in their order."""
@@ -264,6 +268,7 @@ class Judge:
                     continue
             judged.append(run)
 
+        self._restart_baselines_on_image_change(judged, out)
         selections = {run.run_id: self._ingest(run) for run in judged}
         cache: FleetCache = {}
         evals = {run.run_id: self._judge_run(run, selections[run.run_id], cache, now) for run in judged}
@@ -400,6 +405,29 @@ class Judge:
             self.pool_members.pop((run.nodes[0], run.probe), None)
         return selected
 
+    def _restart_baselines_on_image_change(self, runs: Sequence[RunInput], out: JudgeOutput) -> None:
+        """A node whose probe now runs in another container image than its previous judged run starts
+        that probe's baselines again (the history of one software stack says nothing about another;
+        a change of image is no node fault): its accepted windows are emptied before the run is
+        judged, and the run's mark says so. One pass over the series, only when an image changed."""
+        changed: set[tuple[str, str]] = set()
+        for run in runs:  # in time order
+            if run.image is None:
+                continue
+            for n in run.nodes:
+                old = self.images.get((n, run.probe))
+                if old is not None and old != run.image:
+                    changed.add((n, run.probe))
+                    self.image_notes[(n, run.run_id)] = f"image changed from {old} to {run.image}: baseline restarted"
+                self.images[(n, run.probe)] = run.image
+        if not changed:
+            return
+        for (node, key), st in self.series.items():
+            if (node, key.probe) in changed and (st.accepted_count or st.baseline is not None):
+                st.accepted = ()
+                st.baseline = st.spread = None
+                out.series.append(st.copy())
+
     def state(self, node: str, key: SeriesKey) -> SeriesState:
         st = self.series.get((node, key))
         if st is None:
@@ -503,6 +531,9 @@ class Judge:
                                                                                if raw else "")
             else:
                 code, sev, text = ReasonCode.OK, Severity.NONE, PASS_TEXT
+            note = self.image_notes.pop((n, run.run_id), None)
+            if note is not None:
+                text = f"{text}; {note}"
             mark = Mark(run.run_id, n, probe, run.at, sev, code, text, not run.priority,
                         event_proof=any(f.event_proof for f in kept), findings=tuple(kept),
                         raw_flagged=bool(raw) or bool(ev.group_findings),

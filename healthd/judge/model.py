@@ -204,6 +204,9 @@ class RunInput:
     """(node, scope) → the slowest link a run measured there, for people (the pipeline probe's
     ``slowest_link``: ``rank 0 (node1 gpu 0) -> rank 1 (node2 gpu 0): 1.2 GB/s, 0.05 x the median ...``): a
     finding on the node's link figures names both ends."""
+    image: str | None = None
+    """The container image the probe ran in, as it recorded it (``environment.container_image``:
+    ``IMAGE@sha256:…`` for an image ``healthd image build`` wrote); ``None``: bare, or not known."""
 
     @property
     def priority(self) -> bool:

@@ -34,7 +34,8 @@ def run_from_collected(c: Collected, now: float) -> RunInput:
                        for ch in result.checks if not ch.ok)
     return RunInput(c.run_id, c.probe, tuple(c.nodes), c.outcome, c.reason,
                     result.finished_at if result is not None else now, measurements, failed, c.kind, uuids,
-                    slowest_links(result.params) if result is not None else {})
+                    slowest_links(result.params) if result is not None else {},
+                    result.environment.container_image if result is not None and result.environment else None)
 
 
 def slowest_links(params: Mapping[str, object]) -> dict[tuple[str, str], str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -578,3 +579,31 @@ def test_a_slow_gpu_under_a_held_leaf_is_still_recommended() -> None:
     assert fleet.judge.part(Switches).findings.holding("n050", "gemm") is not None
     assert sorted({r.node for r in recs}) == ["n050"]
     assert {str(f["gpu"]) for r in recs for f in findings_of(r.evidence)} == {"3"}
+
+
+def test_a_new_container_image_restarts_the_nodes_baselines_and_says_so() -> None:
+    """The whole fleet moves to a new image whose stack is 15% slower: against the old baselines
+    every node drifts, which the judge can only call a fleet event (the control fleet, same image);
+    with the image named, each node's gemm baselines start again, the run passes and its mark names
+    both images."""
+    old, new = "/shared/healthd/bundle@sha256:" + "ab" * 32, "/shared/healthd/bundle@sha256:" + "ef" * 32
+    names = [f"n{i}" for i in range(6)]
+    control, moved = Fleet(names), Fleet(names)
+    for fleet in (control, moved):
+        for _ in range(3):
+            fleet.feed([replace(fleet.gemm(n), image=old) for n in names])
+        assert {verdict(fleet, n) for n in names} == {("pass", "ok")}
+
+    control.feed([replace(control.gemm(n, scale=0.85), image=old) for n in names], advance=60)
+    assert {verdict(control, n)[1] for n in names} == {"fleet_event"}
+
+    out = moved.feed([replace(moved.gemm(n, scale=0.85), image=new) for n in names])
+    assert {verdict(moved, n) for n in names} == {("pass", "ok")}
+    texts = {m.node: m.text for m in out.marks}
+    assert texts["n0"].endswith(f"; image changed from {old} to {new}: baseline restarted"), texts["n0"]
+    saved = {(st.node, st.key.name, st.key.label_dict["gpu"]): st for st in out.series}
+    assert saved[("n0", "flop_per_second", "0")].accepted_count == 1  # the new image's run alone
+    out = moved.feed([replace(moved.gemm(n, scale=0.85), image=new) for n in names])
+    assert {verdict(moved, n) for n in names} == {("pass", "ok")}
+    assert "image changed" not in " ".join(m.text for m in out.marks)
+    assert moved.judge.series[("n0", next(k for (n, k) in moved.judge.series if n == "n0"))].accepted_count == 2
