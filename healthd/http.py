@@ -210,7 +210,7 @@ def _run(r: RunRow) -> dict[str, Any]:
     return {"run_id": r.run_id, "kind": r.kind.value, "probe": r.probe, "nodes": list(r.nodes), "state": r.state,
             "outcome": r.outcome.value if r.outcome else None, "reason": r.reason,
             "submitted_at": r.submitted_at, "finished_at": r.finished_at, "duration_s": r.duration_s,
-            "job_id": r.job_id, "result_path": r.result_path}
+            "job_id": r.job_id, "result_path": r.result_path, "container_image": r.container_image}
 
 
 class ExpositionCache:

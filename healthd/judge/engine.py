@@ -840,7 +840,9 @@ class Judge:
             verdict = Verdict(node, probe, Outcome.DEGRADED, latest.text, ReasonCode.FLEET_EVENT.value,
                               (latest.run_id,), {}, at)
         else:
-            verdict = Verdict(node, probe, Outcome.PASS, PASS_TEXT, ReasonCode.OK.value,
+            text = (latest.text if latest is not None and latest.code is ReasonCode.OK
+                    and latest.text.startswith(PASS_TEXT) else PASS_TEXT)  # with an image change's note
+            verdict = Verdict(node, probe, Outcome.PASS, text, ReasonCode.OK.value,
                               (latest.run_id,) if latest else (), {}, at)
         if verdict.evidence.get("stage") == HELD:
             self.held.add((node, probe))

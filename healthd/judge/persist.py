@@ -118,4 +118,5 @@ def load_judge(store: Store, settings: JudgeSettings, *, now: float) -> Judge:
     """A judge with the state a previous daemon left in the store."""
     judge = Judge(settings)
     judge.restore(store.load_judgement(since=now - keep_seconds(settings)), store.nodes(), now=now)
+    judge.images.update(store.judged_images())
     return judge

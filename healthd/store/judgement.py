@@ -166,7 +166,7 @@ def _run_input(r: sqlite3.Row, measurements: Mapping[str, list[MeasurementInput]
                failed: Mapping[str, list[CheckInput]]) -> RunInput:
     return RunInput(r["run_id"], r["probe"], tuple(sorted(json.loads(r["nodes"]))), Outcome(r["outcome"]),
                     r["reason"], r["at"], tuple(measurements.get(r["run_id"], ())),
-                    tuple(failed.get(r["run_id"], ())), RunKind(r["kind"]))
+                    tuple(failed.get(r["run_id"], ())), RunKind(r["kind"]), image=r["container_image"])
 
 
 class JudgementStore(Database):
@@ -339,6 +339,16 @@ class JudgementStore(Database):
         return self._run_inputs("r.kind = 'ingest' AND r.state = 'finished' AND r.rowid > ?", "r.rowid LIMIT ?",
                                 (after, limit))
 
+    def judged_images(self) -> dict[tuple[str, str], str]:
+        """Per (node, probe): the container image of its newest judged run that recorded one (what
+        ``Judge.images`` held when the previous daemon stopped)."""
+        rows = self._query(
+            "SELECT n.node, r.probe, r.container_image, MAX(r.finished_at) FROM runs r"
+            " JOIN run_nodes n ON n.run_id = r.run_id"
+            " WHERE r.state = 'finished' AND r.judged = 1 AND r.container_image IS NOT NULL"
+            " GROUP BY n.node, r.probe")
+        return {(str(r[0]), str(r[1])): str(r[2]) for r in rows}
+
     def _run_inputs(self, where: str, order: str, params: tuple[object, ...]) -> list[tuple[int, RunInput]]:
         """(store position, run as the judge takes it) of the runs ``r`` matching ``where``, in ``order``."""
         chosen = f"SELECT r.run_id FROM runs r WHERE {where} ORDER BY {order}"
@@ -347,6 +357,7 @@ class JudgementStore(Database):
         with self._lock:
             runs = self._query(
                 "SELECT r.rowid AS pos, r.run_id, r.probe, r.kind, r.outcome, r.reason, r.finished_at AS at,"
+                " r.container_image,"
                 " (SELECT json_group_array(node) FROM run_nodes n WHERE n.run_id = r.run_id) AS nodes"
                 f" FROM runs r WHERE {where} ORDER BY {order}", params)
             for m in self._query(f"SELECT m.run_id, m.node, m.name, m.labels, m.value FROM measurements m"

@@ -49,6 +49,8 @@ class RunRow:
     source: str
     nodes: tuple[str, ...]
     kind: RunKind = RunKind.PROBE
+    container_image: str | None = None
+    """The image the probe recorded (``IMAGE@sha256:…`` for one ``healthd image build`` wrote)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -218,7 +218,8 @@ class RunsStore(LatestStore):
     def _flush(db: sqlite3.Connection, pending: _Pending) -> None:
         """Write the runs, values and checks of ``pending``: one statement per table."""
         db.executemany("UPDATE runs SET state = 'finished', outcome = ?, reason = ?, finished_at = ?,"
-                       " started_at = ?, duration_s = ?, judged = ? WHERE rowid = ?", pending.runs)
+                       " started_at = ?, duration_s = ?, judged = ?, container_image = ? WHERE rowid = ?",
+                       pending.runs)
         db.executemany("INSERT INTO samples (run, series, value, per_rank) VALUES (?, ?, ?, ?)", pending.samples())
         db.executemany("INSERT INTO checks (run_id, name, ok, detail, node, gpu, rank) VALUES (?, ?, ?, ?, ?, ?, ?)",
                        pending.checks)
@@ -238,7 +239,9 @@ class RunsStore(LatestStore):
         outcome, finished_at = run.outcome, run.finished_at
         start = run.started_at or known_start or submitted_at
         seconds = max(0.0, finished_at - start)
-        pending.runs.append((outcome.value, run.reason, finished_at, start, seconds, int(not run.judge), position))
+        image = run.result.environment.container_image if run.result and run.result.environment else None
+        pending.runs.append((outcome.value, run.reason, finished_at, start, seconds, int(not run.judge), image,
+                             position))
         if run.result is not None:
             self._insert_result(db, position, run.run_id, probe, run.result, finished_at,
                                 nodes_of.get(run.run_id, ()), pending)
@@ -367,6 +370,7 @@ class RunsStore(LatestStore):
                 source=r["source"],
                 nodes=tuple(sorted(json.loads(r["nodes"]))),
                 kind=RunKind(r["kind"]),
+                container_image=r["container_image"],
             )
             for r in rows
         ]

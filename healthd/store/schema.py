@@ -498,6 +498,11 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE UNIQUE INDEX declared_events_active ON declared_events (node_class) WHERE ended_at IS NULL
     """,
+    # 18: the container image a finished run's probe recorded (``environment.container_image``: IMAGE@sha256:…),
+    # shown in the API; the judge restarts a node's baselines when it changes (docs/containers.md)
+    """
+    ALTER TABLE runs ADD COLUMN container_image TEXT
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

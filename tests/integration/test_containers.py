@@ -485,6 +485,7 @@ probes_from = "image"
         result = read_result(Path(str(run["result_path"])))
         assert result.environment is not None
         assert result.environment.container_image == f"{IMAGE_DIR / BUNDLE_DIR}@{built.digest}"
+        assert run["container_image"] == result.environment.container_image  # the API names it by digest
         assert {m.name for m in result.measurements}
         assert result.container is not None and result.container.kind == "oci", result.container
         assert 0 < result.container.setup_seconds < TIMEOUT_S

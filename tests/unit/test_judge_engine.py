@@ -11,6 +11,7 @@ import pytest
 
 from healthd.config import JudgeSettings, ProbeSettings
 from healthd.errors import StoreError
+from healthd.http import _run as api_run
 from healthd.judge.engine import Judge
 from healthd.judge.model import (
     CheckInput,
@@ -26,6 +27,7 @@ from healthd.judge.persist import keep_seconds, load_judge
 from healthd.judge.sources.switch import Switches
 from healthd.model import Node, Outcome, RunKind
 from healthd.store import Store
+from probes.result import Environment, ProbeResult
 
 CLASS = "h100x8"
 GIB = str(1 << 30)
@@ -601,9 +603,33 @@ def test_a_new_container_image_restarts_the_nodes_baselines_and_says_so() -> Non
     assert {verdict(moved, n) for n in names} == {("pass", "ok")}
     texts = {m.node: m.text for m in out.marks}
     assert texts["n0"].endswith(f"; image changed from {old} to {new}: baseline restarted"), texts["n0"]
+    assert moved.judge.verdicts[("n0", "gemm")].reason == texts["n0"]
     saved = {(st.node, st.key.name, st.key.label_dict["gpu"]): st for st in out.series}
     assert saved[("n0", "flop_per_second", "0")].accepted_count == 1  # the new image's run alone
     out = moved.feed([replace(moved.gemm(n, scale=0.85), image=new) for n in names])
     assert {verdict(moved, n) for n in names} == {("pass", "ok")}
     assert "image changed" not in " ".join(m.text for m in out.marks)
     assert moved.judge.series[("n0", next(k for (n, k) in moved.judge.series if n == "n0"))].accepted_count == 2
+
+
+def test_the_image_of_a_nodes_last_judged_run_survives_a_restart(tmp_path: Path) -> None:
+    """The store keeps each run's image (``runs.container_image``, shown by ``/api/v1/runs``); a
+    restarted daemon's judge knows the image each node's probe last ran in, so a change across the
+    restart still restarts the baselines."""
+    image = "/shared/healthd/bundle@sha256:" + "ab" * 32
+    store = Store(tmp_path / "s.sqlite")
+    env = Environment(launcher="srun", backend="gloo", device_type="cpu", python="3.11.2", container_image=image)
+    store.add_run(run_id="r1", probe="gemm", nodes=("n0",), backend="slurm", job_id="7", submitted_at=990.0,
+                  result_path=None)
+    store.finish_run("r1", outcome=Outcome.PASS, reason="", finished_at=1000.0, judge=True,
+                     result=ProbeResult(probe="gemm", run_id="r1", outcome=Outcome.PASS, started_at=995.0,
+                                        finished_at=1000.0, nodes=["n0"], environment=env))
+    (row,) = store.recent_runs()
+    assert api_run(row)["container_image"] == image
+    assert store.judged_images() == {}  # not judged yet: the restarted judge meets it as a new run
+    (run,) = store.unjudged_runs()
+    assert run.image == image
+    judge = load_judge(store, JudgeSettings(), now=1000.0)
+    store.save_judgement(judge.evaluate([run], nodes(["n0"]), now=1000.0), judged=["r1"])
+    assert store.judged_images() == {("n0", "gemm"): image}
+    assert load_judge(store, JudgeSettings(), now=1001.0).images == {("n0", "gemm"): image}
