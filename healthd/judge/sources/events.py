@@ -19,7 +19,7 @@ failed check, a missing GPU); a node's retest shortfalls measured during an ende
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from functools import lru_cache
@@ -104,13 +104,19 @@ class ClassEvents(BaseCause):
         return rows
 
     def update(self, ctx: Context, touched: set[tuple[str, str]], now: float, out: JudgeOutput) -> Update:
+        """Each series of the round's (class, probe) pairs re-tested (``fleet.check_event``): a live event's,
+        and those flagged on enough of the sample that one could start (the event rule's least share and
+        ``event_min_nodes``; the others cannot)."""
         changed: set[tuple[str, str]] = set()
         cutoff = now - ctx.settings.fleet.event_window_s
         for cls, probe in sorted({(ctx.node_class(n), p) for n, p in touched}):
             rows = self._rows(ctx, cls, probe, cutoff)
             live = self.live.get((cls, probe), {})
-            candidates = set(live)
-            candidates.update(s for *_, keys in rows if keys for s in keys)
+            counts: Counter[str] = Counter(s for *_, keys in rows if keys for s in keys)
+            unknown = sum(1 for _, _, bad, keys in rows if keys is None and bad)
+            fleet = ctx.settings.fleet
+            least = max(fleet.event_min_nodes, min(fleet.event_share, fleet.event_recent_min_share) * len(rows))
+            candidates = set(live) | {s for s, n in counts.items() if n + unknown >= least}
             if not self.flags.get((cls, probe)):
                 candidates.add(ANY_SERIES)
             for series in sorted(candidates):
