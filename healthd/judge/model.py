@@ -282,6 +282,16 @@ class FleetEvent:
     cause: str = ""
     """The registered cause (``healthd.judge.sources``) that declared it, when not the built-in class event or
     switch rule (empty): the one that restores it after a restart."""
+    key: str = ""
+    """A class event's series (``healthd.judge.sources.events.series_of``): the measurement and its labels but
+    those naming where it was measured (node, GPU, peers), ``busbw_bytes_per_second{collective=all_reduce,
+    scope=node,size_bytes=1073741824}``; the event holds only values of that series. Empty: every series of
+    the probe (a declared event, a by-node pseudo-probe's, a switch finding, or a row stored before events had
+    a series)."""
+    scope: str = ""
+    """What the event's series measures (``healthd_fleet_event_active{scope}``): its ``scope`` label
+    (``node``: a node's own NVLink, ``group``: the inter-node fabric), else ``gpu`` (a per-GPU series) or
+    ``node``; ``*`` or empty: every series of the probe."""
 
     @property
     def active(self) -> bool:

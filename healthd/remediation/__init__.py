@@ -274,7 +274,8 @@ def recommendations_document(store: Store, settings: RemediationSettings) -> dic
             for r in store.repairs(since=float("inf"), open_too=True)
         ],
         "fleet_events": [
-            {"node_class": e["node_class"], "probe": e["probe"], "started_at": e["started_at"], "text": e["text"]}
+            {"node_class": e["node_class"], "probe": e["probe"], "series": e["series_key"],
+             "scope": e["scope"] or "*", "started_at": e["started_at"], "text": e["text"]}
             for e in store.fleet_events(active_only=True)
         ],
         "switch_findings": [
