@@ -25,6 +25,12 @@ Checks, cheapest first
 ``errors``    hard XIDs in the kernel log (``/dev/kmsg``) since the last check, and row-remapping
               failures / pending remaps, volatile uncorrected ECC (``nvidia-smi --query-gpu``); skipped
               with the reason where the log or the tool is unavailable.
+``links``     each InfiniBand port's error counters (``link_downed``, ``symbol_error``, ``port_rcv_errors``, ...),
+              state, physical state and rate, and the PCIe link width and speed (current and maximum) of each
+              NVIDIA GPU and HCA, read from sysfs (``probes.links``: file reads, no tool), and the node's boot
+              time: absolute values (``ib_port_counter`` per ``device``, ``port`` and ``counter``,
+              ``ib_port_state``, ``ib_port_phys_state``, ``ib_port_rate_bytes_per_second``, ``pcie_link_*``,
+              ``boot_time_seconds``); the daemon computes the increases between documents and judges them.
 ``fabric``    on a node whose expectation says it is an NVSwitch system (``"nvswitch": true``: its class is
               marked ``nvswitch = true`` in ``[[slurm.node_classes]]``), each GPU's fabric state and status
               from NVML (``nvmlDeviceGetGpuFabricInfo``: what ``nvidia-smi -q`` shows as "Fabric", read
@@ -82,6 +88,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Literal, cast, get_args
 
+from probes import links
 from probes.dist import node_name
 from probes.expect import missing, parse_uuid_list, shortfall_text, visible_of
 from probes.gpus import NodeGpu, _nvml_gpus, parse_nvidia_smi_list
@@ -97,7 +104,7 @@ HEALTH_MAX_BUDGET_S = 55.0
 """Slurm kills ``HealthCheckProgram`` at 60 s: a health budget above this is refused."""
 WRITE_RESERVE_S = 0.3
 """Kept out of every check for writing the document."""
-COST_S: dict[str, float] = {"gpus": 0.5, "leftover": 0.5, "errors": 0.5, "fabric": 0.5, "gemm": 3.0}
+COST_S: dict[str, float] = {"gpus": 0.5, "leftover": 0.5, "errors": 0.5, "links": 0.2, "fabric": 0.5, "gemm": 3.0}
 """Nominal cost of each check: it runs only when this much is left."""
 TOOL_TIMEOUT_S = 10.0
 GEMM_SECONDS = 1.0
@@ -396,6 +403,7 @@ class Setup:
     nvswitch: bool = False
     """The expectation says this node is an NVSwitch system: its GPUs' fabric state is read."""
     fabric: Callable[[], list[FabricReading]] = lambda: _nvml_fabric()
+    sys_root: Path = Path("/sys")
 
 
 def check_gpus(s: Setup, budget: Budget, f: Findings) -> list[NodeGpu] | None:
@@ -594,6 +602,43 @@ def check_fabric(s: Setup, budget: Budget, f: Findings, gpus: list[NodeGpu] | No
         f.measurements.append(Measurement(name="fabric_status", value=float(r.status), labels=labels, node=s.node))
 
 
+def check_links(s: Setup, budget: Budget, f: Findings, gpus: list[NodeGpu] | None) -> None:
+    """Each InfiniBand port's counters, state and rate, and each GPU's and HCA's PCIe link, from sysfs
+    (``probes.links``): absolute values as measurements, judged by the daemon (``ib_link_down``,
+    ``ib_link_degraded``, ``pcie_downtrained``, ...); and the node's boot time, so that a reboot's fresh
+    counters and link-downed rise are not read as a flap."""
+    ports = links.read_ib_ports(s.sys_root)
+    if not ports:
+        f.skipped["links.infiniband"] = f"no InfiniBand device in {s.sys_root / 'class' / 'infiniband'}"
+    for p in ports:
+        where = {"device": p.device, "port": p.port}
+        for counter, value in p.counters.items():
+            f.measurements.append(Measurement(name="ib_port_counter", value=value, node=s.node,
+                                              labels={**where, "counter": counter}))
+        for name, reading in (("ib_port_state", p.state), ("ib_port_phys_state", p.phys_state),
+                              ("ib_port_rate_bytes_per_second", p.rate)):
+            if reading is not None:
+                f.measurements.append(Measurement(name=name, value=float(reading), labels=where, node=s.node))
+    if ports:
+        f.info["ib_ports"] = {f"{p.device}/{p.port}": f"state {p.state}, phys {p.phys_state}, {p.rate_text or '?'}, "
+                                                      f"{p.link_layer or '?'}" for p in ports}
+    pcie = links.read_pcie(s.sys_root, {p.pci: p.device for p in ports if p.pci})
+    if not pcie:
+        f.skipped["links.pcie"] = "no NVIDIA GPU or HCA among the PCI devices"
+    for d in pcie:
+        where = {"gpu": d.name} if d.kind == "gpu" else {"device": d.name}
+        for name, reading in (("pcie_link_width", d.width), ("pcie_link_max_width", d.max_width),
+                              ("pcie_link_speed_gts", d.speed), ("pcie_link_max_speed_gts", d.max_speed)):
+            if reading is not None:
+                f.measurements.append(Measurement(name=name, value=reading, labels=where, node=s.node))
+    if pcie:
+        f.info["pcie"] = {d.pci: f"{d.kind} {d.name}: x{d.width or 0:g}/x{d.max_width or 0:g}, "
+                                 f"{d.speed or 0:g}/{d.max_speed or 0:g} GT/s" for d in pcie}
+    booted = links.boot_time(s.proc_root)
+    if booted is not None and (ports or pcie):
+        f.measurements.append(Measurement(name="boot_time_seconds", value=booted, node=s.node))
+
+
 GEMM_CODE = """
 import json, sys, time
 import torch
@@ -671,7 +716,8 @@ def run_checks(s: Setup, budget: Budget) -> Findings:
     else:
         f.skipped["gpus"] = f"budget: {budget.left():.2f} s left, {COST_S['gpus']:g} s needed"
     steps: list[Step] = [("leftover", check_leftover, ("epilog",)), ("errors", check_errors, CONTEXTS),
-                         ("fabric", check_fabric, CONTEXTS), ("gemm", check_gemm, ("epilog", "health"))]
+                         ("links", check_links, CONTEXTS), ("fabric", check_fabric, CONTEXTS),
+                         ("gemm", check_gemm, ("epilog", "health"))]
     for name, fn, contexts in steps:
         if s.context not in contexts:
             f.skipped[name] = f"not run in the {s.context} context"

@@ -8,6 +8,9 @@ The check reports absolute values; what the daemon judges of them here:
   ``nvswitch = true``): a GPU whose fabric state is not completed (3) or whose status is not success (0) is a
   ``fail`` finding ``fabric_manager`` on that GPU (event- and switch-proof: the node's own state; without
   the fabric its GPUs cannot talk over NVLink).
+
+Its InfiniBand ports and PCIe links (``ib_port_*``, ``pcie_link_*``) are the ``fabric`` and ``pcie`` sources' to
+judge (``healthd.judge.sources.fabric``, ``.pcie``), with the same codes as the Prometheus path's.
 """
 
 from __future__ import annotations

@@ -21,6 +21,13 @@ What each says, against ``[remediation] act_on`` (which acts on ``degraded`` by 
 - a counter at its saturation value is unknown: an ``error`` verdict (could not check; never drains) while
   the node has nothing else.
 
+The node check at job boundaries reads the same ports from sysfs (``probes.links``) and reports absolute values;
+each boundary document is read here like one poll of its node (``Fabric.boundary``, from ``after_runs``): the
+increases since the node's previous document by the same ``FabricTracker`` (resets, saturation and boots
+alike), its active ports' rates against the class's (from each node's latest document), and a port down now
+that was active at an earlier check (``ib_link_degraded``: node_exporter's query sees active ports only). Its
+findings are the same tracks, codes and verdicts as the Prometheus path's.
+
 Each signal is followed as a ``PortTrack`` through the window (an event track ends when the window passed
 without it; a degraded-link track when a poll covering the node shows the port at its class's rate again).
 The source reads the poll and lets the passive source have it too (``observe`` answers ``False``).
@@ -29,14 +36,22 @@ The source reads the poll and lets the passive source have it too (``observe`` a
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
 from healthd.judge.model import JudgeOutput, JudgeState, RecommendationCandidate, RunInput, SeriesKey
+from healthd.judge.sources.boundary import PROBE as BOUNDARY_PROBE
 from healthd.judge.sources.seam import BaseSource, Context
 from healthd.model import Outcome, Verdict
-from healthd.passive.fabric import COUNTER_OF_CODE, FabricPoll
+from healthd.passive.fabric import (
+    COUNTER_OF_CODE,
+    PHYSICAL_STATES,
+    FabricPoll,
+    FabricTracker,
+    PortLink,
+    boundary_ports,
+)
 from healthd.passive.model import PassivePoll, Strength
 
 __all__ = ["DEGRADED_LINK", "PROBE", "Fabric", "PortTrack", "busbw_low", "class_rates"]
@@ -129,6 +144,12 @@ class Fabric(BaseSource):
     def __init__(self) -> None:
         self.tracks: dict[tuple[str, str, str, str], PortTrack] = {}
         self.saturated: dict[str, tuple[tuple[str, str, str], ...]] = {}
+        self.tracker = FabricTracker()
+        """The references of the boundary documents' counters (the Prometheus path keeps its own)."""
+        self.boundary_links: dict[str, tuple[PortLink, ...]] = {}
+        """Node → its active ports at its latest boundary document (the class's usual rate is taken from them)."""
+        self.active_seen: set[tuple[str, str, str]] = set()
+        """(node, device, port) seen active at a boundary document: down later, it is a degraded link."""
 
     def signals(self) -> list[PortTrack]:
         """The port tracks followed now (``healthd_node_passive_signal`` with ``device`` and ``port``)."""
@@ -149,10 +170,38 @@ class Fabric(BaseSource):
         return False
 
     def after_runs(self, ctx: Context, judged: Sequence[RunInput], now: float, out: JudgeOutput) -> None:
-        """A round's runs may show the node's inter-node bandwidth low: its port hints become findings."""
+        """The round's boundary documents are read like polls of their node (``boundary``); a round's runs may
+        show the node's inter-node bandwidth low: its port hints become findings."""
+        touched: set[str] = set()
+        for run in judged:
+            if run.probe == BOUNDARY_PROBE and len(run.nodes) == 1:
+                touched |= self.boundary(ctx, run)
         followed = {t.node for t in self.tracks.values()}
         nodes = {n for run in judged for n in run.nodes if n in followed}
-        self._conclude_nodes(ctx, nodes | self._expire(now, ctx.settings.passive.window_s), now, out)
+        self._conclude_nodes(ctx, nodes | touched | self._expire(now, ctx.settings.passive.window_s), now, out)
+
+    def boundary(self, ctx: Context, run: RunInput) -> set[str]:
+        """One boundary document's InfiniBand ports (``healthd.passive.fabric.boundary_ports``): its counters'
+        increases since the node's previous document (the same ``FabricTracker`` rules as the Prometheus
+        path: resets, saturation, boots), its ports' rates against the class's (the latest document of each
+        node of the class), and a port down now that was active at an earlier check; the nodes touched."""
+        node = run.nodes[0]
+        known = set(ctx.classes)
+        if known and node not in known:
+            return set()
+        ports = boundary_ports(node, ((m.name, m.value, m.labels) for m in run.measurements
+                                      if m.node in (None, node)))
+        if ports is None:
+            return set()
+        poll = self.tracker.observe(ports.answers, run.at)
+        self.boundary_links[node] = poll.links
+        active = {(node, p.device, p.port) for p in poll.links}
+        self.active_seen |= active
+        down = [p for p in ports.down if (node, p.device, p.port) in self.active_seen]
+        pool = [p for links in self.boundary_links.values() for p in links]
+        touched = self._events(poll, known, ctx.settings.passive.window_s)
+        touched |= self._links(ctx, poll, known, run.at, pool=pool, down=down)
+        return touched | self._saturation(poll, known, nodes={node})
 
     def _events(self, fabric: FabricPoll, known: set[str], window: float) -> set[str]:
         touched: set[str] = set()
@@ -170,41 +219,63 @@ class Fabric(BaseSource):
             touched.add(sig.node)
         return touched
 
-    def _links(self, ctx: Context, fabric: FabricPoll, known: set[str], now: float) -> set[str]:
+    def _links(self, ctx: Context, fabric: FabricPoll, known: set[str], now: float, *,
+               pool: Sequence[PortLink] | None = None, down: Sequence[PortLink] = ()) -> set[str]:
+        """Degraded-link tracks of the poll's active ports below their class's rate (``pool``: the links the
+        class's rate is taken from, default the poll's) and of ``down`` ports (a boundary document's: down now,
+        active at an earlier check). A track of a covered node not low any more ends; one of a down port only
+        where the poll sees down ports (``down`` given: a boundary document), since node_exporter's query reads
+        active ports only."""
         if "links" in fabric.failed:
             return set()
         links = [p for p in fabric.links if not known or p.node in known]
-        usual = class_rates((ctx.node_class(p.node), p.rate) for p in links)
-        low = {(p.node, DEGRADED_LINK, p.device, p.port): p for p in links
-               if p.rate < usual[ctx.node_class(p.node)]}
+        usual = class_rates((ctx.node_class(p.node), p.rate)
+                            for p in (links if pool is None else [q for q in pool if not known or q.node in known]))
+        low: dict[tuple[str, str, str, str], tuple[PortLink, str, str]] = {}
+        for p in links:
+            rate = usual.get(ctx.node_class(p.node), p.rate)
+            if p.rate < rate:
+                low[(p.node, DEGRADED_LINK, p.device, p.port)] = (
+                    p, f"{p.device} port {p.port} trained at {p.rate * 8 / 1e9:g} Gb/s, below its class's "
+                       f"{rate * 8 / 1e9:g} Gb/s", f"rate {p.rate:g} B/s < {rate:g} B/s")
+        for p in down:
+            if not known or p.node in known:
+                phys = PHYSICAL_STATES.get(p.physical_state or 0.0, f"{p.physical_state or 0:g}")
+                low[(p.node, DEGRADED_LINK, p.device, p.port)] = (
+                    p, f"{p.device} port {p.port} is down (physical state {phys}), active at an earlier check",
+                    "port down")
         touched: set[str] = set()
-        for key, p in low.items():
-            rate = usual[ctx.node_class(p.node)]
-            detail = (f"{p.device} port {p.port} trained at {p.rate * 8 / 1e9:g} Gb/s, below its class's "
-                      f"{rate * 8 / 1e9:g} Gb/s")
+        for key, (p, detail, why) in low.items():
             old = self.tracks.get(key)
             if old is None:
                 self.tracks[key] = PortTrack(p.node, p.device, p.port, DEGRADED_LINK, "level", detail, now, now, 1,
-                                             p.rate, f"rate {p.rate:g} B/s < {rate:g} B/s")
+                                             p.rate, why)
                 touched.add(p.node)
             else:
                 self.tracks[key] = replace(old, last_at=now, seen=old.seen + 1, detail=detail, total=p.rate)
                 touched |= {p.node} if old.total != p.rate else set()
+        sees_down = pool is not None
         for key, t in list(self.tracks.items()):
-            if t.code == DEGRADED_LINK and key not in low and t.node in fabric.covered:
+            if t.code == DEGRADED_LINK and key not in low and t.node in fabric.covered and (t.total > 0 or sees_down):
                 del self.tracks[key]
                 touched.add(t.node)
         return touched
 
-    def _saturation(self, fabric: FabricPoll, known: set[str]) -> set[str]:
+    def _saturation(self, fabric: FabricPoll, known: set[str], nodes: Collection[str] | None = None) -> set[str]:
+        """The saturated counters of the poll's nodes (``nodes``: only these, a boundary document's node)."""
         if "counters" in fabric.failed:
             return set()
         now: dict[str, tuple[tuple[str, str, str], ...]] = defaultdict(tuple)
         for node, device, port, counter in fabric.saturated:
             if not known or node in known:
                 now[node] += ((device, port, counter),)
-        changed = {n for n in set(now) | set(self.saturated) if now.get(n) != self.saturated.get(n)}
-        self.saturated = dict(now)
+        scope = set(now) | set(self.saturated) if nodes is None else set(nodes)
+        changed = {n for n in scope if now.get(n) != self.saturated.get(n)}
+        for n in scope:
+            if now.get(n):
+                self.saturated[n] = now[n]
+            else:
+                self.saturated.pop(n, None)
         return changed
 
     def _expire(self, now: float, window: float) -> set[str]:
@@ -268,6 +339,8 @@ class Fabric(BaseSource):
                 track = restore(verdict.node, verdict.reason_code, verdict.evidence)
                 if track is not None:
                     self.tracks[track.key] = track
+                    if track.code == DEGRADED_LINK:
+                        self.active_seen.add((track.node, track.device, track.port))
 
 
 def evidence(t: PortTrack | None) -> dict[str, float | str]:
