@@ -40,9 +40,9 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from healthd.judge.model import JudgeOutput, JudgeState, RecommendationCandidate, RunInput, SeriesKey
+from healthd.judge.model import FleetEvent, JudgeOutput, JudgeState, RecommendationCandidate, RunInput, SeriesKey
 from healthd.judge.sources.boundary import PROBE as BOUNDARY_PROBE
-from healthd.judge.sources.seam import BaseSource, Context
+from healthd.judge.sources.seam import BaseSource, Context, FleetCache, RunFindings, Selected
 from healthd.model import Outcome, Verdict
 from healthd.passive.fabric import (
     COUNTER_OF_CODE,
@@ -54,7 +54,7 @@ from healthd.passive.fabric import (
 )
 from healthd.passive.model import PassivePoll, Strength
 
-__all__ = ["DEGRADED_LINK", "PROBE", "Fabric", "PortTrack", "busbw_low", "class_rates"]
+__all__ = ["DEGRADED_LINK", "PROBE", "Fabric", "PortTrack", "busbw_low", "class_rates", "rail_key", "rail_switch"]
 
 PROBE = "fabric"
 """The pseudo-probe of the InfiniBand ports' verdicts and recommendations."""
@@ -84,6 +84,9 @@ class PortTrack:
     """Events: the counter's increase summed over the track; a degraded link: its rate."""
     corroborated: str = ""
     """What made it a finding: the low inter-node result (``run … at …``), or the rate for a degraded link."""
+    rail: str = ""
+    """On a multi-rail fabric, the rail switch whose signal this is (``leaf3:mlx5_2/1``): several nodes of one
+    leaf show signals on this rail at once. Never a finding of the node."""
 
     gpu = None
     gpu_uuid = None
@@ -102,7 +105,7 @@ class PortTrack:
         return f"{self.code.replace('_', ' ')} {self.device} port {self.port}"
 
     def stage(self) -> PortStage:
-        return "confirmed" if self.code == DEGRADED_LINK or self.corroborated else "hint"
+        return "confirmed" if not self.rail and (self.code == DEGRADED_LINK or self.corroborated) else "hint"
 
 
 def class_rates(rates: Iterable[tuple[str, float]]) -> dict[str, float]:
@@ -113,22 +116,45 @@ def class_rates(rates: Iterable[tuple[str, float]]) -> dict[str, float]:
     return {cls: max(c.items(), key=lambda kv: (kv[1], kv[0]))[0] for cls, c in counts.items()}
 
 
-def busbw_low(ctx: Context, node: str, since: float, probes: Iterable[str]) -> str:
+def busbw_low(ctx: Context, node: str, since: float, probes: Iterable[str], *,
+              port: tuple[str, str] | None = None,
+              used: Mapping[str, Mapping[str, frozenset[tuple[str, str]]]] | None = None) -> str:
     """The node's inter-node bandwidth flagged since ``since`` on one of ``probes``: a flagged multi-node
     result it was in, or a flagged finding of its own on a ``busbw`` series whose ``scope`` is not ``node``;
-    its words, or ``""``."""
+    its words, or ``""``. ``port`` (device, port) with ``used`` (run id → node → the ports NCCL used there,
+    ``RunInput.nics``): a run whose NCCL did not use that port on the node is not explained by it (a run whose
+    ports are not known still is)."""
+    def through(run_id: str) -> bool:
+        nics = (used or {}).get(run_id, {}).get(node)
+        return port is None or nics is None or port in nics
+
     found: list[tuple[float, str]] = []
     for probe in probes:
         if ctx.holding(node, probe) is not None:
             continue  # a cause (a switch, a class event) explains the node's low results: not its port's
         found += [(r.at, f"{probe} run {r.run_id} with {len(r.members)} nodes flagged ({r.code.value})")
                   for r in ctx.group_history.get((node, probe), ())
-                  if r.flagged and r.at >= since and (not r.findings or any("busbw" in f.key.name for f in r.findings))]
+                  if r.flagged and r.at >= since and (not r.findings or any("busbw" in f.key.name for f in r.findings))
+                  and through(r.run_id)]
         found += [(m.at, f"{probe} run {m.run_id}: inter-node busbw flagged ({m.code.value})")
                   for m in ctx.marks.get((node, probe), ())
-                  if m.at >= since and m.raw_flagged and any(_inter_node_busbw(f.key) for f in m.findings)]
+                  if m.at >= since and m.raw_flagged and any(_inter_node_busbw(f.key) for f in m.findings)
+                  and through(m.run_id)]
     best = max(found, default=None)
     return best[1] if best is not None else ""
+
+
+def rail_switch(key: tuple[str, str, str]) -> str:
+    """A rail's switch as its finding names it: ``leaf3:mlx5_2/1`` (the leaf of the topology, the rail's port)."""
+    leaf, device, port = key
+    return f"{leaf}:{device}/{port}"
+
+
+def rail_key(switch: str) -> tuple[str, str, str] | None:
+    """``leaf3:mlx5_2/1`` → ``("leaf3", "mlx5_2", "1")``; another switch's name: None."""
+    leaf, sep, rest = switch.rpartition(":")
+    device, sep2, port = rest.rpartition("/")
+    return (leaf, device, port) if sep and sep2 and leaf and device and port else None
 
 
 def _inter_node_busbw(key: SeriesKey) -> bool:
@@ -150,6 +176,16 @@ class Fabric(BaseSource):
         """Node → its active ports at its latest boundary document (the class's usual rate is taken from them)."""
         self.active_seen: set[tuple[str, str, str]] = set()
         """(node, device, port) seen active at a boundary document: down later, it is a degraded link."""
+        self.nics: dict[str, tuple[float, Mapping[str, frozenset[tuple[str, str]]]]] = {}
+        """Run id → (when, node → the InfiniBand ports its NCCL used there), for the window."""
+        self.rails: dict[tuple[str, str, str], FleetEvent] = {}
+        """(leaf, device, port) → the live switch finding of a rail (multi-rail fabrics)."""
+
+    def judge_run(self, ctx: Context, run: RunInput, selected: Sequence[Selected], cache: FleetCache,
+                  now: float, ev: RunFindings) -> None:
+        """Keeps which ports each run's NCCL used (``RunInput.nics``): a port fault explains only those runs."""
+        if run.nics:
+            self.nics[run.run_id] = (run.at, run.nics)
 
     def signals(self) -> list[PortTrack]:
         """The port tracks followed now (``healthd_node_passive_signal`` with ``device`` and ``port``)."""
@@ -178,7 +214,10 @@ class Fabric(BaseSource):
                 touched |= self.boundary(ctx, run)
         followed = {t.node for t in self.tracks.values()}
         nodes = {n for run in judged for n in run.nodes if n in followed}
-        self._conclude_nodes(ctx, nodes | touched | self._expire(now, ctx.settings.passive.window_s), now, out)
+        window = ctx.settings.passive.window_s
+        for run_id in [r for r, (at, _) in self.nics.items() if now - at > 2 * window]:
+            del self.nics[run_id]
+        self._conclude_nodes(ctx, nodes | touched | self._expire(now, window), now, out)
 
     def boundary(self, ctx: Context, run: RunInput) -> set[str]:
         """One boundary document's InfiniBand ports (``healthd.passive.fabric.boundary_ports``): its counters'
@@ -291,14 +330,62 @@ class Fabric(BaseSource):
         window = ctx.settings.passive.window_s
         probes = {p for (_, p) in ctx.group_history} if any(t.kind == "event" for t in self.tracks.values()) \
             else set()
+        nodes = nodes | self._rails(ctx, now, out)
+        used = {run_id: nics for run_id, (_, nics) in self.nics.items()}
         for node in sorted(nodes):
-            tracks = by_node.get(node, [])
+            tracks = [self.tracks[t.key] for t in by_node.get(node, [])]
             for t in tracks:
-                if t.kind == "event" and not t.corroborated:
-                    low = busbw_low(ctx, node, t.first_at - window, probes)
+                if t.kind == "event" and not t.corroborated and not t.rail:
+                    low = busbw_low(ctx, node, t.first_at - window, probes, port=(t.device, t.port), used=used)
                     if low:
                         self.tracks[t.key] = replace(t, corroborated=low)
             self._conclude(ctx, node, [self.tracks[t.key] for t in tracks], now, out)
+
+    def _rails(self, ctx: Context, now: float, out: JudgeOutput) -> set[str]:
+        """On a multi-rail fabric (``[judge.passive] multi_rail``, with a topology): the port tracks of
+        ``[judge.switch] min_nodes`` or more nodes of one leaf on one rail (the same device and port) are that
+        rail's switch's: their tracks name it (a hint, never a finding of the node) and one switch finding names
+        the rail (``leaf3:mlx5_2/1``, pseudo-probe ``fabric``) while it lasts. The nodes whose tracks changed."""
+        topology = ctx.topology
+        groups: dict[tuple[str, str, str], set[str]] = defaultdict(set)
+        if ctx.settings.passive.multi_rail and topology is not None:
+            for t in self.tracks.values():
+                leaf = topology.leaf_of.get(t.node)
+                if leaf is not None:
+                    groups[(leaf, t.device, t.port)].add(t.node)
+        live = {k: v for k, v in groups.items() if len(v) >= ctx.settings.switch.min_nodes}
+        touched: set[str] = set()
+        for key in sorted(set(self.rails) - set(live)):
+            gone = self.rails.pop(key)
+            out.switch_findings.append(replace(gone, ended_at=now, text=f"{gone.text} (ended)"))
+            touched |= set(gone.nodes)
+        for key, members in sorted(live.items()):
+            leaf, device, port = key
+            under = topology.nodes_under(leaf) if topology is not None and leaf in topology.switches \
+                else frozenset(members)
+            old = self.rails.get(key)
+            if old is None or set(old.nodes) != members:
+                names = ", ".join(sorted(members)[:8]) + (", ..." if len(members) > 8 else "")
+                codes = tuple(sorted({t.code for t in self.tracks.values() if (t.node, t.device, t.port) in
+                                      {(n, device, port) for n in members}}))
+                event = FleetEvent(
+                    ctx.node_class(min(members)), PROBE, old.started_at if old else now, None, len(members),
+                    len(under), codes,
+                    f"rail {device}/{port} of {leaf}: InfiniBand port signals ({', '.join(codes)}) on {len(members)} "
+                    f"of its {len(under)} nodes at once ({names}): that rail's leaf switch or its cabling, not the "
+                    "nodes", rail_switch(key), 0, tuple(sorted(members)), (leaf,), PROBE)
+                self.rails[key] = event
+                if old is None:
+                    out.switch_findings.append(event)
+                touched |= members ^ set(old.nodes if old else ())
+        for k, t in list(self.tracks.items()):
+            leaf = topology.leaf_of.get(t.node) if topology is not None else None
+            rail = rail_switch((leaf, t.device, t.port)) if leaf is not None and (leaf, t.device, t.port) in live \
+                else ""
+            if rail != t.rail:
+                self.tracks[k] = replace(t, rail=rail, corroborated="" if rail else t.corroborated)
+                touched.add(t.node)
+        return touched
 
     def _conclude(self, ctx: Context, node: str, tracks: list[PortTrack], now: float, out: JudgeOutput) -> None:
         old = ctx.verdicts.get((node, PROBE))
@@ -314,6 +401,10 @@ class Fabric(BaseSource):
             why = "" if top.code == DEGRADED_LINK else f", with the node's inter-node bandwidth low: {top.corroborated}"
             text = f"{top.detail}{why}{more}"
             recommend = True
+        elif top is not None and top.rail:
+            outcome, code = Outcome.PASS, top.code
+            text = (f"port hint: {top.detail}{more}; the switch's: rail {top.rail} shows port signals on several "
+                    "of its nodes at once (a switch finding names it)")
         elif top is not None:
             outcome, code = Outcome.PASS, top.code
             text = (f"port hint: {top.detail}{more}; the node's inter-node bandwidth is not low in the window "
@@ -341,6 +432,9 @@ class Fabric(BaseSource):
                     self.tracks[track.key] = track
                     if track.code == DEGRADED_LINK:
                         self.active_seen.add((track.node, track.device, track.port))
+        for event in state.events:
+            if event.cause == PROBE and event.active and (key := rail_key(event.switch)) is not None:
+                self.rails[key] = event
 
 
 def evidence(t: PortTrack | None) -> dict[str, float | str]:
@@ -356,6 +450,8 @@ def evidence(t: PortTrack | None) -> dict[str, float | str]:
         out["counter"] = COUNTER_OF_CODE[t.code]
     if t.corroborated:
         out["corroborated"] = t.corroborated[:300]
+    if t.rail:
+        out["rail"] = t.rail
     return out
 
 
@@ -364,6 +460,6 @@ def restore(node: str, code: str, ev: Mapping[str, float | str]) -> PortTrack | 
         return PortTrack(node, str(ev["device"]), str(ev["port"]), code,
                          "level" if ev.get("kind") == "level" else "event", str(ev.get("detail", code)),
                          float(ev["first_at"]), float(ev["last_at"]), int(float(ev.get("seen", 1))),
-                         float(ev.get("total", 0.0)), str(ev.get("corroborated", "")))
+                         float(ev.get("total", 0.0)), str(ev.get("corroborated", "")), str(ev.get("rail", "")))
     except (KeyError, ValueError, TypeError):
         return None
