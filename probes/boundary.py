@@ -22,7 +22,9 @@ Checks, cheapest first
 ``leftover``  epilog only: a process still holding GPU memory
               (``nvidia-smi --query-compute-apps``) or, on any node, a live process of the job's user
               (``SLURM_JOB_UID``) after the job ended, unless its cgroup names another job.
-``errors``    hard XIDs in the kernel log (``/dev/kmsg``) since the last check, and row-remapping
+``errors``    hard XIDs in the kernel log (``/dev/kmsg``) since the last check, NVSwitch errors (SXid lines of
+              ``nvidia-nvswitch*``: a fatal one fails an NVSwitch system, a non-fatal one is a hint,
+              ``nvswitch_sxid_nonfatal``), and row-remapping
               failures / pending remaps, volatile uncorrected ECC (``nvidia-smi --query-gpu``); skipped
               with the reason where the log or the tool is unavailable.
 ``links``     each InfiniBand port's error counters (``link_downed``, ``symbol_error``, ``port_rcv_errors``, ...),
@@ -45,7 +47,8 @@ Checks, cheapest first
 Exit status (what Slurm acts on: non-zero drains the node)
 ----------------------------------------------------------
 ``1`` only when the node is certainly broken: GPUs missing, a leftover process of the ended job
-(holding GPU memory, or of the job's user), a hard XID, a row-remapping failure. ``0`` otherwise,
+(holding GPU memory, or of the job's user), a hard XID, a row-remapping failure, a fatal SXid on an NVSwitch
+system. ``0`` otherwise,
 including every check that could not run (a missing tool, its own exception, bad options, a results
 directory that cannot be written) and a check ended by a signal (Slurm's time limit for the script:
 its document, when there is time to write it, is ``error`` with what was found so far dropped): the
@@ -115,6 +118,9 @@ HARD_XIDS = frozenset({48, 62, 64, 74, 79, 92, 94, 95, 119, 120, 123, 140})
 firmware/GSP, 64 row-remap failure, 74 NVLink, 79 fell off the bus, 92 high SBE rate, 94/95 ECC
 contained/uncontained, 123 SPI PMU, 140 ECC unrecovered."""
 _XID = re.compile(r"NVRM: Xid \((?P<pci>[^)]*)\): (?P<xid>\d+)")
+_SXID = re.compile(r"(?P<dev>nvidia-nvswitch\d+): SXid \((?P<pci>[^)]*)\): (?P<code>\d+), ?(?P<rest>.*)$")
+MAX_SXIDS = 200
+"""SXid records kept of one read (an NVSwitch logs several lines per event, many links at once)."""
 STATE_DIR = Path("/run/healthd-node-check")
 """Where the last kernel-log record seen is kept (tmpfs: the kernel log starts afresh at boot too)."""
 _JOB_CGROUP = re.compile(r"/job_(\d+)(/|$)")
@@ -287,6 +293,49 @@ def parse_kmsg(text: str) -> list[KernelXid]:
         if m:
             out.append(KernelXid(int(fields[1]), int(m.group("xid")), m.group("pci"), message.strip()[:300]))
     return out
+
+
+@dataclass(frozen=True)
+class KernelSxid:
+    """One NVSwitch error (``nvidia-nvswitch3: SXid (PCI:0000:04:00.0): 22013, Non-fatal, Link 44 …``)."""
+
+    seq: int
+    switch: str
+    pci: str
+    code: int
+    fatal: bool | None
+    """``Fatal`` / ``Non-fatal`` as the driver wrote it; ``None`` where no line of the event says."""
+    line: str
+
+
+def parse_sxids(text: str, *, limit: int = MAX_SXIDS) -> list[KernelSxid]:
+    """SXid records of ``/dev/kmsg`` lines, one per event (switch, PCI address, code): the driver writes an
+    event as several lines (``…: 12028, Non-fatal, Link 32 egress non-posted PRIV error``, ``…: 12028, Severity 0
+    Engine instance 32 …``, ``…: 12028, Data {0x…}``); its fatality is the one a line of it states. At most
+    ``limit`` events (the first ones)."""
+    events: dict[tuple[int, str, str, int], KernelSxid] = {}
+    last: dict[tuple[str, str, int], tuple[int, str, str, int]] = {}
+    for line in text.splitlines():
+        head, sep, message = line.partition(";")
+        fields = head.split(",")
+        if not sep or len(fields) < 2 or not fields[1].isdigit():
+            continue
+        m = _SXID.search(message)
+        if m is None:
+            continue
+        rest = m.group("rest").lower()
+        fatal = True if rest.startswith("fatal") else False if rest.startswith("non-fatal") else None
+        what = (m.group("dev"), m.group("pci"), int(m.group("code")))
+        key = last.get(what)
+        if key is None or (events[key].fatal is not None and fatal is not None):
+            if len(events) >= limit:
+                break
+            key = (int(fields[1]), *what)
+            last[what] = key
+            events[key] = KernelSxid(int(fields[1]), what[0], what[1], what[2], fatal, message.strip()[:300])
+        elif fatal is not None and events[key].fatal is None:
+            events[key] = KernelSxid(events[key].seq, what[0], what[1], what[2], fatal, message.strip()[:300])
+    return list(events.values())
 
 
 def last_seq(text: str) -> int:
@@ -541,6 +590,25 @@ def _check_xids(s: Setup, f: Findings) -> None:
         name="boundary.xid", ok=not hard, node=s.node,
         detail="; ".join(x.line for x in hard[:3]) if hard
         else f"no hard XID since the last check ({len(xids)} XID(s))"))
+    _sxids(s, f, [x for x in parse_sxids(text) if x.seq > since])
+
+
+def _sxids(s: Setup, f: Findings, sxids: list[KernelSxid]) -> None:
+    """NVSwitch errors since the last check: a fatal one fails the node on an NVSwitch system (the switch needs
+    a reset: NVLink traffic through it stalls); a non-fatal one, or one whose fatality no line states, is a
+    hint (``nvswitch_sxid_nonfatal``, the events' count: the daemon asks for a probe of the node)."""
+    fatal = [x for x in sxids if x.fatal and s.nvswitch]
+    soft = [x for x in sxids if x not in fatal]
+    if s.nvswitch:
+        f.checks.append(Check(name="boundary.sxid", ok=not fatal, node=s.node,
+                              detail="fatal NVSwitch error: " + "; ".join(x.line for x in fatal[:3]) if fatal
+                              else f"no fatal SXid since the last check ({len(soft)} other)"))
+    if not sxids:
+        return
+    f.info["sxids_since_last_check"] = sorted({x.code for x in sxids})
+    if soft:  # on a node not marked an NVSwitch system, a fatal one too: the class decides what is a fault
+        f.measurements.append(Measurement(name="nvswitch_sxid_nonfatal", value=float(len(soft)), node=s.node))
+        f.info["sxid_hints"] = [x.line for x in soft[:5]]
 
 
 @dataclass(frozen=True)
