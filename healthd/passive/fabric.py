@@ -150,15 +150,16 @@ class FabricPoll:
 class FabricTracker:
     """The references of every port counter and each node's boot time, between polls."""
 
-    _refs: dict[tuple[str, str, str, str], float] = field(default_factory=dict)
+    _refs: dict[str, dict[tuple[str, str, str], float]] = field(default_factory=dict)
+    """Node → (device, port, counter) → the reference (per node: a boundary document touches its node's only)."""
     _boot: dict[str, float] = field(default_factory=dict)
     _covered_before: frozenset[str] = frozenset()
     """Nodes covered at the previous poll: a counter first seen above 0 on one of them rose from 0."""
 
     def forget(self, nodes: Collection[str]) -> None:
         gone = set(nodes)
-        for key in [k for k in self._refs if k[0] in gone]:
-            del self._refs[key]
+        for node in gone & set(self._refs):
+            del self._refs[node]
         for node in gone & set(self._boot):
             del self._boot[node]
 
@@ -184,18 +185,22 @@ class FabricTracker:
                 code, saturation, _ = COUNTERS[counter]
                 if s.value >= saturation:
                     saturated.append(key)
-                    self._refs[key] = s.value
+                    self._refs.setdefault(s.node, {})[key[1:]] = s.value
                     continue
-                before = self._refs.get(key)
-                self._refs[key] = s.value
+                refs = self._refs.setdefault(s.node, {})
+                before = refs.get(key[1:])
+                refs[key[1:]] = s.value
                 if s.node in booted or (before is None and s.node not in self._covered_before):
                     continue
                 base = 0.0 if before is None else before
                 if s.value > base and base < saturation:
                     signals.append(PortSignal(s.node, device, port, counter, code, at, s.value - base, s.value))
             if answers.present is not None:
-                for key in [k for k in self._refs if k not in seen and k[0] in covered]:
-                    self._refs[key] = 0.0  # absent from the "> 0" answer while its node answered: at 0
+                for node in covered & set(self._refs):
+                    refs = self._refs[node]
+                    for ref in refs:
+                        if (node, *ref) not in seen:
+                            refs[ref] = 0.0  # absent from the "> 0" answer while its node answered: at 0
         self._covered_before = covered if answers.present is not None else self._covered_before | covered
         unavailable = {node: tuple(c for c in COUNTERS if c not in have)
                        for node, have in present.items() if any(c not in have for c in COUNTERS)}

@@ -173,7 +173,10 @@ class Fabric(BaseSource):
         self.tracker = FabricTracker()
         """The references of the boundary documents' counters (the Prometheus path keeps its own)."""
         self.boundary_links: dict[str, tuple[PortLink, ...]] = {}
-        """Node → its active ports at its latest boundary document (the class's usual rate is taken from them)."""
+        """Node → its active ports at its latest boundary document."""
+        self.class_rates: dict[str, Counter[float]] = {}
+        """Class → how many active ports of its nodes' latest boundary documents have each rate (the most common
+        one, ties: the higher, is the class's: ``class_rates``'s rule, kept up to date per document)."""
         self.active_seen: set[tuple[str, str, str]] = set()
         """(node, device, port) seen active at a boundary document: down later, it is a degraded link."""
         self.nics: dict[str, tuple[float, Mapping[str, frozenset[tuple[str, str]]]]] = {}
@@ -233,13 +236,17 @@ class Fabric(BaseSource):
         if ports is None:
             return set()
         poll = self.tracker.observe(ports.answers, run.at)
+        cls = ctx.node_class(node)
+        counts = self.class_rates.setdefault(cls, Counter())
+        counts.subtract(p.rate for p in self.boundary_links.get(node, ()))
+        counts.update(p.rate for p in poll.links)
         self.boundary_links[node] = poll.links
-        active = {(node, p.device, p.port) for p in poll.links}
-        self.active_seen |= active
+        self.active_seen |= {(node, p.device, p.port) for p in poll.links}
         down = [p for p in ports.down if (node, p.device, p.port) in self.active_seen]
-        pool = [p for links in self.boundary_links.values() for p in links]
+        live = [(n, rate) for rate, n in counts.items() if n > 0]
+        usual = {cls: max(live)[1]} if live else {}
         touched = self._events(poll, known, ctx.settings.passive.window_s)
-        touched |= self._links(ctx, poll, known, run.at, pool=pool, down=down)
+        touched |= self._links(ctx, poll, known, run.at, usual=usual, down=down)
         return touched | self._saturation(poll, known, nodes={node})
 
     def _events(self, fabric: FabricPoll, known: set[str], window: float) -> set[str]:
@@ -259,17 +266,18 @@ class Fabric(BaseSource):
         return touched
 
     def _links(self, ctx: Context, fabric: FabricPoll, known: set[str], now: float, *,
-               pool: Sequence[PortLink] | None = None, down: Sequence[PortLink] = ()) -> set[str]:
-        """Degraded-link tracks of the poll's active ports below their class's rate (``pool``: the links the
-        class's rate is taken from, default the poll's) and of ``down`` ports (a boundary document's: down now,
-        active at an earlier check). A track of a covered node not low any more ends; one of a down port only
-        where the poll sees down ports (``down`` given: a boundary document), since node_exporter's query reads
-        active ports only."""
+               usual: Mapping[str, float] | None = None, down: Sequence[PortLink] = ()) -> set[str]:
+        """Degraded-link tracks of the poll's active ports below their class's rate (``usual``: class → rate,
+        default the poll's own most common rate per class) and of ``down`` ports (a boundary document's: down
+        now, active at an earlier check). A track of a covered node not low any more ends; one of a down port
+        only where the poll sees down ports (``usual`` given: a boundary document), since node_exporter's query
+        reads active ports only."""
         if "links" in fabric.failed:
             return set()
         links = [p for p in fabric.links if not known or p.node in known]
-        usual = class_rates((ctx.node_class(p.node), p.rate)
-                            for p in (links if pool is None else [q for q in pool if not known or q.node in known]))
+        sees_down = usual is not None
+        if usual is None:
+            usual = class_rates((ctx.node_class(p.node), p.rate) for p in links)
         low: dict[tuple[str, str, str, str], tuple[PortLink, str, str]] = {}
         for p in links:
             rate = usual.get(ctx.node_class(p.node), p.rate)
@@ -293,7 +301,6 @@ class Fabric(BaseSource):
             else:
                 self.tracks[key] = replace(old, last_at=now, seen=old.seen + 1, detail=detail, total=p.rate)
                 touched |= {p.node} if old.total != p.rate else set()
-        sees_down = pool is not None
         for key, t in list(self.tracks.items()):
             if t.code == DEGRADED_LINK and key not in low and t.node in fabric.covered and (t.total > 0 or sees_down):
                 del self.tracks[key]
