@@ -85,7 +85,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -281,18 +281,19 @@ class KernelXid:
     line: str
 
 
-def parse_kmsg(text: str) -> list[KernelXid]:
-    """XID records of ``/dev/kmsg`` lines (``<prio>,<seq>,<usec>,<flags>;NVRM: Xid (PCI:0000:3b:00): 79, …``)."""
-    out = []
+def kmsg_records(text: str) -> Iterator[tuple[int, str]]:
+    """(sequence number, message) of each ``/dev/kmsg`` record (``<prio>,<seq>,<usec>,<flags>;<message>``)."""
     for line in text.splitlines():
         head, sep, message = line.partition(";")
         fields = head.split(",")
-        if not sep or len(fields) < 2 or not fields[1].isdigit():
-            continue
-        m = _XID.search(message)
-        if m:
-            out.append(KernelXid(int(fields[1]), int(m.group("xid")), m.group("pci"), message.strip()[:300]))
-    return out
+        if sep and len(fields) >= 2 and fields[1].isdigit():
+            yield int(fields[1]), message
+
+
+def parse_kmsg(text: str) -> list[KernelXid]:
+    """XID records of ``/dev/kmsg`` lines (``<prio>,<seq>,<usec>,<flags>;NVRM: Xid (PCI:0000:3b:00): 79, …``)."""
+    return [KernelXid(seq, int(m.group("xid")), m.group("pci"), message.strip()[:300])
+            for seq, message in kmsg_records(text) if (m := _XID.search(message))]
 
 
 @dataclass(frozen=True)
@@ -315,11 +316,7 @@ def parse_sxids(text: str, *, limit: int = MAX_SXIDS) -> list[KernelSxid]:
     ``limit`` events (the first ones)."""
     events: dict[tuple[int, str, str, int], KernelSxid] = {}
     last: dict[tuple[str, str, int], tuple[int, str, str, int]] = {}
-    for line in text.splitlines():
-        head, sep, message = line.partition(";")
-        fields = head.split(",")
-        if not sep or len(fields) < 2 or not fields[1].isdigit():
-            continue
+    for seq, message in kmsg_records(text):
         m = _SXID.search(message)
         if m is None:
             continue
@@ -330,9 +327,9 @@ def parse_sxids(text: str, *, limit: int = MAX_SXIDS) -> list[KernelSxid]:
         if key is None or (events[key].fatal is not None and fatal is not None):
             if len(events) >= limit:
                 break
-            key = (int(fields[1]), *what)
+            key = (seq, *what)
             last[what] = key
-            events[key] = KernelSxid(int(fields[1]), what[0], what[1], what[2], fatal, message.strip()[:300])
+            events[key] = KernelSxid(seq, what[0], what[1], what[2], fatal, message.strip()[:300])
         elif fatal is not None and events[key].fatal is None:
             events[key] = KernelSxid(events[key].seq, what[0], what[1], what[2], fatal, message.strip()[:300])
     return list(events.values())
