@@ -7,8 +7,8 @@ explain a low busbw."""
 from __future__ import annotations
 
 from healthd.config import JudgeSettings, PassiveJudgeSettings
-from healthd.judge.model import JudgeOutput, RunInput
-from healthd.judge.sources.fabric import PROBE, rail_key, rail_switch
+from healthd.judge.model import JudgeOutput, JudgeState, RunInput
+from healthd.judge.sources.fabric import PROBE, Fabric, rail_key, rail_switch
 from healthd.parsers.nccl_transport import expand_nccl_transport, ib_ports_used
 from healthd.passive.fabric import FabricTracker
 from healthd.passive.model import PassivePoll
@@ -70,6 +70,10 @@ def test_the_same_rail_on_several_nodes_of_one_leaf_is_the_rail_switchs() -> Non
     assert event.cause == PROBE and event.held == ("L1",) and "rail mlx5_2/1 of L1" in event.text
     assert {r.verdict(n) for n in ("n0", "n1", "n2")} == {("pass", "ib_symbol_errors")}
     assert "the switch's: rail L1:mlx5_2/1" in r.fleet.judge.verdicts[("n0", PROBE)].reason
+    fresh = Fabric()  # a restart: the rail's finding and its tracks come back from the stored judgement
+    fresh.restore(r.fleet.judge, JudgeState(verdicts=tuple(r.fleet.judge.verdicts.values()), events=(event,)))
+    assert list(fresh.rails) == [("L1", "mlx5_2", "1")]
+    assert {t.rail for t in fresh.signals() if t.device == "mlx5_2"} == {"L1:mlx5_2/1"}
     r.low_busbw("n0", "n7")  # the rail explains it: no node of it is drained
     assert r.verdict("n0") == ("pass", "ib_symbol_errors") and r.recommended() == []
     # the rail's errors stop: the window passes, the rail's finding ends
