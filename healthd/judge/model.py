@@ -204,6 +204,9 @@ class RunInput:
     """(node, scope) → the slowest link a run measured there, for people (the pipeline probe's
     ``slowest_link``: ``rank 0 (node1 gpu 0) -> rank 1 (node2 gpu 0): 1.2 GB/s, 0.05 x the median ...``): a
     finding on the node's link figures names both ends."""
+    nics: Mapping[str, frozenset[tuple[str, str]]] = field(default_factory=dict)
+    """Node → the InfiniBand ports (device, port) NCCL used there (its ``NET/IB : Using [0]mlx5_0:1/IB ...``
+    lines, ``params.nccl_transport``); a node absent: not known."""
 
     @property
     def priority(self) -> bool:

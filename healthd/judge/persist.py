@@ -13,6 +13,7 @@ from healthd.config import JudgeSettings
 from healthd.judge.engine import Judge
 from healthd.judge.model import CheckInput, Declarations, JudgeOutput, MeasurementInput, RunInput
 from healthd.model import Node, devices_by_node
+from healthd.parsers.nccl_transport import ib_ports_used
 from healthd.passive.model import PassivePoll
 
 if TYPE_CHECKING:
@@ -34,7 +35,8 @@ def run_from_collected(c: Collected, now: float) -> RunInput:
                        for ch in result.checks if not ch.ok)
     return RunInput(c.run_id, c.probe, tuple(c.nodes), c.outcome, c.reason,
                     result.finished_at if result is not None else now, measurements, failed, c.kind, uuids,
-                    slowest_links(result.params) if result is not None else {})
+                    slowest_links(result.params) if result is not None else {},
+                    ib_ports_used(result.params) if result is not None else {})
 
 
 def slowest_links(params: Mapping[str, object]) -> dict[tuple[str, str], str]:
