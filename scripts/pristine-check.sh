@@ -21,7 +21,8 @@
 #
 # Each step prints its time; a failing step names itself, prints the tail of its log and keeps the log
 # under $HEALTHD_PRISTINE_LOGS (default /tmp/healthd-pristine-logs). Root only (mmdebstrap, chroot,
-# namespaces). Exit status 0 when every step asked for passed. .ci/run runs it before the suite.
+# namespaces). Exit status 0 when every step asked for passed. .ci/run runs it beside scripts/test.sh's set-up
+# (HEALTHD_TEST_AWAIT: pytest waits for it), its Slurm cluster on ports of its own (16880, 17080+).
 set -Eeuo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 CACHE=${HEALTHD_PRISTINE_CACHE:-/var/cache/healthd-pristine}
