@@ -368,8 +368,8 @@ def test_a_real_slow_down_reaches_the_webhook_and_resolves(stack: Stack) -> None
     t_start = time.time()
     stack.wait("baselines of nccl and gemm", lambda: stack.baselines() >= {"nccl", "gemm"}, timeout=240)
     t_baselines = time.time()
-    # healthy runs judged against the baselines (each probe's own alert is also checked never to have been pending
-    # until its slow-down: gemm's through nccl's whole phase)
+    # a healthy run of each judged against its baseline (and each probe's own alert is checked never to have been
+    # pending from the start until its slow-down)
     stack.wait("a judged run of each probe after the baselines",
                lambda: min(stack.finished_since(p, t_baselines) for p in ("nccl", "gemm")) >= 1, timeout=120)
     assert stack.notifications() == [], "an alert while healthy"
