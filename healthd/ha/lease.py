@@ -34,8 +34,9 @@ from healthd.logging import get_logger
 
 log = get_logger("healthd.ha")
 
-SCHEMA_VERSION = 1
-"""The schema this healthd writes and reads; ``healthd ha init`` upgrades an older one to it."""
+SCHEMA_VERSION = 2
+"""The schema this healthd writes and reads; ``healthd ha init`` upgrades an older one to it (1 -> 2: the run
+registry, ``healthd_runs``)."""
 LEASE_NAME = "leader"
 MAX_DETAIL = 1000
 
@@ -61,6 +62,19 @@ _SCHEMA = (
         probe VARCHAR(255) NOT NULL,
         detail VARCHAR(1024) NOT NULL,
         INDEX healthd_actions_verb_at (verb, at)
+    ) ENGINE=InnoDB""",
+    """CREATE TABLE IF NOT EXISTS healthd_runs (
+        run_id VARCHAR(128) NOT NULL PRIMARY KEY,
+        holder VARCHAR(128) NOT NULL,
+        epoch BIGINT NOT NULL,
+        job_id VARCHAR(64) NOT NULL,
+        probe VARCHAR(255) NOT NULL,
+        nodes VARCHAR(4096) NOT NULL,
+        kind VARCHAR(32) NOT NULL,
+        result_path VARCHAR(1024) NOT NULL,
+        submitted_at DOUBLE NOT NULL,
+        done TINYINT NOT NULL DEFAULT 0,
+        INDEX healthd_runs_done (done)
     ) ENGINE=InnoDB""",
 )
 
@@ -98,6 +112,30 @@ class Target:
     port: int
     database: str
     password: str
+
+
+@dataclass(frozen=True)
+class SharedRun:
+    """A submitted probe run in the run registry (``healthd_runs``): what a new leader needs to collect it."""
+
+    run_id: str
+    probe: str
+    nodes: tuple[str, ...]
+    kind: str
+    job_id: str
+    result_path: str
+    submitted_at: float
+
+
+@dataclass(frozen=True)
+class JournalDrain:
+    """A drain in the action journal: which instance made it, when (Unix time, the database's clock)."""
+
+    node: str
+    holder: str
+    epoch: int
+    at: float
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -389,6 +427,47 @@ class Lease:
                     if node and name and float(at) > out.get((node, name), float("-inf")):
                         out[(node, name)] = float(at)
         return out
+
+    def register_runs(self, runs: Sequence[SharedRun]) -> None:
+        """Put submitted runs in the run registry, under this instance's epoch (a run already there is kept)."""
+        if not runs:
+            return
+        with self._lock:
+            epoch = self.epoch or 0
+        with self._cursor() as cur:
+            for r in runs:
+                cur.execute("INSERT IGNORE INTO healthd_runs (run_id, holder, epoch, job_id, probe, nodes, kind, "
+                            "result_path, submitted_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                            (r.run_id, self.instance, epoch, r.job_id, r.probe, ",".join(r.nodes), r.kind,
+                             r.result_path, r.submitted_at))
+
+    def open_runs(self) -> list[SharedRun]:
+        """The runs in the registry not closed yet (by any instance), oldest first."""
+        with self._cursor() as cur:
+            cur.execute("SELECT run_id, probe, nodes, kind, job_id, result_path, submitted_at FROM healthd_runs "
+                        "WHERE done = 0 ORDER BY submitted_at")
+            rows = cur.fetchall()
+        return [SharedRun(str(r[0]), str(r[1]), tuple(n for n in str(r[2]).split(",") if n), str(r[3]), str(r[4]),
+                          str(r[5]), float(r[6])) for r in rows]
+
+    def close_runs(self, run_ids: Sequence[str]) -> None:
+        """Mark runs collected in the registry (kept for the record; ``prune_runs`` deletes old ones)."""
+        if not run_ids:
+            return
+        with self._cursor() as cur:
+            cur.execute(f"UPDATE healthd_runs SET done = 1 WHERE run_id IN ({', '.join(['%s'] * len(run_ids))})",
+                        tuple(run_ids))
+
+    def journal_drains(self, since_s: float, *, others_only: bool = True) -> list[JournalDrain]:
+        """The drains journalled in the last ``since_s`` seconds (with ``others_only``, by other instances):
+        the breaker window and the hourly cap count them, so a failover does not grant a second quota."""
+        with self._cursor() as cur:
+            cur.execute("SELECT nodes, holder, epoch, UNIX_TIMESTAMP(at), detail FROM healthd_actions "
+                        "WHERE verb = 'drain' AND at > NOW(6) - INTERVAL %s MICROSECOND"
+                        + (" AND holder <> %s" if others_only else "") + " ORDER BY id",
+                        (_micro(since_s), self.instance) if others_only else (_micro(since_s),))
+            rows = cur.fetchall()
+        return [JournalDrain(str(r[0]), str(r[1]), int(r[2]), float(r[3]), str(r[4])) for r in rows]
 
     def drains(self, nodes: Sequence[str], verbs: Sequence[str]) -> dict[str, set[int]]:
         """The epochs under which each of ``nodes`` was recorded with one of ``verbs`` (any instance)."""

@@ -26,7 +26,7 @@ from healthd.config import HaSettings, Settings
 from healthd.errors import ConfigError, HaError, PolicyRefused
 from healthd.ha.fence import FencedBackend, reason_epoch
 from healthd.ha.lease import SCHEMA_VERSION, Lease, check_server, connect, init_schema, target
-from healthd.model import Node, ProbeJob
+from healthd.model import Node, Outcome, ProbeJob
 from tests.integration.conftest import FAKE_GPU_CLASSES, SlurmTestCluster
 
 pymysql = pytest.importorskip("pymysql", reason="PyMySQL is not installed (pip install 'healthd[ha]')")
@@ -692,3 +692,146 @@ def test_two_processes_with_one_instance_id_never_act_together(mariadb: dict[str
         epochs = [r[0] for r in cur.fetchall()]
     root.close()
     assert epochs == sorted(epochs) and len(set(epochs)) == len(epochs)  # one action per term here, in order
+
+
+def _scrape(daemon: Any, gzip_: bool = False) -> str:
+    import gzip
+
+    app = daemon.http._server.get_app()
+    env = {"REQUEST_METHOD": "GET", "PATH_INFO": "/metrics", "QUERY_STRING": "",
+           "HTTP_ACCEPT_ENCODING": "gzip" if gzip_ else ""}
+    body = b"".join(app(env, lambda status, headers: None))
+    return (gzip.decompress(body) if gzip_ else body).decode()
+
+
+def test_a_standby_exports_its_own_health_and_no_judgement(mariadb: dict[str, Any], database: str, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """healthd_leader 0 and the daemon's own health on the standby, none of the judgement families (node series,
+    coverage): one copy of each for rules and dashboards; the leader exports them. `healthd status` says who
+    leads."""
+    from healthd.cli import main
+    from healthd.daemon import Daemon
+
+    ha = _settings(mariadb, database, tmp_path, "b")
+    _init(ha)
+    a = Lease(_settings(mariadb, database, tmp_path, "a"))
+    a.renew()
+    settings = Settings(state_dir=tmp_path / "state", backend="local", ha=ha,
+                        slurm={"command_timeout_s": MARGIN})  # type: ignore[arg-type]
+    daemon = Daemon(settings, None)
+    try:
+        daemon.renew_lease()
+        daemon.discover()
+        daemon._refresh_metrics()
+        for text in (_scrape(daemon), _scrape(daemon, gzip_=True)):
+            assert "healthd_leader 0.0" in text and "healthd_build_info{" in text
+            assert "healthd_scheduler_ticks_total" in text and "healthd_cluster_nodes{" in text
+            assert "healthd_node_info{" not in text and "healthd_probe_coverage_ratio" not in text
+            assert "\nhealthd_ha_epoch " not in text
+        config = tmp_path / "b.toml"
+        config.write_text(f'state_dir = "{tmp_path}/state"\n[ha]\nmode = "mariadb"\nurl = "{ha.url}"\n'
+                          f'password_file = "{ha.password_file}"\ninstance_id = "b"\n')
+        main(["status", "--config", str(config)])
+        assert f"ha: a leads, epoch 1, since {a.since} (database clock)" in capsys.readouterr().out
+        a.release()
+        daemon.renew_lease()
+        assert daemon.leading()
+        text = _scrape(daemon)
+        assert "healthd_leader 1.0" in text and "healthd_ha_epoch 2.0" in text
+        assert "healthd_node_info{" in text and "healthd_probe_coverage_ratio" in text
+        main(["status", "--config", str(config), "--json"])
+        out = capsys.readouterr().out
+        assert json.loads(out[out.index("\n{") + 1:])["ha"].startswith("ha: b leads, epoch 2, since ")
+    finally:
+        daemon.http.stop()
+        daemon.store.close()
+        if daemon.lease is not None:
+            daemon.lease.close()
+
+
+def test_a_new_leader_collects_the_runs_the_old_one_submitted(mariadb: dict[str, Any], database: str,
+                                                              tmp_path: Path) -> None:
+    """The run registry: a's submissions (one combined job of two runs) are in the database with their job id as
+    soon as the backend names it; b, leading, takes them into its own store as submitted runs of that job, and
+    closes them in the registry once its store has them finished; twice changes nothing."""
+    from healthd.ha.runs import sync_runs
+    from healthd.model import BundledRun, RunKind
+    from healthd.store import Store
+
+    a = Lease(_settings(mariadb, database, tmp_path, "a"))
+    b = Lease(_settings(mariadb, database, tmp_path, "b"))
+    _init(a.settings)
+    a.renew()
+    results = tmp_path / "results"
+    job = ProbeJob(run_id="r1", probe="gemm", nodes=("n1",), bundle=(BundledRun("r1", "gemm"), BundledRun("r2", "env")))
+    job_id = _fenced(a, RecordingBackend()).submit(job, results / "r1.json")
+    a.release()
+    b.renew()
+    store = Store(tmp_path / "b.sqlite")
+    try:
+        assert sync_runs(b, store, "slurm") == (["r1", "r2"], [])
+        runs = {r.run_id: r for r in store.unfinished_runs()}
+        assert {k: (r.job_id, r.probe, r.nodes, r.kind, r.result_path) for k, r in runs.items()} == {
+            "r1": (job_id, "gemm", ("n1",), RunKind.PROBE, str(results / "r1.json")),
+            "r2": (job_id, "env", ("n1",), RunKind.PROBE, str(results / "r2.json"))}
+        assert ("n1", "gemm") in store.last_attempts()  # the planner sees them: no second probe of the node
+        assert sync_runs(b, store, "slurm") == ([], [])
+        store.finish_run("r1", outcome=Outcome.PASS, reason="", finished_at=time.time())
+        assert sync_runs(b, store, "slurm") == ([], ["r1"])
+        assert [r.run_id for r in b.open_runs()] == ["r2"]
+    finally:
+        store.close()
+
+
+def test_the_hourly_cap_holds_across_a_failover(mariadb: dict[str, Any], database: str, tmp_path: Path) -> None:
+    """a drains two nodes and an operator undrains one of them, then b leads: b inherits the drain still there (no
+    second drain for its finding) and counts both of a's drains in its hourly cap at the time a made them (the
+    inherited copy not twice), so with a cap of 3 it drains one node more and refuses the next (counting its own
+    store only, it would drain two)."""
+    from healthd.config import RemediationSettings
+    from healthd.ha.caps import with_journal_drains
+    from healthd.ha.reconcile import reconcile
+    from healthd.judge.model import JudgeOutput, ReasonCode, RecommendationCandidate
+    from healthd.remediation import Remediator
+    from healthd.store import Store
+    from tests.fakes.slurm import FakeSlurmClient, fake_backend, gpu_node
+
+    slurm = FakeSlurmClient([gpu_node(f"n{i:02d}") for i in range(20)])  # one cluster both instances act on
+    backend = fake_backend(slurm, tmp_path / "results")
+    settings = RemediationSettings(mode="enforce", max_actions_per_hour=3)
+    leases = {name: Lease(_settings(mariadb, database, tmp_path, name)) for name in "ab"}
+    _init(leases["a"].settings)
+    stores = {name: Store(tmp_path / f"{name}.sqlite") for name in "ab"}
+
+    def remediator(name: str) -> Remediator:
+        lease = leases[name]
+
+        def hook(snap: Any, since: float) -> Any:
+            return with_journal_drains(snap, lease.journal_drains(time.time() - since), {})
+
+        return Remediator(stores[name], FencedBackend(backend, lease, "healthd:"), settings,  # type: ignore[arg-type]
+                          snapshot_hook=hook)
+
+    def recommend(r: Remediator, *nodes: str) -> list[tuple[str, str]]:
+        out = JudgeOutput(at=time.time(), evaluated={(n, "gemm") for n in nodes}, recommendations=[
+            RecommendationCandidate(n, "gemm", Outcome.FAIL, ReasonCode.BELOW_FLOOR, f"{n} is slow", {}, time.time())
+            for n in nodes])
+        return [(x.node or "", x.result) for x in r.apply(out) if x.action == "drain"]
+
+    try:
+        leases["a"].renew()
+        ra = remediator("a")
+        assert recommend(ra, "n01", "n02") == [("n01", "done"), ("n02", "done")]
+        assert ra.undrain("n02", actor="operator:alice").result == "done"
+        leases["a"].release()
+        leases["b"].renew()
+        assert reconcile(leases["b"], backend, stores["b"], "healthd:", 2, time.time()) == ["n01"]
+        rb = remediator("b")
+        assert recommend(rb, "n01") == []  # inherited: already drained by healthd
+        assert recommend(rb, "n03", "n04") == [("n03", "done"), ("n04", "refused")]
+        refusal = [x for x in stores["b"].audit() if x.result == "refused"]
+        assert refusal[0].reason == "hourly cap of 3 automatic drains reached; waiting"
+        assert sorted(n for n, _ in slurm.drains()) == ["n01", "n02", "n03"] and slurm.undrains() == ["n02"]
+    finally:
+        for s in stores.values():
+            s.close()
