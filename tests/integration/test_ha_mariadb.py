@@ -835,3 +835,197 @@ def test_the_hourly_cap_holds_across_a_failover(mariadb: dict[str, Any], databas
     finally:
         for s in stores.values():
             s.close()
+
+
+# -- two real daemons on the lab Slurm cluster ---------------------------------------------------------------
+DAEMON_TTL, DAEMON_RENEW, DAEMON_MARGIN = 4.0, 0.5, 3.0
+
+
+def _daemon_config(tmp_path: Path, db: dict[str, Any], name: str, database: str, port: int) -> Path:
+    from tests.integration.conftest import FAKE_GPU_CLASSES_TOML
+
+    ha = _settings(db, database, tmp_path, name)
+    config = tmp_path / f"{name}.toml"
+    config.write_text(f"""
+backend = "slurm"
+state_dir = "{tmp_path / name}"
+[http]
+host = "127.0.0.1"
+port = {port}
+[scheduler]
+discover_interval_s = 1
+plan_interval_s = 1
+collect_interval_s = 1
+[slurm]
+python = "{__import__('sys').executable}"
+max_idle_share = 1.0
+command_timeout_s = {DAEMON_MARGIN}
+results_dir = "{tmp_path / 'shared-results'}"
+{FAKE_GPU_CLASSES_TOML}
+[probes.gemm]
+interval_s = 3600
+args = ["--dtypes", "fp32", "--size", "256", "--copy-bytes", "4M"]
+[ha]
+mode = "mariadb"
+url = "{ha.url}"
+password_file = "{ha.password_file}"
+instance_id = "{name}"
+lease_ttl_s = {DAEMON_TTL}
+renew_interval_s = {DAEMON_RENEW}
+fence_margin_s = {DAEMON_MARGIN}
+[logging]
+format = "json"
+""")
+    return config
+
+
+def _leader_metric(port: int) -> float | None:
+    import re
+
+    from tests.integration.daemons import get
+
+    try:
+        m = re.search(r"^healthd_leader (\S+)$", get(port, "/metrics", timeout=2.0)[1], re.MULTILINE)
+    except OSError:
+        return None
+    return float(m.group(1)) if m else None
+
+
+def _journal(db: dict[str, Any], database: str) -> list[tuple[Any, ...]]:
+    root = _root(db)
+    try:
+        with root.cursor() as cur:
+            cur.execute("SELECT id, holder, epoch, verb, nodes, probe, UNIX_TIMESTAMP(at), detail "
+                        f"FROM {database}.healthd_actions ORDER BY id")
+            return list(cur.fetchall())
+    finally:
+        root.close()
+
+
+def _registry(db: dict[str, Any], database: str) -> list[tuple[Any, ...]]:
+    root = _root(db)
+    try:
+        with root.cursor() as cur:
+            cur.execute(f"SELECT run_id, holder, done FROM {database}.healthd_runs ORDER BY submitted_at")
+            return list(cur.fetchall())
+    finally:
+        root.close()
+
+
+def _until(cond: Any, timeout: float, what: str, *procs: Any) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        for p in procs:
+            assert p.proc.poll() is None, f"{p.log_path} died:\n{p.log_path.read_text()[-4000:]}"
+        time.sleep(0.1)
+    logs = "\n".join(f"== {p.log_path}\n{p.log_path.read_text()[-3000:]}" for p in procs)
+    raise AssertionError(f"timed out ({timeout} s) waiting for {what}\n{logs}")
+
+
+@pytest.mark.slurm
+def test_two_daemons_kill_pause_and_database_outage(cluster: SlurmTestCluster, server: Server, mariadb: dict[str, Any],
+                                                   database: str, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two `healthd run` processes (instance a and b, one shared results directory) on the lab Slurm cluster,
+    a lease TTL of 4 s:
+
+    - kill -9 of the leader while its probe runs are in flight: the standby leads within TTL + one renew (+ the
+      scrape and this machine's load) and collects the old leader's runs; no (node, probe) is submitted twice
+      (no probe wave: it goes on with the schedule);
+    - SIGSTOP of the leader past its lease, then SIGCONT: the other leads meanwhile, and the paused one steps
+      down on waking and takes no action;
+    - the database stopped: no one leads; started again: exactly one leads, under a new epoch.
+
+    After each: epochs never go down in the journal, and each drain reason on the cluster is untouched."""
+    import signal
+
+    from healthd.planning import PRIORITY_RUN_PREFIX
+    from tests.integration.daemons import DaemonProc, free_port, get
+
+    for k, v in cluster.env.items():
+        if k.startswith("SLURM"):
+            monkeypatch.setenv(k, v)
+    _init(_settings(mariadb, database, tmp_path, "a"))
+    ports = {"a": free_port(), "b": free_port()}
+    configs = {n: _daemon_config(tmp_path, mariadb, n, database, ports[n]) for n in "ab"}
+    procs: dict[str, DaemonProc] = {}
+
+    def start(name: str) -> DaemonProc:
+        procs[name] = DaemonProc(configs[name], ports[name], tmp_path / f"{name}.log")
+        procs[name].wait_http()
+        return procs[name]
+
+    def leads(name: str) -> bool:
+        return _leader_metric(ports[name]) == 1.0
+
+    def check_journal() -> list[tuple[Any, ...]]:
+        rows = _journal(mariadb, database)
+        epochs = [r[2] for r in rows]
+        assert epochs == sorted(epochs), rows
+        assert all(len({r[1] for r in rows if r[2] == e}) == 1 for e in set(epochs)), rows  # one holder an epoch
+        submitted = [(node, probe) for r in rows if r[3] == "submit" and not r[7].startswith(PRIORITY_RUN_PREFIX)
+                     for node in r[4].split(",") for probe in r[5].split(",")]  # re-probes the judge asks for aside
+        assert len(submitted) == len(set(submitted)), f"a (node, probe) submitted twice on schedule: {rows}"
+        return rows
+
+    try:
+        a = start("a")
+        _until(lambda: leads("a"), 15, "a leads", a)
+        b = start("b")
+        assert _leader_metric(ports["b"]) == 0.0
+        # 1. kill -9 of the leader with runs in flight
+        _until(lambda: any(h == "a" and not done for _, h, done in _registry(mariadb, database)), 30,
+               "a run of a's in flight", a, b)
+        killed = time.monotonic()
+        a.kill()
+        failover = _until(lambda: leads("b") and time.monotonic() - killed, DAEMON_TTL + DAEMON_RENEW + 10,
+                          "b leads", b)
+        print(f"failover: b leads {failover:.1f} s after a was killed (TTL {DAEMON_TTL} + renew {DAEMON_RENEW})")
+        assert failover <= DAEMON_TTL + DAEMON_RENEW + 3.0
+        a_runs = {r for r, h, _ in _registry(mariadb, database) if h == "a"}
+        a = start("a")  # again, as the standby now (meanwhile b collects)
+        assert _leader_metric(ports["a"]) == 0.0
+        _until(lambda: all(done for _, _, done in _registry(mariadb, database)), 60, "every run collected", b)
+        b_runs = {str(r["run_id"]): r for r in json.loads(get(ports["b"], "/api/v1/runs")[1])["runs"]}
+        assert a_runs <= b_runs.keys() and all(b_runs[r]["state"] == "finished" for r in a_runs), b_runs
+        _until(lambda: {n for _, _, _, verb, nodes, *_ in check_journal() if verb == "submit"
+                        for n in nodes.split(",")} == set(cluster.nodes), 60, "every node probed once", b)
+        rows = check_journal()
+        assert {r[1] for r in rows if r[3] == "submit"} <= {"a", "b"}
+        # 2. SIGSTOP of the leader past its lease, then SIGCONT
+        os.killpg(b.proc.pid, signal.SIGSTOP)
+        try:
+            _until(lambda: leads("a"), DAEMON_TTL + DAEMON_RENEW + 10, "a leads while b is paused", a)
+            seen = len(_journal(mariadb, database))
+        finally:
+            os.killpg(b.proc.pid, signal.SIGCONT)
+        _until(lambda: _leader_metric(ports["b"]) == 0.0, 5, "b steps down", b)
+        assert '"ha_step_down"' in b.log_path.read_text()
+        time.sleep(2 * DAEMON_RENEW)
+        assert all(r[1] == "a" for r in check_journal()[seen:])
+        assert leads("a") and not leads("b")
+        # 3. the database stopped, then started again
+        epoch = max(r[2] for r in check_journal()) if check_journal() else 0
+        server.stop()
+        try:
+            _until(lambda: _leader_metric(ports["a"]) == 0.0 and _leader_metric(ports["b"]) == 0.0,
+                   DAEMON_TTL, "no one leads", a, b)
+            time.sleep(2 * DAEMON_RENEW)
+            assert _leader_metric(ports["a"]) == 0.0 and _leader_metric(ports["b"]) == 0.0
+        finally:
+            server.start()
+        _until(lambda: leads("a") or leads("b"), DAEMON_TTL + DAEMON_RENEW + 10, "one leads again", a, b)
+        for _ in range(4):
+            assert [leads("a"), leads("b")].count(True) == 1
+            time.sleep(DAEMON_RENEW / 2)
+        lease = Lease(_settings(mariadb, database, tmp_path, "observer")).status()
+        assert lease.live and lease.epoch > epoch
+        check_journal()
+    finally:
+        for p in procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.proc.pid, signal.SIGCONT)
+            p.kill()
