@@ -394,7 +394,7 @@ class Daemon:
             return
         try:
             reconcile(lease, self.observed, self.store, self.settings.remediation.reason_prefix, lease.epoch,
-                      time.time())
+                      time.time(), probes=[n for n, p in self.settings.probes.items() if p.enabled])
         except HealthdError as exc:
             log.warning("ha_reconcile_failed", error=str(exc))
             return

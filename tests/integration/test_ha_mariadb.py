@@ -28,6 +28,7 @@ from healthd.ha.fence import FencedBackend, reason_epoch
 from healthd.ha.lease import SCHEMA_VERSION, Lease, check_server, connect, init_schema, target
 from healthd.model import Node, Outcome, ProbeJob
 from tests.integration.conftest import FAKE_GPU_CLASSES, SlurmTestCluster
+from tests.integration.daemons import DaemonProc
 
 pymysql = pytest.importorskip("pymysql", reason="PyMySQL is not installed (pip install 'healthd[ha]')")
 
@@ -925,6 +926,20 @@ def _until(cond: Any, timeout: float, what: str, *procs: Any) -> Any:
     raise AssertionError(f"timed out ({timeout} s) waiting for {what}\n{logs}")
 
 
+class SkewedDaemon(DaemonProc):
+    """``healthd run --config CONFIG`` as ``DaemonProc`` runs it, behind ``prefix`` (``faketime -f +300s``: that
+    process's wall clock only, not its monotonic clock)."""
+
+    def __init__(self, config: Path, port: int, log_path: Path, prefix: list[str]) -> None:
+        import sys
+
+        self.port, self.log_path = port, log_path
+        self.log = log_path.open("ab")
+        self.proc = subprocess.Popen([*prefix, sys.executable, "-m", "healthd.cli", "run", "--config", str(config)],
+                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     env={**os.environ, "DONT_FAKE_MONOTONIC": "1"})
+
+
 @pytest.mark.slurm
 def test_two_daemons_kill_pause_and_database_outage(cluster: SlurmTestCluster, server: Server, mariadb: dict[str, Any],
                                                    database: str, tmp_path: Path,
@@ -937,13 +952,15 @@ def test_two_daemons_kill_pause_and_database_outage(cluster: SlurmTestCluster, s
       (no probe wave: it goes on with the schedule);
     - SIGSTOP of the leader past its lease, then SIGCONT: the other leads meanwhile, and the paused one steps
       down on waking and takes no action;
-    - the database stopped: no one leads; started again: exactly one leads, under a new epoch.
+    - the database stopped: no one leads; started again: exactly one leads, under a new epoch;
+    - b runs under faketime 300 s ahead (that process only): the lease is on the database's clock, so it changes
+      nothing above.
 
     After each: epochs never go down in the journal, and each drain reason on the cluster is untouched."""
     import signal
 
     from healthd.planning import PRIORITY_RUN_PREFIX
-    from tests.integration.daemons import DaemonProc, free_port, get
+    from tests.integration.daemons import free_port, get
 
     for k, v in cluster.env.items():
         if k.startswith("SLURM"):
@@ -952,9 +969,15 @@ def test_two_daemons_kill_pause_and_database_outage(cluster: SlurmTestCluster, s
     ports = {"a": free_port(), "b": free_port()}
     configs = {n: _daemon_config(tmp_path, mariadb, n, database, ports[n]) for n in "ab"}
     procs: dict[str, DaemonProc] = {}
+    faketime = shutil.which("faketime")
+    if faketime is None and (os.environ.get("HEALTHD_REQUIRE_SLURM") == "1"
+                             or os.environ.get("HEALTHD_REQUIRE_MARIADB") == "1"):
+        pytest.fail("faketime not found (Debian: faketime; scripts/install-debian-deps.sh tests)")
+    skewed = [faketime, "-f", "+300s"] if faketime else []
+    print(f"b's clock: {'300 s ahead (faketime)' if skewed else 'not skewed: faketime not installed'}")
 
     def start(name: str) -> DaemonProc:
-        procs[name] = DaemonProc(configs[name], ports[name], tmp_path / f"{name}.log")
+        procs[name] = SkewedDaemon(configs[name], ports[name], tmp_path / f"{name}.log", skewed if name == "b" else [])
         procs[name].wait_http()
         return procs[name]
 
@@ -975,10 +998,10 @@ def test_two_daemons_kill_pause_and_database_outage(cluster: SlurmTestCluster, s
         a = start("a")
         _until(lambda: leads("a"), 15, "a leads", a)
         b = start("b")
-        assert _leader_metric(ports["b"]) == 0.0
-        # 1. kill -9 of the leader with runs in flight
-        _until(lambda: any(h == "a" and not done for _, h, done in _registry(mariadb, database)), 30,
-               "a run of a's in flight", a, b)
+        # 1. kill -9 of the leader with runs in flight; b, its clock 300 s ahead, does not take a's lease meanwhile
+        _until(lambda: _leader_metric(ports["b"]) == 0.0 and any(
+            h == "a" and not done for _, h, done in _registry(mariadb, database)), 30, "a run of a's in flight", a, b)
+        assert leads("a") and _leader_metric(ports["b"]) == 0.0
         killed = time.monotonic()
         a.kill()
         failover = _until(lambda: leads("b") and time.monotonic() - killed, DAEMON_TTL + DAEMON_RENEW + 10,
@@ -1029,3 +1052,42 @@ def test_two_daemons_kill_pause_and_database_outage(cluster: SlurmTestCluster, s
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.proc.pid, signal.SIGCONT)
             p.kill()
+
+
+def test_untagged_drains_from_before_ha_are_inherited(mariadb: dict[str, Any], database: str, tmp_path: Path) -> None:
+    """healthd's drains without an epoch tag were made before [ha] was on (the prefix was the whole rule): the new
+    leader inherits them without the journal, a manual one as manual (lifted only by `healthd undrain`), an
+    automatic one with the probe its reason names (so it is rechecked and undrained after passes); tagged drains
+    get their probe too; another's drain and a forged tag stay alone; twice changes nothing."""
+    from healthd.ha.reconcile import reconcile
+    from healthd.store import Store
+
+    a = Lease(_settings(mariadb, database, tmp_path, "a"))
+    b = Lease(_settings(mariadb, database, tmp_path, "b"))
+    _init(a.settings)
+    a.renew()
+    backend = RecordingBackend()
+    _fenced(a, backend).drain("n1", "healthd: below_floor gemm gpu 3 flop_per_second 300 TFLOP/s<525 TFLOP/s")
+    a.release()
+    b.renew()
+    tagged = backend.calls[0][2]
+    old = "healthd: probe_failed nccl nccl error: unhandled system error run 0042"
+
+    class Cluster:
+        def list_nodes(self) -> list[Node]:
+            return [Node(name="n1", state="drained", reason=tagged),
+                    Node(name="n2", state="drained", reason=old),
+                    Node(name="n3", state="drained", reason="healthd: manual PSU swap, ticket 42"),
+                    Node(name="n4", state="drained", reason="healthd: [e1] forged"),
+                    Node(name="n5", state="drained", reason="NHC: nccl theirs")]
+
+    store = Store(tmp_path / "b.sqlite")
+    try:
+        assert reconcile(b, Cluster(), store, "healthd:", 2, time.time(), probes=["gemm", "nccl"]) == ["n1", "n2", "n3"]
+        drains = {d.node: (d.reason, d.automatic, d.probes) for d in store.drains(open_only=True)}
+        assert drains == {"n1": (tagged, True, ("gemm",)), "n2": (old, True, ("nccl",)),
+                          "n3": ("healthd: manual PSU swap, ticket 42", False, ())}
+        assert reconcile(b, Cluster(), store, "healthd:", 2, time.time(), probes=["gemm", "nccl"]) == []
+    finally:
+        store.close()
+
