@@ -9,6 +9,7 @@ Time is real (the lease lives on the database's clock) but short: a TTL of 1.2 s
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -1091,3 +1092,182 @@ def test_untagged_drains_from_before_ha_are_inherited(mariadb: dict[str, Any], d
     finally:
         store.close()
 
+
+
+class SimConn:
+    """A real connection to the private server whose session clock is the test's: each cursor first sets the
+    session's ``timestamp`` (MariaDB's ``NOW(6)`` then reads it), so the database's clock is simulated while
+    every statement runs on the real server; ``cut()`` true: the instance is cut off (a partition)."""
+
+    def __init__(self, real: Any, now: Any, cut: Any) -> None:
+        self.real, self.now, self.cut = real, now, cut
+
+    def _check(self) -> None:
+        if self.cut():
+            raise pymysql.OperationalError(2013, "Lost connection to MySQL server during query (simulated)")
+
+    def cursor(self) -> Any:
+        self._check()
+        cur = self.real.cursor()
+        cur.execute(f"SET timestamp = {self.now():.6f}")
+        return cur
+
+    def begin(self) -> None:
+        self._check()
+        self.real.begin()
+
+    def commit(self) -> None:
+        self._check()
+        self.real.commit()
+
+    def rollback(self) -> None:
+        self.real.rollback()
+
+    def close(self) -> None:
+        self.real.close()
+
+
+def test_lease_state_machine_under_kills_pauses_and_partitions(mariadb: dict[str, Any], database: str,
+                                                               tmp_path: Path) -> None:
+    """Hypothesis drives three instances through random renewals, actions, clock advances, pauses their own clock
+    does not see (a frozen VM), partitions from the database and restarts (a kill), with the database's clock and
+    each instance's monotonic clock simulated (real statements on the real server). After every step, in the
+    journal: epochs never go down, one holder per epoch, and an action under a newer epoch comes at least
+    fence_margin_s after the last one under an older epoch (so a Slurm call that ends within the margin never
+    overlaps another leader's). Healthy instances left alone for TTL + renew end with one of them leading. Three
+    fixed schedules (the pauses that matter) run first, so the test fails on a fence without its epoch or its
+    margin whatever the search draws; ``HEALTHD_HA_EXAMPLES`` (default 6, CI's time) widens the search."""
+    from hypothesis import HealthCheck, settings
+    from hypothesis import strategies as st
+    from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+
+    ttl, every, margin = 10.0, 2.0, 4.0
+    STEPS = [every, ttl / 2, ttl - margin + 1.0, ttl - 1.0, ttl + 1.0]
+    names = ("a", "b", "c")
+    base = {n: _settings(mariadb, database, tmp_path, n).model_copy(
+        update={"lease_ttl_s": ttl, "renew_interval_s": every, "fence_margin_s": margin}) for n in names}
+    _init(base["a"])
+    root = _root(mariadb)
+
+    class Machine(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            with root.cursor() as cur:
+                cur.execute(f"DELETE FROM {database}.healthd_actions")
+                cur.execute(f"UPDATE {database}.healthd_lease SET holder = '', epoch = 0, since = '2030-01-01', "
+                            "expires_at = '2030-01-01'")
+            self.now = 2_000_000_000.0
+            self.mono = dict.fromkeys(names, 0.0)
+            self.frozen = dict.fromkeys(names, False)
+            self.cut = dict.fromkeys(names, False)
+            self.leases = {n: self._lease(n) for n in names}
+            self.acts = 0
+
+        def _lease(self, name: str) -> Lease:
+            s = base[name]
+
+            def connector() -> Any:
+                if self.cut[name]:
+                    raise pymysql.OperationalError(2003, "Can't connect (simulated partition)")
+                return SimConn(connect(target(s), s.timeout_s), lambda: self.now, lambda: self.cut[name])
+
+            return Lease(s, connector=connector, clock=lambda: self.mono[name])
+
+        def advance(self, dt: float) -> None:
+            self.now += dt
+            for n in names:
+                if not self.frozen[n]:
+                    self.mono[n] += dt
+
+        @rule(dt=st.one_of(st.sampled_from(STEPS), st.floats(0.05, ttl + every)),
+              skip=st.sampled_from([None, *names]), order=st.permutations(names))
+        def step(self, dt: float, skip: str | None, order: list[str]) -> None:
+            """Time passes; every instance but ``skip`` renews (a frozen one cannot); then every instance tries to
+            act, in ``order`` (a frozen one too: it was paused between its own check and its journal insert)."""
+            self.advance(dt)
+            for n in order:
+                if n != skip and not self.frozen[n]:
+                    self.leases[n].renew()
+            for n in order:
+                self.acts += 1
+                self.leases[n].record("drain", (f"{n}-{self.acts}",))
+
+        @rule()
+        def pause_the_leader(self) -> None:
+            """Freeze the clock of the instance that believes it leads (the pause that matters)."""
+            for n in names:
+                if self.leases[n].epoch is not None:
+                    self.frozen[n] = True
+
+        @rule(name=st.sampled_from(names))
+        def wake(self, name: str) -> None:
+            self.frozen[name] = False
+
+        @rule(name=st.sampled_from(names))
+        def partition(self, name: str) -> None:
+            self.cut[name] = not self.cut[name]
+
+        @rule(name=st.sampled_from(names))
+        def restart(self, name: str) -> None:
+            self.leases[name].close()
+            self.frozen[name] = False
+            self.leases[name] = self._lease(name)
+
+        @rule()
+        def settle(self) -> None:
+            healthy = [n for n in names if not self.frozen[n] and not self.cut[n]]
+            for _ in range(int((ttl + every) / every) + 2):
+                self.advance(every)
+                for n in names:
+                    if not self.frozen[n]:
+                        self.leases[n].renew()
+            if healthy:
+                errors = {n: self.leases[n].last_error for n in names}
+                assert [n for n in healthy if self.leases[n].leading()] != [], errors
+
+        @invariant()
+        def journal_is_fenced(self) -> None:
+            with root.cursor() as cur:
+                cur.execute(f"SELECT holder, epoch, UNIX_TIMESTAMP(at) FROM {database}.healthd_actions ORDER BY id")
+                rows = [(h, int(e), float(at)) for h, e, at in cur.fetchall()]
+            epochs = [e for _, e, _ in rows]
+            assert epochs == sorted(epochs), rows
+            holders: dict[int, set[str]] = {}
+            for h, e, _ in rows:
+                holders.setdefault(e, set()).add(h)
+            assert all(len(h) == 1 for h in holders.values()), rows
+            for (_, e1, t1), (_, e2, t2) in itertools.pairwise(rows):
+                if e2 != e1:
+                    assert t2 >= t1 + margin - 1e-6, rows
+
+        def teardown(self) -> None:
+            for lease in self.leases.values():
+                lease.close()
+
+    def schedule(*steps: Any) -> None:
+        """One fixed schedule through the same machine (the pauses that matter, found before by the search):
+        each a function of the machine; the invariant after each."""
+        m = Machine()
+        try:
+            for do in steps:
+                do(m)
+                m.journal_is_fenced()
+        finally:
+            m.teardown()
+
+    abc, bac = ["a", "b", "c"], ["b", "a", "c"]
+    try:
+        # the leader frozen past its lease acts after the next leader did
+        schedule(lambda m: m.step(1.0, None, abc), lambda m: m.pause_the_leader(),
+                 lambda m: m.step(ttl + 1.0, None, bac), lambda m: m.step(every, None, bac))
+        # the leader frozen just short of its lease acts, the next leader acts right after it expired
+        schedule(lambda m: m.step(1.0, None, abc), lambda m: m.pause_the_leader(),
+                 lambda m: m.step(ttl - 1.0, "b", abc), lambda m: m.step(every, None, bac))
+        # the leader cut off: it stops by its own clock, the other leads after the lease ran out
+        schedule(lambda m: m.step(1.0, None, abc), lambda m: m.partition("a"), lambda m: m.step(ttl / 2, None, bac),
+                 lambda m: m.step(ttl / 2 + every, None, bac), lambda m: m.settle())
+        run_state_machine_as_test(Machine, settings=settings(
+            max_examples=int(os.environ.get("HEALTHD_HA_EXAMPLES", "6")), stateful_step_count=20, deadline=None,
+            suppress_health_check=list(HealthCheck), database=None))
+    finally:
+        root.close()
