@@ -2,11 +2,11 @@
 
 Contract:
 
-- Leadership is one row of ``healthd_lease``, taken or renewed in a transaction (``SELECT … FOR UPDATE``);
-  its expiry is ``NOW(6) + INTERVAL ttl``, always on the database's clock, so the admin nodes' clocks do
-  not matter. ``GET_LOCK`` is not used (unsupported on Galera, silently released after ``wait_timeout``,
-  stacked per connection). Each change of holder, or a lease taken again after it expired, increments
-  ``epoch``.
+- Leadership is one row of ``healthd_lease``, taken or renewed by single ``UPDATE`` statements (never a
+  transaction held open across a round trip: a paused holder must not keep the row locked); its expiry is
+  ``NOW(6) + INTERVAL ttl``, always on the database's clock, so the admin nodes' clocks do not matter.
+  ``GET_LOCK`` is not used (unsupported on Galera, silently released after ``wait_timeout``, stacked per
+  connection). Each change of holder, or a lease taken again after it expired, increments ``epoch``.
 - An instance leads while its last successful renewal started less than ``lease_ttl_s / 2`` ago on its
   own monotonic clock (:meth:`Lease.leading`), and each action is recorded first by :meth:`Lease.record`:
   an ``INSERT … SELECT`` that inserts a row only while this instance holds the current epoch with
@@ -193,7 +193,8 @@ def connect(t: Target, timeout_s: float) -> Connection:
     try:
         conn: Connection = pymysql.connect(
             host=t.host, port=t.port, user=t.user, password=t.password, database=t.database,
-            connect_timeout=t_int, read_timeout=t_int, write_timeout=t_int, autocommit=True, charset="utf8mb4")
+            connect_timeout=t_int, read_timeout=t_int, write_timeout=t_int, autocommit=True, charset="utf8mb4",
+            init_command=f"SET SESSION innodb_lock_wait_timeout = {t_int}")
     except pymysql.MySQLError as exc:
         raise HaError(f"cannot connect to {t.user}@{t.host}:{t.port}/{t.database}: {exc}") from None
     return conn
@@ -236,6 +237,8 @@ class Lease:
         """How many times this instance became leader."""
         self.seen: LeaseRow | None = None
         """The lease as the last renewal found it."""
+        self._last_epoch = -1
+        """The last epoch this process led under (-1: none): only that term may be taken again before it expires."""
 
     # -- connection -----------------------------------------------------------------------------
     @contextmanager
@@ -301,34 +304,27 @@ class Lease:
             mine = self.epoch
         try:
             with self._cursor() as cur:
-                conn = self._conn
-                assert conn is not None
-                conn.begin()
-                try:
-                    cur.execute("SELECT holder, epoch, expires_at > NOW(6) FROM healthd_lease WHERE name = %s "
-                                "FOR UPDATE", (LEASE_NAME,))
-                    row = cur.fetchone()
-                    if row is None:
-                        raise HaError("healthd_lease has no lease row: run `healthd ha init`")
-                    holder, epoch, live = str(row[0]), int(row[1]), bool(row[2])
-                    took = True
-                    if holder == self.instance and live and mine == epoch:
-                        cur.execute("UPDATE healthd_lease SET expires_at = NOW(6) + INTERVAL %s MICROSECOND "
-                                    "WHERE name = %s", (ttl, LEASE_NAME))
-                    elif not live or (holder == self.instance and mine is None):
-                        # free, expired, or ours from before this process: a new term, a new epoch
-                        cur.execute("UPDATE healthd_lease SET holder = %s, epoch = epoch + 1, since = NOW(6), "
-                                    "expires_at = NOW(6) + INTERVAL %s MICROSECOND WHERE name = %s",
-                                    (self.instance, ttl, LEASE_NAME))
-                    else:
-                        took = False
-                    cur.execute("SELECT holder, epoch, since, expires_at, expires_at > NOW(6) FROM healthd_lease "
-                                "WHERE name = %s", (LEASE_NAME,))
-                    now_row = cur.fetchone()
-                    conn.commit()
-                except BaseException:
-                    conn.rollback()
-                    raise
+                # Single statements, each atomic on the server: no row lock is ever held across a round trip, so
+                # a paused process (SIGSTOP, a frozen VM) holding the lease cannot block the others' takeover.
+                if mine is not None:
+                    cur.execute("UPDATE healthd_lease SET expires_at = NOW(6) + INTERVAL %s MICROSECOND "
+                                "WHERE name = %s AND holder = %s AND epoch = %s AND expires_at > NOW(6)",
+                                (ttl, LEASE_NAME, self.instance, mine))
+                # free, expired, or this process's own last term (it stepped down by its clock): a new term, a new
+                # epoch. A term under this instance_id that another process took (a restart, a copied config)
+                # is waited out like anyone's: its last Slurm call may still be under way.
+                cur.execute("UPDATE healthd_lease SET holder = %s, epoch = epoch + 1, since = NOW(6), "
+                            "expires_at = NOW(6) + INTERVAL %s MICROSECOND WHERE name = %s AND "
+                            "(expires_at <= NOW(6) OR (holder = %s AND epoch = %s))",
+                            (self.instance, ttl, LEASE_NAME, self.instance, self._last_epoch if mine is None else -1))
+                new_term = cur.rowcount == 1  # the epoch changed: reliable with or without CLIENT_FOUND_ROWS
+                cur.execute("SELECT holder, epoch, since, expires_at, expires_at > NOW(6) FROM healthd_lease "
+                            "WHERE name = %s", (LEASE_NAME,))
+                now_row = cur.fetchone()
+                if now_row is None:
+                    raise HaError("healthd_lease has no lease row: run `healthd ha init`")
+                took = new_term or (str(now_row[0]) == self.instance and int(now_row[1]) == mine
+                                    and bool(now_row[4]))
         except HaError as exc:
             with self._lock:
                 self._step_down(f"database: {exc}")
@@ -345,15 +341,19 @@ class Lease:
             self.last_error = None
             if lease.holder == self.instance and lease.live and not took:
                 # the lease names this instance under an epoch it did not take: another process uses the
-                # same instance_id (a copied config); never lead on a term this process did not start
+                # same instance_id (a copied config), or this instance's process before a restart; never lead on a
+                # term this process did not start
                 log.error("ha_instance_id_in_use", instance=self.instance, epoch=lease.epoch,
-                          why="another process holds the lease under this instance_id: give each its own")
+                          why="a term under this instance_id that this process did not take: another process "
+                              "with the same instance_id (give each its own), or this instance before a restart "
+                              "(waited out until it expires)")
                 self._step_down(f"another process holds epoch {lease.epoch} under instance_id {self.instance}")
             elif lease.holder == self.instance and lease.live:
                 if self.epoch != lease.epoch:
                     self.transitions += 1
                     log.warning("ha_leader", instance=self.instance, epoch=lease.epoch, since=lease.since)
                 self.epoch, self.since, self._renewed_at = lease.epoch, lease.since, started
+                self._last_epoch = lease.epoch
             else:
                 self._step_down(f"{lease.holder} holds epoch {lease.epoch}")
         return lease
