@@ -350,7 +350,7 @@ def fleet_overview() -> dash.Dashboard:
     d = d.with_row(row("Fleet events and remediation"))
     d = d.with_panel(flag_timeline(
         "Fleet events", "When the judge saw a fleet-wide degradation, per node class and probe.",
-        query(f"healthd_fleet_event_active{{{INST}}}", "{{node_class}} {{probe}}"), "fleet event"))
+        query(f"healthd_fleet_event_active{{{INST}}}", "{{node_class}} {{probe}} {{scope}}"), "fleet event"))
     d = d.with_panel(ts(
         "Remediation actions", "Drains, resumes and refusals per hour, by action and result.",
         [query(f"sum by (action, result) (increase(healthd_remediation_actions_total{{{INST}}}[1h]))",

@@ -436,6 +436,12 @@ class PassiveJudgeSettings(_Section):
     throttle_sustain_s: PositiveSeconds = 300.0
     """A power brake or hardware slowdown held this long on a busy GPU (``[passive.activity]``) is a ``degraded``
     finding on that GPU (``healthd.judge.sources.throttle``); on an idle GPU it stays a hint."""
+    multi_rail: bool = False
+    """A rail-optimised fabric: each HCA port (``device``, ``port``: the same names on every node) of the nodes
+    under one leaf of the topology (a rail group, a scalable unit) is cabled to a leaf switch of its own, one per
+    rail. Port signals on ``[judge.switch] min_nodes`` or more nodes of one leaf on the same rail are that rail's
+    switch's (a switch finding naming the rail; none of them drains); on different rails they stay each node's
+    own (``healthd.judge.sources.fabric``). Needs a topology."""
 
 
 class JudgeSettings(_Section):

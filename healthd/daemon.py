@@ -39,10 +39,12 @@ from healthd.collector import (
 from healthd.config import PassiveSettings, Settings, load_settings
 from healthd.coverage import CoverageCollector, CoverageInputs
 from healthd.errors import BackendError, ConfigError, HealthdError, SlurmError, StoreError
-from healthd.ha import LeaderCollector
+from healthd.ha import LeaderCollector, LeaderOnly
+from healthd.ha.caps import with_journal_drains
 from healthd.ha.fence import FencedBackend
 from healthd.ha.lease import Lease
 from healthd.ha.reconcile import reconcile
+from healthd.ha.runs import sync_runs
 from healthd.http import HttpApp, HttpServer
 from healthd.judge.persist import (
     judge_declared,
@@ -58,6 +60,7 @@ from healthd.logging import get_logger, setup_logging
 from healthd.metrics import DaemonMetrics, Exposition, PassiveMetrics, PassiveSignalCollector
 from healthd.model import Node, ProbeJob, RunKind
 from healthd.node_check_watch import JobEndCollector, JobEndWatch
+from healthd.node_class import class_of
 from healthd.passive.model import PassivePoll
 from healthd.passive.source import PassiveSource
 from healthd.planning import (
@@ -77,7 +80,7 @@ from healthd.planning import (
 from healthd.remediation import Remediator, recommendations_document
 from healthd.sdnotify import Notifier
 from healthd.store import Store
-from healthd.store.rows import RunRow
+from healthd.store.rows import RemediationSnapshot, RunRow
 from healthd.topology import Topology, describe
 from healthd.webconfig import BasicAuth, WebConfig, load_web_config
 from probes.catalogue import probe_spec
@@ -125,21 +128,21 @@ class Daemon:
         self._backend_down_since: float | None = None
         self.registry = CollectorRegistry()
         self.metrics = DaemonMetrics(self.registry)
-        if self.lease is not None:
-            self.registry.register(LeaderCollector(self.lease))
+        self.registry.register(LeaderCollector(self.lease))
         self.metrics.backend_up.labels(self.backend.name).set(1)
         self.metrics.slurm_up.set(0)
         self.observed = ObservedBackend(self.backend, self._backend_call_ok)
         self.exposition = Exposition(self.store, lambda: self.backend.name, settings.metrics.detail)
         self.coverage = CoverageCollector(self._coverage_inputs, max_age_s=COVERAGE_MAX_AGE_S)
-        self.registry.register(self.coverage)
+        self.registry.register(LeaderOnly(self.coverage, self.leading))
         self.judge = load_judge(self.store, settings.judge, now=time.time())
         self._judge_stale = False
-        self.registry.register(PassiveSignalCollector(
-            lambda: [*self.judge.view(Passive, Passive.signals), *self.judge.view(Fabric, Fabric.signals)]))
+        self.registry.register(LeaderOnly(PassiveSignalCollector(
+            lambda: [*self.judge.view(Passive, Passive.signals), *self.judge.view(Fabric, Fabric.signals)]),
+            self.leading))
         self.job_ends = JobEndWatch(grace_s=settings.node_check.epilog_budget_s
                                     + 2 * settings.scheduler.collect_interval_s + JOB_END_SLACK_S)
-        self.registry.register(JobEndCollector(self.job_ends))
+        self.registry.register(LeaderOnly(JobEndCollector(self.job_ends), self.leading))
         self.topology: Topology | None = None
         self._topology_read = False
         """Whether a topology read has succeeded yet (until then ``/healthz`` says none was read)."""
@@ -152,7 +155,8 @@ class Daemon:
         self.passive_poll: PassivePoll | None = None
         """The last poll of the site's Prometheus (``/healthz`` says whether it answered)."""
         self.remediator = Remediator(self.store, self.backend, settings.remediation,
-                                     full_check=sorted(n for n, p in settings.probes.items() if p.enabled))
+                                     full_check=sorted(n for n, p in settings.probes.items() if p.enabled),
+                                     snapshot_hook=self._shared_caps if self.lease is not None else None)
         self.collector = Collector(
             self.store, self.observed, settings.results_dir,
             pending_timeout_s=settings.slurm.pending_timeout_s,
@@ -162,6 +166,7 @@ class Daemon:
         self.http = HttpServer(
             HttpApp(self.registry, self.store, self.healthy, routes, auth=BasicAuth(web.users) if web.users else None,
                     exposition=self.exposition, refresh_on_scrape=False, topology=lambda: self.topology,
+                    store_part=self.leading,
                     passive=lambda: [*self.judge.view(Passive, Passive.signals),
                                      *self.judge.view(Fabric, Fabric.signals)]),
             settings.http.host, settings.http.port, tls=web.tls.context() if web.tls else None,
@@ -329,6 +334,7 @@ class Daemon:
             return
         if not self.leading():
             return
+        self._sync_runs()
         s = self.settings
         known = self.observed.list_nodes()
         now = time.time()
@@ -388,11 +394,34 @@ class Daemon:
             return
         try:
             reconcile(lease, self.observed, self.store, self.settings.remediation.reason_prefix, lease.epoch,
-                      time.time())
+                      time.time(), probes=[n for n, p in self.settings.probes.items() if p.enabled])
         except HealthdError as exc:
             log.warning("ha_reconcile_failed", error=str(exc))
             return
         self._reconciled_epoch = lease.epoch
+
+    def _shared_caps(self, snap: RemediationSnapshot, since: float) -> RemediationSnapshot:
+        """``[ha]``: the drains the other instances journalled since ``since`` count in the breaker window and
+        the hourly cap (``healthd.ha.caps``). The journal unread: the snapshot as it is (a drain is then refused
+        by the fence, which needs the same database)."""
+        assert self.lease is not None
+        try:
+            journal = self.lease.journal_drains(max(0.0, time.time() - since))
+        except HealthdError as exc:
+            log.warning("ha_journal_unread", error=str(exc))
+            return snap
+        classes = {n.name: class_of(n) for n in self.store.nodes(names=sorted({j.node for j in journal}))}
+        return with_journal_drains(snap, journal, classes)
+
+    def _sync_runs(self) -> None:
+        """``[ha]``: the run registry (``healthd.ha.runs``): the runs an earlier leader submitted become this
+        leader's to collect; those collected are closed there. A database error is logged, tried next tick."""
+        if self.lease is None:
+            return
+        try:
+            sync_runs(self.lease, self.store, self.backend.name)
+        except HealthdError as exc:
+            log.warning("ha_runs_not_synced", error=str(exc))
 
     def _last_attempts(self, now: float) -> dict[tuple[str, str], float]:
         """The store's last attempt per (node, probe); with ``[ha]``, joined with the submissions every
@@ -483,6 +512,8 @@ class Daemon:
             log.warning("declared_event_started" if e.active else "declared_event_ended", node_class=e.node_class,
                         text=e.text)
         boundary: list[Collected] = []
+        if self.leading():
+            self._sync_runs()
         if self.leading():  # it moves the documents in the shared results directory: the leader's to do
             boundary = collect_boundary(self.collector,
                                         known=lambda names: {n.name for n in self.store.nodes(names=names)})

@@ -41,6 +41,7 @@ from healthd.metrics import (
     CONTENT_TYPE,
     HEADLINES,
     OUTCOMES,
+    STANDBY_FAMILIES,
     Exposition,
     NodeView,
     gpu_uuids,
@@ -217,16 +218,20 @@ class ExpositionCache:
     """The ``/metrics`` body (and its gzip): the daemon's registry, rendered at most once per ``max_age_s``,
     followed by the store's part (``Exposition``), refreshed when ``version()`` (the store's data version)
     has changed since the last refresh; with ``refresh`` False the scrape never refreshes it (the daemon
-    does after each tick: a scrape only joins bytes).
+    does after each tick: a scrape only joins bytes). While ``store_part()`` is false (an ``[ha]`` standby)
+    only the store part's ``STANDBY_FAMILIES`` follow: the judgement families come from the leader only. A
+    change of ``store_part()`` (this instance took or lost the lease) renders the registry afresh.
 
     Concurrent scrapers wait for the one build in progress and share its bytes.
     """
 
     def __init__(self, registry: CollectorRegistry, max_age_s: float = EXPOSITION_MAX_AGE_S,
                  clock: Callable[[], float] = time.monotonic, version: Callable[[], object] = lambda: None,
-                 exposition: Exposition | None = None, refresh: bool = True) -> None:
+                 exposition: Exposition | None = None, refresh: bool = True,
+                 store_part: Callable[[], bool] = lambda: True) -> None:
         self._registry = registry
         self._exposition = exposition
+        self._store_part = store_part
         self._refresh = refresh
         self._max_age_s = max_age_s
         self._clock = clock
@@ -240,7 +245,8 @@ class ExpositionCache:
 
     def get(self, want_gzip: bool) -> tuple[bytes, str]:
         with self._lock:
-            now, version = self._clock(), self._version()
+            store_part = self._store_part()
+            now, version = self._clock(), (self._version(), store_part)
             if self._built is None or now - self._built[0] >= self._max_age_s or self._built[1] != version:
                 if self._exposition is not None and self._refresh and (self._built is None
                                                                        or self._built[1] != version):
@@ -254,6 +260,9 @@ class ExpositionCache:
             assert head is not None
             if self._exposition is None:
                 return head, CONTENT_TYPE
+            if not store_part:
+                tail = self._exposition.body_of(STANDBY_FAMILIES)
+                return head + (gzip.compress(tail, compresslevel=6) if want_gzip else tail), CONTENT_TYPE
             tail = self._exposition.body_gzip() if want_gzip else self._exposition.body()
             joined = self._joined.get(want_gzip)
             if joined is None or joined[0] is not head or joined[1] is not tail:
@@ -280,9 +289,11 @@ class HttpApp:
         refresh_on_scrape: bool = True,
         topology: Callable[[], Topology | None] = lambda: None,
         passive: Callable[[], Sequence[Track | PortTrack]] = lambda: (),
+        store_part: Callable[[], bool] = lambda: True,
     ) -> None:
+        """``store_part``: whether ``/metrics`` serves the store's judgement families (``ExpositionCache``)."""
         self._exposition = ExpositionCache(registry, version=store.data_version, exposition=exposition,
-                                           refresh=refresh_on_scrape)
+                                           refresh=refresh_on_scrape, store_part=store_part)
         self._metrics_filtered = make_wsgi_app(registry)
         self._store = store
         self._healthy = healthy

@@ -113,6 +113,10 @@ FAMILIES: dict[str, tuple[str, str]] = {
                  " peak for the dtype (last probe run)"),
     **JUDGE_FAMILIES,
 }
+STANDBY_FAMILIES = frozenset({"healthd_build_info", "healthd_cluster_nodes"})
+"""The store part's families an ``[ha]`` standby exports: its own build and what its discovery sees; the
+judgement families (``healthd_node_*``, findings, recommendations, counters of probe runs) come from the leader
+only, so rules and dashboards see one copy."""
 STORE_COUNTERS = {"probe_runs_total": ("probe", "outcome"), "probe_seconds_total": ("probe",),
                   "probe_gpu_seconds_total": ("probe",)}
 
@@ -747,6 +751,12 @@ class Exposition:
             if body.plain is None:
                 body.plain = b"".join(h.plain + b"".join(p.plain for p in pieces) for h, pieces in body.families)
             return body.plain
+
+    def body_of(self, families: Collection[str]) -> bytes:
+        """The last refresh's text of ``families`` only (not cached: an ``[ha]`` standby's few lines)."""
+        with self._lock:
+            return b"".join(h.plain + b"".join(p.plain for p in pieces) for h, pieces in self._body.families
+                            if h.plain.split(b" ", 3)[2].decode() in families)
 
     def body_gzip(self) -> bytes:
         """``body()`` gzip-compressed: one gzip member per piece, each compressed once while it is unchanged

@@ -36,6 +36,8 @@ from healthd.errors import BackendError, ConfigError, PolicyRefused, TopologyErr
 from healthd.judge.engine import Judge
 from healthd.judge.model import JudgeOutput
 from healthd.judge.persist import judge_collected, judge_passive_poll
+from healthd.judge.sources.fabric import PROBE as FABRIC_PROBE
+from healthd.judge.sources.fabric import rail_key
 from healthd.model import JobState, JobStatus, Node, Outcome, ProbeJob, validate_node_name
 from healthd.passive.source import PassiveSource
 from healthd.planning import PlanLimits, plan
@@ -1034,13 +1036,15 @@ class Simulation:
             p = finding_p(e.text)
             if p is not None and p > self.settings.judge.switch.p_value:
                 self.chance_switch_findings.append((rnd, e.switch, e.probe, p))
-            under = topo.nodes_under(e.switch) if topo is not None else frozenset()
+            rail = rail_key(e.switch) if e.cause == FABRIC_PROBE else None
+            name = rail[0] if rail is not None else e.switch
+            under = topo.nodes_under(name) if topo is not None and name in topo.switches else frozenset()
             explained = False
             for so in self.switch_outcomes:
                 f = so.fault
-                if not f.active(rnd) or not fnmatchcase(e.probe, f.probe) or topo is None:
-                    continue
-                if f.switch == e.switch or f.switch in e.held or topo.nodes_under(f.switch) >= under or \
+                if not f.active(rnd) or not (fnmatchcase(e.probe, f.probe) or rail is not None) or topo is None:
+                    continue  # a rail's finding (port signals) names the switch whatever probe the fault slows
+                if f.switch == name or f.switch in e.held or topo.nodes_under(f.switch) >= under or \
                         under >= topo.nodes_under(f.switch):
                     explained = True
                     if so.named_round is None:

@@ -22,9 +22,17 @@ Checks, cheapest first
 ``leftover``  epilog only: a process still holding GPU memory
               (``nvidia-smi --query-compute-apps``) or, on any node, a live process of the job's user
               (``SLURM_JOB_UID``) after the job ended, unless its cgroup names another job.
-``errors``    hard XIDs in the kernel log (``/dev/kmsg``) since the last check, and row-remapping
+``errors``    hard XIDs in the kernel log (``/dev/kmsg``) since the last check, NVSwitch errors (SXid lines of
+              ``nvidia-nvswitch*``: a fatal one fails an NVSwitch system, a non-fatal one is a hint,
+              ``nvswitch_sxid_nonfatal``), and row-remapping
               failures / pending remaps, volatile uncorrected ECC (``nvidia-smi --query-gpu``); skipped
               with the reason where the log or the tool is unavailable.
+``links``     each InfiniBand port's error counters (``link_downed``, ``symbol_error``, ``port_rcv_errors``, ...),
+              state, physical state and rate, and the PCIe link width and speed (current and maximum) of each
+              NVIDIA GPU and HCA, read from sysfs (``probes.links``: file reads, no tool), and the node's boot
+              time: absolute values (``ib_port_counter`` per ``device``, ``port`` and ``counter``,
+              ``ib_port_state``, ``ib_port_phys_state``, ``ib_port_rate_bytes_per_second``, ``pcie_link_*``,
+              ``boot_time_seconds``); the daemon computes the increases between documents and judges them.
 ``fabric``    on a node whose expectation says it is an NVSwitch system (``"nvswitch": true``: its class is
               marked ``nvswitch = true`` in ``[[slurm.node_classes]]``), each GPU's fabric state and status
               from NVML (``nvmlDeviceGetGpuFabricInfo``: what ``nvidia-smi -q`` shows as "Fabric", read
@@ -39,7 +47,8 @@ Checks, cheapest first
 Exit status (what Slurm acts on: non-zero drains the node)
 ----------------------------------------------------------
 ``1`` only when the node is certainly broken: GPUs missing, a leftover process of the ended job
-(holding GPU memory, or of the job's user), a hard XID, a row-remapping failure. ``0`` otherwise,
+(holding GPU memory, or of the job's user), a hard XID, a row-remapping failure, a fatal SXid on an NVSwitch
+system. ``0`` otherwise,
 including every check that could not run (a missing tool, its own exception, bad options, a results
 directory that cannot be written) and a check ended by a signal (Slurm's time limit for the script:
 its document, when there is time to write it, is ``error`` with what was found so far dropped): the
@@ -76,12 +85,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any, Literal, cast, get_args
 
+from probes import links
 from probes.dist import node_name
 from probes.expect import missing, parse_uuid_list, shortfall_text, visible_of
 from probes.gpus import NodeGpu, _nvml_gpus, parse_nvidia_smi_list
@@ -97,7 +107,7 @@ HEALTH_MAX_BUDGET_S = 55.0
 """Slurm kills ``HealthCheckProgram`` at 60 s: a health budget above this is refused."""
 WRITE_RESERVE_S = 0.3
 """Kept out of every check for writing the document."""
-COST_S: dict[str, float] = {"gpus": 0.5, "leftover": 0.5, "errors": 0.5, "fabric": 0.5, "gemm": 3.0}
+COST_S: dict[str, float] = {"gpus": 0.5, "leftover": 0.5, "errors": 0.5, "links": 0.2, "fabric": 0.5, "gemm": 3.0}
 """Nominal cost of each check: it runs only when this much is left."""
 TOOL_TIMEOUT_S = 10.0
 GEMM_SECONDS = 1.0
@@ -108,6 +118,9 @@ HARD_XIDS = frozenset({48, 62, 64, 74, 79, 92, 94, 95, 119, 120, 123, 140})
 firmware/GSP, 64 row-remap failure, 74 NVLink, 79 fell off the bus, 92 high SBE rate, 94/95 ECC
 contained/uncontained, 123 SPI PMU, 140 ECC unrecovered."""
 _XID = re.compile(r"NVRM: Xid \((?P<pci>[^)]*)\): (?P<xid>\d+)")
+_SXID = re.compile(r"(?P<dev>nvidia-nvswitch\d+): SXid \((?P<pci>[^)]*)\): (?P<code>\d+), ?(?P<rest>.*)$")
+MAX_SXIDS = 200
+"""SXid records kept of one read (an NVSwitch logs several lines per event, many links at once)."""
 STATE_DIR = Path("/run/healthd-node-check")
 """Where the last kernel-log record seen is kept (tmpfs: the kernel log starts afresh at boot too)."""
 _JOB_CGROUP = re.compile(r"/job_(\d+)(/|$)")
@@ -268,18 +281,58 @@ class KernelXid:
     line: str
 
 
-def parse_kmsg(text: str) -> list[KernelXid]:
-    """XID records of ``/dev/kmsg`` lines (``<prio>,<seq>,<usec>,<flags>;NVRM: Xid (PCI:0000:3b:00): 79, …``)."""
-    out = []
+def kmsg_records(text: str) -> Iterator[tuple[int, str]]:
+    """(sequence number, message) of each ``/dev/kmsg`` record (``<prio>,<seq>,<usec>,<flags>;<message>``)."""
     for line in text.splitlines():
         head, sep, message = line.partition(";")
         fields = head.split(",")
-        if not sep or len(fields) < 2 or not fields[1].isdigit():
+        if sep and len(fields) >= 2 and fields[1].isdigit():
+            yield int(fields[1]), message
+
+
+def parse_kmsg(text: str) -> list[KernelXid]:
+    """XID records of ``/dev/kmsg`` lines (``<prio>,<seq>,<usec>,<flags>;NVRM: Xid (PCI:0000:3b:00): 79, …``)."""
+    return [KernelXid(seq, int(m.group("xid")), m.group("pci"), message.strip()[:300])
+            for seq, message in kmsg_records(text) if (m := _XID.search(message))]
+
+
+@dataclass(frozen=True)
+class KernelSxid:
+    """One NVSwitch error (``nvidia-nvswitch3: SXid (PCI:0000:04:00.0): 22013, Non-fatal, Link 44 …``)."""
+
+    seq: int
+    switch: str
+    pci: str
+    code: int
+    fatal: bool | None
+    """``Fatal`` / ``Non-fatal`` as the driver wrote it; ``None`` where no line of the event says."""
+    line: str
+
+
+def parse_sxids(text: str, *, limit: int = MAX_SXIDS) -> list[KernelSxid]:
+    """SXid records of ``/dev/kmsg`` lines, one per event (switch, PCI address, code): the driver writes an
+    event as several lines (``…: 12028, Non-fatal, Link 32 egress non-posted PRIV error``, ``…: 12028, Severity 0
+    Engine instance 32 …``, ``…: 12028, Data {0x…}``); its fatality is the one a line of it states. At most
+    ``limit`` events (the first ones)."""
+    events: dict[tuple[int, str, str, int], KernelSxid] = {}
+    last: dict[tuple[str, str, int], tuple[int, str, str, int]] = {}
+    for seq, message in kmsg_records(text):
+        m = _SXID.search(message)
+        if m is None:
             continue
-        m = _XID.search(message)
-        if m:
-            out.append(KernelXid(int(fields[1]), int(m.group("xid")), m.group("pci"), message.strip()[:300]))
-    return out
+        rest = m.group("rest").lower()
+        fatal = True if rest.startswith("fatal") else False if rest.startswith("non-fatal") else None
+        what = (m.group("dev"), m.group("pci"), int(m.group("code")))
+        key = last.get(what)
+        if key is None or (events[key].fatal is not None and fatal is not None):
+            if len(events) >= limit:
+                break
+            key = (seq, *what)
+            last[what] = key
+            events[key] = KernelSxid(seq, what[0], what[1], what[2], fatal, message.strip()[:300])
+        elif fatal is not None and events[key].fatal is None:
+            events[key] = KernelSxid(events[key].seq, what[0], what[1], what[2], fatal, message.strip()[:300])
+    return list(events.values())
 
 
 def last_seq(text: str) -> int:
@@ -396,6 +449,7 @@ class Setup:
     nvswitch: bool = False
     """The expectation says this node is an NVSwitch system: its GPUs' fabric state is read."""
     fabric: Callable[[], list[FabricReading]] = lambda: _nvml_fabric()
+    sys_root: Path = Path("/sys")
 
 
 def check_gpus(s: Setup, budget: Budget, f: Findings) -> list[NodeGpu] | None:
@@ -533,6 +587,25 @@ def _check_xids(s: Setup, f: Findings) -> None:
         name="boundary.xid", ok=not hard, node=s.node,
         detail="; ".join(x.line for x in hard[:3]) if hard
         else f"no hard XID since the last check ({len(xids)} XID(s))"))
+    _sxids(s, f, [x for x in parse_sxids(text) if x.seq > since])
+
+
+def _sxids(s: Setup, f: Findings, sxids: list[KernelSxid]) -> None:
+    """NVSwitch errors since the last check: a fatal one fails the node on an NVSwitch system (the switch needs
+    a reset: NVLink traffic through it stalls); a non-fatal one, or one whose fatality no line states, is a
+    hint (``nvswitch_sxid_nonfatal``, the events' count: the daemon asks for a probe of the node)."""
+    fatal = [x for x in sxids if x.fatal and s.nvswitch]
+    soft = [x for x in sxids if x not in fatal]
+    if s.nvswitch:
+        f.checks.append(Check(name="boundary.sxid", ok=not fatal, node=s.node,
+                              detail="fatal NVSwitch error: " + "; ".join(x.line for x in fatal[:3]) if fatal
+                              else f"no fatal SXid since the last check ({len(soft)} other)"))
+    if not sxids:
+        return
+    f.info["sxids_since_last_check"] = sorted({x.code for x in sxids})
+    if soft:  # on a node not marked an NVSwitch system, a fatal one too: the class decides what is a fault
+        f.measurements.append(Measurement(name="nvswitch_sxid_nonfatal", value=float(len(soft)), node=s.node))
+        f.info["sxid_hints"] = [x.line for x in soft[:5]]
 
 
 @dataclass(frozen=True)
@@ -592,6 +665,43 @@ def check_fabric(s: Setup, budget: Budget, f: Findings, gpus: list[NodeGpu] | No
         labels = {"gpu": str(r.gpu)}
         f.measurements.append(Measurement(name="fabric_state", value=float(r.state), labels=labels, node=s.node))
         f.measurements.append(Measurement(name="fabric_status", value=float(r.status), labels=labels, node=s.node))
+
+
+def check_links(s: Setup, budget: Budget, f: Findings, gpus: list[NodeGpu] | None) -> None:
+    """Each InfiniBand port's counters, state and rate, and each GPU's and HCA's PCIe link, from sysfs
+    (``probes.links``): absolute values as measurements, judged by the daemon (``ib_link_down``,
+    ``ib_link_degraded``, ``pcie_downtrained``, ...); and the node's boot time, so that a reboot's fresh
+    counters and link-downed rise are not read as a flap."""
+    ports = links.read_ib_ports(s.sys_root)
+    if not ports:
+        f.skipped["links.infiniband"] = f"no InfiniBand device in {s.sys_root / 'class' / 'infiniband'}"
+    for p in ports:
+        where = {"device": p.device, "port": p.port}
+        for counter, value in p.counters.items():
+            f.measurements.append(Measurement(name="ib_port_counter", value=value, node=s.node,
+                                              labels={**where, "counter": counter}))
+        for name, reading in (("ib_port_state", p.state), ("ib_port_phys_state", p.phys_state),
+                              ("ib_port_rate_bytes_per_second", p.rate)):
+            if reading is not None:
+                f.measurements.append(Measurement(name=name, value=float(reading), labels=where, node=s.node))
+    if ports:
+        f.info["ib_ports"] = {f"{p.device}/{p.port}": f"state {p.state}, phys {p.phys_state}, {p.rate_text or '?'}, "
+                                                      f"{p.link_layer or '?'}" for p in ports}
+    pcie = links.read_pcie(s.sys_root, {p.pci: p.device for p in ports if p.pci})
+    if not pcie:
+        f.skipped["links.pcie"] = "no NVIDIA GPU or HCA among the PCI devices"
+    for d in pcie:
+        where = {"gpu": d.name} if d.kind == "gpu" else {"device": d.name}
+        for name, reading in (("pcie_link_width", d.width), ("pcie_link_max_width", d.max_width),
+                              ("pcie_link_speed_gts", d.speed), ("pcie_link_max_speed_gts", d.max_speed)):
+            if reading is not None:
+                f.measurements.append(Measurement(name=name, value=reading, labels=where, node=s.node))
+    if pcie:
+        f.info["pcie"] = {d.pci: f"{d.kind} {d.name}: x{d.width or 0:g}/x{d.max_width or 0:g}, "
+                                 f"{d.speed or 0:g}/{d.max_speed or 0:g} GT/s" for d in pcie}
+    booted = links.boot_time(s.proc_root)
+    if booted is not None and (ports or pcie):
+        f.measurements.append(Measurement(name="boot_time_seconds", value=booted, node=s.node))
 
 
 GEMM_CODE = """
@@ -671,7 +781,8 @@ def run_checks(s: Setup, budget: Budget) -> Findings:
     else:
         f.skipped["gpus"] = f"budget: {budget.left():.2f} s left, {COST_S['gpus']:g} s needed"
     steps: list[Step] = [("leftover", check_leftover, ("epilog",)), ("errors", check_errors, CONTEXTS),
-                         ("fabric", check_fabric, CONTEXTS), ("gemm", check_gemm, ("epilog", "health"))]
+                         ("links", check_links, CONTEXTS), ("fabric", check_fabric, CONTEXTS),
+                         ("gemm", check_gemm, ("epilog", "health"))]
     for name, fn, contexts in steps:
         if s.context not in contexts:
             f.skipped[name] = f"not run in the {s.context} context"

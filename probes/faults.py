@@ -14,7 +14,9 @@ Kinds:
 - ``slow_link:<rank>``: the ``pipeline`` probe delays each timed send of that rank to its ``next``
   neighbour in the ring (``probes.pipeline.SLOW_LINK_DELAY_S``), as a slow link would: that one link
   (one direction) must be named the slowest, the others not. ``corrupt`` in the ``pipeline`` probe
-  perturbs the rank's stage output in the gradient-checked step.
+  perturbs the rank's stage output in the gradient-checked step by the same relative size at every stage
+  position (``probes.pipeline.CORRUPT_RELATIVE``; ``HEALTHD_PROBE_CORRUPT_RELATIVE`` sets another, for
+  ``bench/pipeline_corrupt.py``).
 - ``slow:<rank>``: the ``nccl`` probe's rank waits, before each timed collective of a group that spans
   several nodes, ``SLOW_FACTOR`` times that collective's own duration (the median of its warmup ops,
   one untimed op when there is no warmup; a node's own groups are not slowed; several slowed ranks of

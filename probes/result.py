@@ -30,7 +30,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 SCHEMA_VERSION = 1
 
 LABEL_KEYS = frozenset(
-    {"gpu", "collective", "size_bytes", "dtype", "placement", "scope", "quantile", "rail", "nodes", "direction", "peer"}
+    {"gpu", "collective", "size_bytes", "dtype", "placement", "scope", "quantile", "rail", "nodes", "direction", "peer",
+     "device", "port", "counter"}
 )
 """Label keys a measurement may carry; all have small, bounded value sets."""
 

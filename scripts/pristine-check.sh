@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's two commands on a pristine root: what a newcomer meets on a fresh Debian machine.
 #
-#   scripts/pristine-check.sh            both steps below, each from a fresh extraction of the root
+#   scripts/pristine-check.sh            both steps below, at once, each from a fresh extraction of the root
 #   scripts/pristine-check.sh run|test   one of them
 #
 # The root: a minbase Debian bookworm (mmdebstrap) with python3 and ca-certificates only, as a new
@@ -21,7 +21,8 @@
 #
 # Each step prints its time; a failing step names itself, prints the tail of its log and keeps the log
 # under $HEALTHD_PRISTINE_LOGS (default /tmp/healthd-pristine-logs). Root only (mmdebstrap, chroot,
-# namespaces). Exit status 0 when every step asked for passed. .ci/run runs it before the suite.
+# namespaces). Exit status 0 when every step asked for passed. .ci/run runs it beside scripts/test.sh's set-up
+# (HEALTHD_TEST_AWAIT: pytest waits for it), its Slurm cluster on ports of its own (16880, 17080+).
 set -Eeuo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 CACHE=${HEALTHD_PRISTINE_CACHE:-/var/cache/healthd-pristine}
@@ -202,14 +203,24 @@ drop_root() {  # a tmpfs: gone at once (removing a used root file by file takes 
     rmdir "$work" 2>/dev/null || true
     work=""
 }
-trap drop_root EXIT
-for s in "${steps[@]}"; do
+one_step() {  # one_step STEP: STEP in a fresh root of its own, dropped when it ends (run in a subshell)
+    trap drop_root EXIT
     work=$(mktemp -d "$WORK_PARENT/healthd-pristine.XXXXXX")
     mount -t tmpfs -o "size=${HEALTHD_PRISTINE_SIZE:-8g},mode=0755" healthd-pristine "$work"
+    local t0
     t0=$(date +%s.%N)
     new_root "$work/root"
-    log "$s: fresh root extracted in $(since "$t0") s"
-    "step_$s" "$work/root"
-    drop_root
+    log "$1: fresh root extracted in $(since "$t0") s"
+    "step_$1" "$work/root"
+}
+# The steps at once, each in its own root (they share nothing but the host's network: the run step's daemon
+# listens on 9469, the test step's Slurm cluster on HEALTHD_SLURM_*_PORT): the time of the longer one.
+declare -A pid=()
+for s in "${steps[@]}"; do
+    ( one_step "$s" ) &
+    pid[$s]=$!
 done
+failed=()
+for s in "${steps[@]}"; do wait "${pid[$s]}" || failed+=("$s"); done
+((${#failed[@]} == 0)) || die "failed: ${failed[*]} (above)"
 log "passed: ${steps[*]} in $(since "$t_all") s"

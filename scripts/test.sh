@@ -12,8 +12,11 @@
 # chroots after the main suite (scripts/slurm-matrix.sh; about 3 minutes a release);
 # HEALTHD_TEST_SLURM_MATRIX=0 skips that. As root, the probe image of tests/integration/test_containers.py
 # is built in the background (healthd image build under nice; HEALTHD_TEST_IMAGE=0 skips): the suite
-# does not wait for it, only the container tests do, and they run last (marker `containers`). HEALTHD_TEST_LINT=0 skips ruff and mypy (scripts/pristine-check.sh,
-# whose slice the main run lints anyway).
+# does not wait for it, only the container tests do, and they run last (marker `containers`).
+# HEALTHD_TEST_LINT=0 skips ruff and mypy (scripts/pristine-check.sh, whose slice the main run lints anyway).
+# HEALTHD_TEST_AWAIT=PREFIX: a check started beside this script (.ci/run's pristine check) writes its exit
+# status to PREFIX.rc and its output to PREFIX.log; pytest waits for it (the timed tests must not run beside
+# it), its output is shown, and its failure fails the run.
 # Every step says its name before it runs; a step that fails says which, and where its log is.
 set -Eeuo pipefail
 trap 'echo "test.sh: error: line $LINENO: \`$BASH_COMMAND\` exited $?" >&2' ERR
@@ -77,6 +80,16 @@ if [ "$matrix" = 1 ]; then
   t0=$(date +%s)
   wait "$chroots_pid" || { cat /tmp/healthd-slurm-chroots.log; echo "test.sh: error: building the Slurm chroots failed (log above: /tmp/healthd-slurm-chroots.log)" >&2; exit 1; }
   echo "== Slurm chroots ready ($(( $(date +%s) - t0 )) s waited)"
+fi
+if [ -n "${HEALTHD_TEST_AWAIT:-}" ]; then
+  t0=$(date +%s)
+  while [ ! -s "$HEALTHD_TEST_AWAIT.rc" ]; do sleep 1; done
+  cat "$HEALTHD_TEST_AWAIT.log"
+  if [ "$(cat "$HEALTHD_TEST_AWAIT.rc")" != 0 ]; then
+    echo "test.sh: error: the check started beside it failed (exit status $(cat "$HEALTHD_TEST_AWAIT.rc"); its output above: $HEALTHD_TEST_AWAIT.log)" >&2
+    exit 1
+  fi
+  echo "== the check started beside it passed ($(( $(date +%s) - t0 )) s waited)"
 fi
 echo "== pytest"
 python -m pytest --durations=25 "$@"

@@ -35,6 +35,32 @@ def _topology(settings: Settings) -> Topology | None:
     return topology
 
 
+def ha_line(settings: Settings) -> str | None:
+    """Who leads (``[ha]``), as ``healthd ha status`` says it in one line; ``None`` with ``[ha]`` off. A database
+    that does not answer is said, never an error: the store's view is shown all the same."""
+    if settings.ha.mode == "off":
+        return None
+    from healthd.errors import HealthdError
+    from healthd.ha.lease import check_server, connect, lease_row, target
+
+    try:
+        conn = connect(target(settings.ha), settings.ha.timeout_s)
+        try:
+            check_server(conn)
+            cur = conn.cursor()
+            try:
+                lease = lease_row(cur)
+            finally:
+                cur.close()
+        finally:
+            conn.close()
+    except HealthdError as exc:
+        return f"ha: leader unknown: {exc}"
+    if lease.live and lease.holder:
+        return f"ha: {lease.holder} leads, epoch {lease.epoch}, since {lease.since} (database clock)"
+    return f"ha: no leader (last: {lease.holder or 'none'}, epoch {lease.epoch}, lease ran out {lease.expires_at})"
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from healthd.http import nodes_document
     from healthd.service_store import open_store
@@ -46,9 +72,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         doc = nodes_document(store.snapshot(), topology)
     finally:
         store.close()
+    ha = ha_line(settings)
     if args.json:
-        print(json.dumps(doc, indent=1, sort_keys=True))
+        print(json.dumps({**doc, "ha": ha} if ha is not None else doc, indent=1, sort_keys=True))
         return EXIT_OK
+    if ha is not None:
+        print(ha)
     if topology is not None:
         print(describe(topology))
     bad = 0

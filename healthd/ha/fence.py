@@ -5,7 +5,8 @@ backend's lift of its own drains in the recheck reservation), cancels (the colle
 the restore of lifted drains when a run is forgotten, drains, undrains, the rewrite of adopted boundary-drain
 reasons, reboots and repairs. Each of those calls is first recorded by ``Lease.record``; no row, no call:
 ``PolicyRefused`` (remediation records the action as refused; the collector's tick logs it). Reading calls
-(``list_nodes``, ``poll``, ``adopt``, ``topology``) pass straight through, so a standby keeps its view.
+(``list_nodes``, ``poll``, ``adopt``, ``topology``) pass straight through, so a standby keeps its view. A
+submitted job's runs go to the run registry (``Lease.register_runs``) as soon as the backend names the job.
 
 A drain reason gets the epoch after the configured prefix (``healthd: [e42] …``): it still starts with the
 prefix, so ownership (``Node.owned_by``), adopted boundary drains and ``repair failed`` reasons hold.
@@ -14,13 +15,15 @@ prefix, so ownership (``Node.owned_by``), adopted boundary drains and ``repair f
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from healthd.cluster.base import BackendTraits, ClusterBackend
 from healthd.config import Settings
-from healthd.errors import PolicyRefused
+from healthd.errors import HaError, PolicyRefused
+from healthd.ha.lease import SharedRun
 from healthd.logging import get_logger
 from healthd.model import JobStatus, Node, ProbeJob
 
@@ -38,6 +41,8 @@ _REASON_ARG = {"start_reboot": 1, "back_from_repair": 1, "take_over_drain": 2}
 
 class Recorder(Protocol):
     def record(self, verb: str, nodes: tuple[str, ...] = (), probe: str = "", detail: str = "") -> int | None: ...
+
+    def register_runs(self, runs: Sequence[SharedRun]) -> None: ...
 
 
 def tag_reason(reason: str, prefix: str, epoch: int) -> str:
@@ -95,7 +100,15 @@ class FencedBackend:
     def submit(self, job: ProbeJob, result_path: Path) -> str:
         probes = ",".join(dict.fromkeys(r.probe for r in job.runs))
         self._fence("submit", job.nodes, probes, " ".join(r.run_id for r in job.runs))
-        return self.backend.submit(job, result_path)
+        job_id = self.backend.submit(job, result_path)
+        at = time.time()
+        try:  # the run registry: a new leader collects these runs (healthd.ha.runs)
+            self.recorder.register_runs([SharedRun(r.run_id, r.probe, job.nodes, job.kind.value, job_id,
+                                                   str(result_path.with_name(f"{r.run_id}.json")), at)
+                                         for r in job.runs])
+        except HaError as exc:
+            log.warning("ha_run_not_registered", job_id=job_id, run_ids=[r.run_id for r in job.runs], error=str(exc))
+        return job_id
 
     def poll(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
         return self.backend.poll(job_ids)

@@ -2,11 +2,11 @@
 
 Contract:
 
-- Leadership is one row of ``healthd_lease``, taken or renewed in a transaction (``SELECT … FOR UPDATE``);
-  its expiry is ``NOW(6) + INTERVAL ttl``, always on the database's clock, so the admin nodes' clocks do
-  not matter. ``GET_LOCK`` is not used (unsupported on Galera, silently released after ``wait_timeout``,
-  stacked per connection). Each change of holder, or a lease taken again after it expired, increments
-  ``epoch``.
+- Leadership is one row of ``healthd_lease``, taken or renewed by single ``UPDATE`` statements (never a
+  transaction held open across a round trip: a paused holder must not keep the row locked); its expiry is
+  ``NOW(6) + INTERVAL ttl``, always on the database's clock, so the admin nodes' clocks do not matter.
+  ``GET_LOCK`` is not used (unsupported on Galera, silently released after ``wait_timeout``, stacked per
+  connection). Each change of holder, or a lease taken again after it expired, increments ``epoch``.
 - An instance leads while its last successful renewal started less than ``lease_ttl_s / 2`` ago on its
   own monotonic clock (:meth:`Lease.leading`), and each action is recorded first by :meth:`Lease.record`:
   an ``INSERT … SELECT`` that inserts a row only while this instance holds the current epoch with
@@ -34,8 +34,9 @@ from healthd.logging import get_logger
 
 log = get_logger("healthd.ha")
 
-SCHEMA_VERSION = 1
-"""The schema this healthd writes and reads; ``healthd ha init`` upgrades an older one to it."""
+SCHEMA_VERSION = 2
+"""The schema this healthd writes and reads; ``healthd ha init`` upgrades an older one to it (1 -> 2: the run
+registry, ``healthd_runs``)."""
 LEASE_NAME = "leader"
 MAX_DETAIL = 1000
 
@@ -61,6 +62,19 @@ _SCHEMA = (
         probe VARCHAR(255) NOT NULL,
         detail VARCHAR(1024) NOT NULL,
         INDEX healthd_actions_verb_at (verb, at)
+    ) ENGINE=InnoDB""",
+    """CREATE TABLE IF NOT EXISTS healthd_runs (
+        run_id VARCHAR(128) NOT NULL PRIMARY KEY,
+        holder VARCHAR(128) NOT NULL,
+        epoch BIGINT NOT NULL,
+        job_id VARCHAR(64) NOT NULL,
+        probe VARCHAR(255) NOT NULL,
+        nodes VARCHAR(4096) NOT NULL,
+        kind VARCHAR(32) NOT NULL,
+        result_path VARCHAR(1024) NOT NULL,
+        submitted_at DOUBLE NOT NULL,
+        done TINYINT NOT NULL DEFAULT 0,
+        INDEX healthd_runs_done (done)
     ) ENGINE=InnoDB""",
 )
 
@@ -98,6 +112,30 @@ class Target:
     port: int
     database: str
     password: str
+
+
+@dataclass(frozen=True)
+class SharedRun:
+    """A submitted probe run in the run registry (``healthd_runs``): what a new leader needs to collect it."""
+
+    run_id: str
+    probe: str
+    nodes: tuple[str, ...]
+    kind: str
+    job_id: str
+    result_path: str
+    submitted_at: float
+
+
+@dataclass(frozen=True)
+class JournalDrain:
+    """A drain in the action journal: which instance made it, when (Unix time, the database's clock)."""
+
+    node: str
+    holder: str
+    epoch: int
+    at: float
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -155,7 +193,8 @@ def connect(t: Target, timeout_s: float) -> Connection:
     try:
         conn: Connection = pymysql.connect(
             host=t.host, port=t.port, user=t.user, password=t.password, database=t.database,
-            connect_timeout=t_int, read_timeout=t_int, write_timeout=t_int, autocommit=True, charset="utf8mb4")
+            connect_timeout=t_int, read_timeout=t_int, write_timeout=t_int, autocommit=True, charset="utf8mb4",
+            init_command=f"SET SESSION innodb_lock_wait_timeout = {t_int}")
     except pymysql.MySQLError as exc:
         raise HaError(f"cannot connect to {t.user}@{t.host}:{t.port}/{t.database}: {exc}") from None
     return conn
@@ -198,6 +237,8 @@ class Lease:
         """How many times this instance became leader."""
         self.seen: LeaseRow | None = None
         """The lease as the last renewal found it."""
+        self._last_epoch = -1
+        """The last epoch this process led under (-1: none): only that term may be taken again before it expires."""
 
     # -- connection -----------------------------------------------------------------------------
     @contextmanager
@@ -263,34 +304,27 @@ class Lease:
             mine = self.epoch
         try:
             with self._cursor() as cur:
-                conn = self._conn
-                assert conn is not None
-                conn.begin()
-                try:
-                    cur.execute("SELECT holder, epoch, expires_at > NOW(6) FROM healthd_lease WHERE name = %s "
-                                "FOR UPDATE", (LEASE_NAME,))
-                    row = cur.fetchone()
-                    if row is None:
-                        raise HaError("healthd_lease has no lease row: run `healthd ha init`")
-                    holder, epoch, live = str(row[0]), int(row[1]), bool(row[2])
-                    took = True
-                    if holder == self.instance and live and mine == epoch:
-                        cur.execute("UPDATE healthd_lease SET expires_at = NOW(6) + INTERVAL %s MICROSECOND "
-                                    "WHERE name = %s", (ttl, LEASE_NAME))
-                    elif not live or (holder == self.instance and mine is None):
-                        # free, expired, or ours from before this process: a new term, a new epoch
-                        cur.execute("UPDATE healthd_lease SET holder = %s, epoch = epoch + 1, since = NOW(6), "
-                                    "expires_at = NOW(6) + INTERVAL %s MICROSECOND WHERE name = %s",
-                                    (self.instance, ttl, LEASE_NAME))
-                    else:
-                        took = False
-                    cur.execute("SELECT holder, epoch, since, expires_at, expires_at > NOW(6) FROM healthd_lease "
-                                "WHERE name = %s", (LEASE_NAME,))
-                    now_row = cur.fetchone()
-                    conn.commit()
-                except BaseException:
-                    conn.rollback()
-                    raise
+                # Single statements, each atomic on the server: no row lock is ever held across a round trip, so
+                # a paused process (SIGSTOP, a frozen VM) holding the lease cannot block the others' takeover.
+                if mine is not None:
+                    cur.execute("UPDATE healthd_lease SET expires_at = NOW(6) + INTERVAL %s MICROSECOND "
+                                "WHERE name = %s AND holder = %s AND epoch = %s AND expires_at > NOW(6)",
+                                (ttl, LEASE_NAME, self.instance, mine))
+                # free, expired, or this process's own last term (it stepped down by its clock): a new term, a new
+                # epoch. A term under this instance_id that another process took (a restart, a copied config)
+                # is waited out like anyone's: its last Slurm call may still be under way.
+                cur.execute("UPDATE healthd_lease SET holder = %s, epoch = epoch + 1, since = NOW(6), "
+                            "expires_at = NOW(6) + INTERVAL %s MICROSECOND WHERE name = %s AND "
+                            "(expires_at <= NOW(6) OR (holder = %s AND epoch = %s))",
+                            (self.instance, ttl, LEASE_NAME, self.instance, self._last_epoch if mine is None else -1))
+                new_term = cur.rowcount == 1  # the epoch changed: reliable with or without CLIENT_FOUND_ROWS
+                cur.execute("SELECT holder, epoch, since, expires_at, expires_at > NOW(6) FROM healthd_lease "
+                            "WHERE name = %s", (LEASE_NAME,))
+                now_row = cur.fetchone()
+                if now_row is None:
+                    raise HaError("healthd_lease has no lease row: run `healthd ha init`")
+                took = new_term or (str(now_row[0]) == self.instance and int(now_row[1]) == mine
+                                    and bool(now_row[4]))
         except HaError as exc:
             with self._lock:
                 self._step_down(f"database: {exc}")
@@ -307,15 +341,19 @@ class Lease:
             self.last_error = None
             if lease.holder == self.instance and lease.live and not took:
                 # the lease names this instance under an epoch it did not take: another process uses the
-                # same instance_id (a copied config); never lead on a term this process did not start
+                # same instance_id (a copied config), or this instance's process before a restart; never lead on a
+                # term this process did not start
                 log.error("ha_instance_id_in_use", instance=self.instance, epoch=lease.epoch,
-                          why="another process holds the lease under this instance_id: give each its own")
+                          why="a term under this instance_id that this process did not take: another process "
+                              "with the same instance_id (give each its own), or this instance before a restart "
+                              "(waited out until it expires)")
                 self._step_down(f"another process holds epoch {lease.epoch} under instance_id {self.instance}")
             elif lease.holder == self.instance and lease.live:
                 if self.epoch != lease.epoch:
                     self.transitions += 1
                     log.warning("ha_leader", instance=self.instance, epoch=lease.epoch, since=lease.since)
                 self.epoch, self.since, self._renewed_at = lease.epoch, lease.since, started
+                self._last_epoch = lease.epoch
             else:
                 self._step_down(f"{lease.holder} holds epoch {lease.epoch}")
         return lease
@@ -389,6 +427,47 @@ class Lease:
                     if node and name and float(at) > out.get((node, name), float("-inf")):
                         out[(node, name)] = float(at)
         return out
+
+    def register_runs(self, runs: Sequence[SharedRun]) -> None:
+        """Put submitted runs in the run registry, under this instance's epoch (a run already there is kept)."""
+        if not runs:
+            return
+        with self._lock:
+            epoch = self.epoch or 0
+        with self._cursor() as cur:
+            for r in runs:
+                cur.execute("INSERT IGNORE INTO healthd_runs (run_id, holder, epoch, job_id, probe, nodes, kind, "
+                            "result_path, submitted_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                            (r.run_id, self.instance, epoch, r.job_id, r.probe, ",".join(r.nodes), r.kind,
+                             r.result_path, r.submitted_at))
+
+    def open_runs(self) -> list[SharedRun]:
+        """The runs in the registry not closed yet (by any instance), oldest first."""
+        with self._cursor() as cur:
+            cur.execute("SELECT run_id, probe, nodes, kind, job_id, result_path, submitted_at FROM healthd_runs "
+                        "WHERE done = 0 ORDER BY submitted_at")
+            rows = cur.fetchall()
+        return [SharedRun(str(r[0]), str(r[1]), tuple(n for n in str(r[2]).split(",") if n), str(r[3]), str(r[4]),
+                          str(r[5]), float(r[6])) for r in rows]
+
+    def close_runs(self, run_ids: Sequence[str]) -> None:
+        """Mark runs collected in the registry (kept for the record; ``prune_runs`` deletes old ones)."""
+        if not run_ids:
+            return
+        with self._cursor() as cur:
+            cur.execute(f"UPDATE healthd_runs SET done = 1 WHERE run_id IN ({', '.join(['%s'] * len(run_ids))})",
+                        tuple(run_ids))
+
+    def journal_drains(self, since_s: float, *, others_only: bool = True) -> list[JournalDrain]:
+        """The drains journalled in the last ``since_s`` seconds (with ``others_only``, by other instances):
+        the breaker window and the hourly cap count them, so a failover does not grant a second quota."""
+        with self._cursor() as cur:
+            cur.execute("SELECT nodes, holder, epoch, UNIX_TIMESTAMP(at), detail FROM healthd_actions "
+                        "WHERE verb = 'drain' AND at > NOW(6) - INTERVAL %s MICROSECOND"
+                        + (" AND holder <> %s" if others_only else "") + " ORDER BY id",
+                        (_micro(since_s), self.instance) if others_only else (_micro(since_s),))
+            rows = cur.fetchall()
+        return [JournalDrain(str(r[0]), str(r[1]), int(r[2]), float(r[3]), str(r[4])) for r in rows]
 
     def drains(self, nodes: Sequence[str], verbs: Sequence[str]) -> dict[str, set[int]]:
         """The epochs under which each of ``nodes`` was recorded with one of ``verbs`` (any instance)."""

@@ -327,8 +327,8 @@ class Judge:
         return any(mk.run_id == run.run_id for n in run.nodes for mk in self.marks.get((n, run.probe), ())) or \
             any(self.status.get((n, run.probe), _NO_STATUS).run_id == run.run_id for n in run.nodes)
 
-    def in_event(self, cls: str, probe: str) -> bool:
-        return any(c.since(cls, probe) is not None for c in self.causes)
+    def in_event(self, cls: str, probe: str, key: SeriesKey | None = None) -> bool:
+        return any(c.since(cls, probe, key) is not None for c in self.causes)
 
     def update_causes(self, touched: set[tuple[str, str]], now: float, out: JudgeOutput) -> Update:
         """Re-test every cause on the round's (node, probe) pairs, the most specific first: a broader one
@@ -448,7 +448,7 @@ class Judge:
         since: Cause | None = None
         leaving: list[tuple[Cause, Callable[[str], bool]]] = []
         for cause in self.causes:
-            start = cause.since(cls, probe)
+            start = cause.since(cls, probe, fkey)
             if start is not None and since is None:
                 since, cutoff = cause, max(cutoff, start)
             out = cause.leaves_out(probe)

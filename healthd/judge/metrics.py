@@ -58,8 +58,8 @@ JUDGE_FAMILIES: dict[str, tuple[str, str]] = {
                                           " (ownership, breaker, cap, repeat offender) or could not do (failed)"),
     "healthd_remediation_breaker_open": ("gauge", "1 while the remediation circuit breaker is open (no automatic"
                                          " action)"),
-    "healthd_fleet_event_active": ("gauge", "1 while a large share of the class is degraded at once on the probe"
-                                   " (a fleet event)"),
+    "healthd_fleet_event_active": ("gauge", "1 while a large share of the class is degraded at once on a series"
+                                   " of the probe of this scope (a fleet event; scope * for every series)"),
     "healthd_switch_finding": ("gauge", "1 while the nodes under the switch fail the probe together beyond chance"
                                " (a switch finding: their drains are held)"),
     "healthd_link_finding": ("gauge", "1 while the path between nodes a and b (a < b) is slow on the probe and both"
@@ -201,7 +201,8 @@ def fleet_samples(*, breaker_open: bool, fleet_events: Iterable[Mapping[str, Any
                   counters: Iterable[tuple[str, Mapping[str, str], float]],
                   switch_findings: Iterable[Mapping[str, Any]] = (),
                   link_findings: Iterable[LinkFinding] = ()) -> Iterator[Sample]:
-    """Remediation actions by result, the breaker, whether each (class, probe) has a fleet event, the
+    """Remediation actions by result, the breaker, whether each (class, probe, scope) has a fleet event (the
+    events of a class and probe on several series of one scope are one sample: 1 while any is active), the
     switch findings (``healthd_switch_finding``: 1 while active, 0 once ended, while the store keeps it) and
     the live link findings (``healthd_link_finding``: one series per live finding, none once it ended)."""
     seen: dict[tuple[str, str], float] = {(a, r): 0.0 for a in ACTIONS for r in RESULTS}
@@ -211,12 +212,12 @@ def fleet_samples(*, breaker_open: bool, fleet_events: Iterable[Mapping[str, Any
     for (action, result), value in sorted(seen.items()):
         yield "healthd_remediation_actions_total", (("action", action), ("result", result)), value
     yield "healthd_remediation_breaker_open", (), float(breaker_open)
-    state: dict[tuple[str, str], bool] = {}
+    state: dict[tuple[str, str, str], bool] = {}
     for e in sorted(fleet_events, key=lambda e: e["started_at"]):
-        key = (e["node_class"], e["probe"])
+        key = (e["node_class"], e["probe"], e.get("scope") or "*")
         state[key] = state.get(key, False) or e["ended_at"] is None
-    for (cls, probe), active in sorted(state.items()):
-        yield "healthd_fleet_event_active", (("node_class", cls), ("probe", probe)), float(active)
+    for (cls, probe, scope), active in sorted(state.items()):
+        yield "healthd_fleet_event_active", (("node_class", cls), ("probe", probe), ("scope", scope)), float(active)
     switches: dict[tuple[str, str, str], bool] = {}
     for e in sorted(switch_findings, key=lambda e: e["started_at"]):
         where = (str(e["switch"]), str(e["level"]), str(e["probe"]))

@@ -204,6 +204,9 @@ class RunInput:
     """(node, scope) → the slowest link a run measured there, for people (the pipeline probe's
     ``slowest_link``: ``rank 0 (node1 gpu 0) -> rank 1 (node2 gpu 0): 1.2 GB/s, 0.05 x the median ...``): a
     finding on the node's link figures names both ends."""
+    nics: Mapping[str, frozenset[tuple[str, str]]] = field(default_factory=dict)
+    """Node → the InfiniBand ports (device, port) NCCL used there (its ``NET/IB : Using [0]mlx5_0:1/IB ...``
+    lines, ``params.nccl_transport``); a node absent: not known."""
     image: str | None = None
     """The container image the probe ran in, as it recorded it (``environment.container_image``:
     ``IMAGE@sha256:…`` for an image ``healthd image build`` wrote); ``None``: bare, or not known."""
@@ -285,6 +288,16 @@ class FleetEvent:
     cause: str = ""
     """The registered cause (``healthd.judge.sources``) that declared it, when not the built-in class event or
     switch rule (empty): the one that restores it after a restart."""
+    key: str = ""
+    """A class event's series (``healthd.judge.sources.events.series_of``): the measurement and its labels but
+    those naming where it was measured (node, GPU, peers), ``busbw_bytes_per_second{collective=all_reduce,
+    scope=node,size_bytes=1073741824}``; the event holds only values of that series. Empty: every series of
+    the probe (a declared event, a by-node pseudo-probe's, a switch finding, or a row stored before events had
+    a series)."""
+    scope: str = ""
+    """What the event's series measures (``healthd_fleet_event_active{scope}``): its ``scope`` label
+    (``node``: a node's own NVLink, ``group``: the inter-node fabric), else ``gpu`` (a per-GPU series) or
+    ``node``; ``*`` or empty: every series of the probe."""
 
     @property
     def active(self) -> bool:

@@ -13,6 +13,7 @@ from healthd.config import JudgeSettings
 from healthd.judge.engine import Judge
 from healthd.judge.model import CheckInput, Declarations, JudgeOutput, MeasurementInput, RunInput
 from healthd.model import Node, devices_by_node
+from healthd.parsers.nccl_transport import ib_ports_used
 from healthd.passive.model import PassivePoll
 
 if TYPE_CHECKING:
@@ -35,6 +36,7 @@ def run_from_collected(c: Collected, now: float) -> RunInput:
     return RunInput(c.run_id, c.probe, tuple(c.nodes), c.outcome, c.reason,
                     result.finished_at if result is not None else now, measurements, failed, c.kind, uuids,
                     slowest_links(result.params) if result is not None else {},
+                    ib_ports_used(result.params) if result is not None else {},
                     result.environment.container_image if result is not None and result.environment else None)
 
 

@@ -44,6 +44,7 @@ __all__ = [
     "TransportSummary",
     "canonical_transport",
     "expand_nccl_transport",
+    "ib_ports_used",
     "parse_nccl_debug",
     "summarize",
 ]
@@ -499,3 +500,24 @@ def expand_nccl_transport(result: ProbeResult) -> ProbeResult:
                         "params": {**result.params, RESULT_KEY: record},
                     })
     return result.model_copy(update={"params": {**result.params, RESULT_KEY: record}})
+
+
+_IB_NIC = re.compile(r"^(?P<devs>[^:/\s]+):(?P<port>\d+)(?:/|$)")
+
+
+def ib_ports_used(params: Mapping[str, Any]) -> dict[str, frozenset[tuple[str, str]]]:
+    """Node → the InfiniBand ports NCCL used there, from ``params["nccl_transport"]["nodes"][node]["nics"]`` (the
+    ``NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_3:1/RoCE`` devices: ``("mlx5_0", "1")``; merged devices,
+    ``mlx5_0+mlx5_1:1``, give each). Nodes without IB NICs (a Socket or OFI run) are absent: not known."""
+    doc = params.get(RESULT_KEY)
+    nodes = doc.get("nodes") if isinstance(doc, Mapping) else None
+    out: dict[str, frozenset[tuple[str, str]]] = {}
+    if not isinstance(nodes, Mapping):
+        return out
+    for node, info in nodes.items():
+        nics = info.get("nics") if isinstance(info, Mapping) else None
+        ports = {(dev, m.group("port")) for nic in (nics if isinstance(nics, list) else [])
+                 if isinstance(nic, str) and (m := _IB_NIC.match(nic)) for dev in m.group("devs").split("+")}
+        if ports and isinstance(node, str):
+            out[node] = frozenset(ports)
+    return out

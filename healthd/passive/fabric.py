@@ -21,6 +21,10 @@ the previous value of each port counter and is given each poll's answers (``Fabr
 - **A boot is not a flap.** A node whose ``node_boot_time_seconds`` changed since the last poll (it booted,
   healthd's reboot included) resets its references and makes no event of its ``link_downed`` in that poll.
 
+The same tracker computes the increases between the node check's documents at job boundaries (``probes.links``
+reads sysfs: ``boundary_answers`` makes one document the answers of one poll of its node), so resets,
+saturation and boots are treated once, the same way, whichever path the counters came by.
+
 The links: each active port's rate (``rate_bytes_per_second`` and its physical state) is a reading; whether
 a rate is below the class's is the judge's to say (``healthd.judge.sources.fabric``), since only it knows
 classes.
@@ -47,6 +51,18 @@ COUNTERS: dict[str, tuple[str, float, str]] = {
 their signal, the value at which the 8- or 16-bit PMA counter saturates, and their words."""
 
 COUNTER_OF_CODE = {code: counter for counter, (code, _, _) in COUNTERS.items()}
+
+SYSFS_COUNTERS: dict[str, str] = {
+    "link_downed": "link_downed", "symbol_error": "symbol_error", "port_rcv_errors": "port_errors_received",
+    "port_rcv_remote_physical_errors": "port_receive_remote_physical_errors",
+    "link_error_recovery": "link_error_recovery",
+}
+"""The kernel's counter name (``/sys/class/infiniband/*/ports/*/counters/``) → node_exporter's, for those judged
+(node_exporter's ``infiniband`` collector renames two)."""
+
+PHYSICAL_STATES = {1.0: "Sleep", 2.0: "Polling", 3.0: "Disabled", 4.0: "PortConfigurationTraining", 5.0: "LinkUp",
+                   6.0: "LinkErrorRecovery", 7.0: "Phy Test"}
+PORT_STATES = {1.0: "DOWN", 2.0: "INIT", 3.0: "ARMED", 4.0: "ACTIVE", 5.0: "ACTIVE_DEFER"}
 
 STATE_ACTIVE = 4.0
 """``state_id`` 4: the port is active (1 down, 2 init, 3 armed)."""
@@ -134,15 +150,16 @@ class FabricPoll:
 class FabricTracker:
     """The references of every port counter and each node's boot time, between polls."""
 
-    _refs: dict[tuple[str, str, str, str], float] = field(default_factory=dict)
+    _refs: dict[str, dict[tuple[str, str, str], float]] = field(default_factory=dict)
+    """Node → (device, port, counter) → the reference (per node: a boundary document touches its node's only)."""
     _boot: dict[str, float] = field(default_factory=dict)
     _covered_before: frozenset[str] = frozenset()
     """Nodes covered at the previous poll: a counter first seen above 0 on one of them rose from 0."""
 
     def forget(self, nodes: Collection[str]) -> None:
         gone = set(nodes)
-        for key in [k for k in self._refs if k[0] in gone]:
-            del self._refs[key]
+        for node in gone & set(self._refs):
+            del self._refs[node]
         for node in gone & set(self._boot):
             del self._boot[node]
 
@@ -168,18 +185,22 @@ class FabricTracker:
                 code, saturation, _ = COUNTERS[counter]
                 if s.value >= saturation:
                     saturated.append(key)
-                    self._refs[key] = s.value
+                    self._refs.setdefault(s.node, {})[key[1:]] = s.value
                     continue
-                before = self._refs.get(key)
-                self._refs[key] = s.value
+                refs = self._refs.setdefault(s.node, {})
+                before = refs.get(key[1:])
+                refs[key[1:]] = s.value
                 if s.node in booted or (before is None and s.node not in self._covered_before):
                     continue
                 base = 0.0 if before is None else before
                 if s.value > base and base < saturation:
                     signals.append(PortSignal(s.node, device, port, counter, code, at, s.value - base, s.value))
             if answers.present is not None:
-                for key in [k for k in self._refs if k not in seen and k[0] in covered]:
-                    self._refs[key] = 0.0  # absent from the "> 0" answer while its node answered: at 0
+                for node in covered & set(self._refs):
+                    refs = self._refs[node]
+                    for ref in refs:
+                        if (node, *ref) not in seen:
+                            refs[ref] = 0.0  # absent from the "> 0" answer while its node answered: at 0
         self._covered_before = covered if answers.present is not None else self._covered_before | covered
         unavailable = {node: tuple(c for c in COUNTERS if c not in have)
                        for node, have in present.items() if any(c not in have for c in COUNTERS)}
@@ -200,3 +221,56 @@ class FabricTracker:
             if before is not None and abs(s.value - before) > 1.0:
                 booted.add(s.node)
         return frozenset(booted)
+
+
+Reading = tuple[str, float, Mapping[str, str]]
+"""A boundary document's measurement: (name, value, labels)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BoundaryPorts:
+    """The InfiniBand part of one boundary document (``probes.links``) of one node."""
+
+    answers: FabricAnswers
+    """As one poll's answers of that node: ``FabricTracker.observe`` computes its increases."""
+    down: tuple[PortLink, ...]
+    """Ports not active (``state`` other than 4), with rate 0 and their physical state."""
+    states: Mapping[tuple[str, str], float]
+    """(device, port) → its ``state``."""
+
+
+def boundary_ports(node: str, readings: Iterable[Reading]) -> BoundaryPorts | None:
+    """The ``ib_port_*`` and ``boot_time_seconds`` measurements of one boundary document; ``None`` when it read no
+    InfiniBand port (an older check, a node without HCAs)."""
+    counters: list[Located] = []
+    present: set[str] = set()
+    state: dict[tuple[str, str], float] = {}
+    phys: dict[tuple[str, str], float] = {}
+    rate: dict[tuple[str, str], float] = {}
+    boot: list[Located] = []
+    for name, value, labels in readings:
+        where = (labels.get("device", ""), labels.get("port", ""))
+        if name == "boot_time_seconds":
+            boot.append(Located(node, None, None, {}, value))
+        elif not where[0]:
+            continue
+        elif name == "ib_port_counter" and (counter := SYSFS_COUNTERS.get(labels.get("counter", ""))):
+            present.add(counter)
+            counters.append(Located(node, None, None, {"__name__": f"{PREFIX}{counter}_total", "device": where[0],
+                                                       "port": where[1]}, value))
+        elif name == "ib_port_state":
+            state[where] = value
+        elif name == "ib_port_phys_state":
+            phys[where] = value
+        elif name == "ib_port_rate_bytes_per_second":
+            rate[where] = value
+    if not counters and not state:
+        return None
+    labels_of = {w: {"device": w[0], "port": w[1]} for w in state}
+    active = [w for w in sorted(state) if state[w] == STATE_ACTIVE]
+    answers = FabricAnswers(
+        counters, [Located(node, None, None, {"counter": c}, 1.0) for c in sorted(present)],
+        [Located(node, None, None, labels_of[w], rate[w]) for w in active if w in rate],
+        [Located(node, None, None, labels_of[w], phys[w]) for w in active if w in phys], boot)
+    down = tuple(PortLink(node, w[0], w[1], 0.0, phys.get(w)) for w in sorted(state) if state[w] != STATE_ACTIVE)
+    return BoundaryPorts(answers, down, state)

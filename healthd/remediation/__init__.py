@@ -60,7 +60,14 @@ from healthd.remediation.decide import (
 from healthd.remediation.repair import plan_text
 from healthd.store import Store
 from healthd.store.remediation import BREAKER_KEY
-from healthd.store.rows import AuditEntry, BreakerState, OpenDrain, RemediationChanges, RemediationWrite
+from healthd.store.rows import (
+    AuditEntry,
+    BreakerState,
+    OpenDrain,
+    RemediationChanges,
+    RemediationSnapshot,
+    RemediationWrite,
+)
 
 __all__ = [
     "ACTOR",
@@ -90,9 +97,12 @@ class Remediator:
     def __init__(
         self, store: RemediationRecords, cluster: DrainCapability, settings: RemediationSettings, *,
         clock: Callable[[], float] = time.time, full_check: Sequence[str] = (),
+        snapshot_hook: Callable[[RemediationSnapshot, float], RemediationSnapshot] | None = None,
     ) -> None:
         """``full_check``: the probes a repaired node must pass (with those it was drained for) before it
-        returns to service (``healthd.remediation.repair``)."""
+        returns to service (``healthd.remediation.repair``). ``snapshot_hook(snap, since)``: the snapshot each
+        decision reads, amended (``[ha]``: the drains other instances made since ``since`` count in the caps)."""
+        self.snapshot_hook = snapshot_hook
         self.store = store
         self.full_check = tuple(full_check)
         self.cluster = cluster
@@ -129,6 +139,8 @@ class Remediator:
         snap = self.store.remediation_snapshot(
             drains_since=drains_since(settings, now),
             marks=settings.mode == "enforce" and settings.undrain_after_passes > 0)
+        if self.snapshot_hook is not None:
+            snap = self.snapshot_hook(snap, drains_since(settings, now))
         nodes = None
         if {m.node for m in output.marks} & {d.node for d in snap.open_drains}:
             self._nodes = None  # a recheck of an own drain: the backend lifted and restored it meanwhile
@@ -274,7 +286,8 @@ def recommendations_document(store: Store, settings: RemediationSettings) -> dic
             for r in store.repairs(since=float("inf"), open_too=True)
         ],
         "fleet_events": [
-            {"node_class": e["node_class"], "probe": e["probe"], "started_at": e["started_at"], "text": e["text"]}
+            {"node_class": e["node_class"], "probe": e["probe"], "series": e["series_key"],
+             "scope": e["scope"] or "*", "started_at": e["started_at"], "text": e["text"]}
             for e in store.fleet_events(active_only=True)
         ],
         "switch_findings": [

@@ -147,7 +147,7 @@ def _group(r: sqlite3.Row) -> GroupRecord:
 def _event(r: sqlite3.Row) -> FleetEvent:
     return FleetEvent(r["node_class"], r["probe"], r["started_at"], r["ended_at"], r["flagged"], r["sampled"],
                       tuple(json.loads(r["series"])), r["text"], r["switch"], r["level"], tuple(json.loads(r["nodes"])),
-                      tuple(json.loads(r["held"])), r["cause"])
+                      tuple(json.loads(r["held"])), r["cause"], r["series_key"], r["scope"])
 
 
 def _pending(r: sqlite3.Row) -> tuple[str, Request]:
@@ -232,18 +232,21 @@ class JudgementStore(Database):
                 if e.ended_at is None:
                     db.execute(
                         "INSERT INTO fleet_events (node_class, probe, started_at, flagged, sampled, series, text,"
-                        " switch, level, nodes, held, cause) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-                        " ON CONFLICT (node_class, probe, switch, cause) WHERE ended_at IS NULL DO UPDATE SET"
-                        " flagged = excluded.flagged, sampled = excluded.sampled, text = excluded.text,"
-                        " level = excluded.level, nodes = excluded.nodes, held = excluded.held",
+                        " switch, level, nodes, held, cause, series_key, scope)"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                        " ON CONFLICT (node_class, probe, switch, cause, series_key) WHERE ended_at IS NULL"
+                        " DO UPDATE SET flagged = excluded.flagged, sampled = excluded.sampled, text = excluded.text,"
+                        " level = excluded.level, nodes = excluded.nodes, held = excluded.held,"
+                        " scope = excluded.scope",
                         (e.node_class, e.probe, e.started_at, e.flagged, e.sampled, json.dumps(list(e.series)),
-                         e.text, e.switch, e.level, json.dumps(list(e.nodes)), json.dumps(list(e.held)), e.cause),
+                         e.text, e.switch, e.level, json.dumps(list(e.nodes)), json.dumps(list(e.held)), e.cause,
+                         e.key, e.scope),
                     )
                 else:
                     db.execute(
                         "UPDATE fleet_events SET ended_at = ?, text = ? WHERE probe = ? AND switch = ? AND cause = ?"
-                        " AND ended_at IS NULL AND (switch != '' OR node_class = ?)",
-                        (e.ended_at, e.text, e.probe, e.switch, e.cause, e.node_class),
+                        " AND series_key = ? AND ended_at IS NULL AND (switch != '' OR node_class = ?)",
+                        (e.ended_at, e.text, e.probe, e.switch, e.cause, e.key, e.node_class),
                     )
             for f in output.link_findings:
                 if f.active:

@@ -498,7 +498,16 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE UNIQUE INDEX declared_events_active ON declared_events (node_class) WHERE ended_at IS NULL
     """,
-    # 18: the container image a finished run's probe recorded (``environment.container_image``: IMAGE@sha256:…),
+    # 18: a class event's series and scope (healthd.judge.sources.events: events keyed by class, probe and
+    # series); rows from before keep '' (an event on every series of its probe, as they were judged)
+    """
+    ALTER TABLE fleet_events ADD COLUMN series_key TEXT NOT NULL DEFAULT '';
+    ALTER TABLE fleet_events ADD COLUMN scope TEXT NOT NULL DEFAULT '';
+    DROP INDEX fleet_events_active;
+    CREATE UNIQUE INDEX fleet_events_active ON fleet_events (node_class, probe, switch, cause, series_key)
+        WHERE ended_at IS NULL
+    """,
+    # 19: the container image a finished run's probe recorded (``environment.container_image``: IMAGE@sha256:…),
     # shown in the API; the judge restarts a node's baselines when it changes (docs/containers.md)
     """
     ALTER TABLE runs ADD COLUMN container_image TEXT

@@ -1,8 +1,10 @@
 """Degraded bandwidth reaches the operator: the daemon on the local backend in a network namespace, a real
 Prometheus and Alertmanager (Debian's packages) with the shipped rule file (only ``for: 2m`` shortened), and a
 webhook receiver. Real slow-downs: ``tc ... tbf`` on the namespace's loopback (the nccl probe's gloo traffic) and a
-CPU quota (a cgroup the gemm probe's processes join). Nothing fires and nothing is recommended while healthy; the
-probe's own alert reaches the webhook after the slow-down and resolves after recovery, with no recommendation left.
+CPU quota (a cgroup the gemm probe's rank joins once it has imported torch, so that the quota slows the GEMMs, not
+seconds of start-up). Nothing fires and nothing is recommended while healthy (no alert of a probe is ever pending
+in Prometheus before its slow-down); the probe's own alert reaches the webhook after the slow-down and resolves
+after recovery (the qdisc deleted, the quota lifted: the run in flight recovers too), with no recommendation left.
 
 Root only (network namespaces, tc, cgroups), like the Slurm tests; skips with the reason otherwise. A few minutes.
 """
@@ -33,13 +35,30 @@ ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "grafana" / "alerts" / "healthd.rules.yml"
 NODE = "e2enode"
 DAEMON_PORT, PROM_PORT, AM_PORT, HOOK_PORT = 9469, 9090, 9093, 9099
-TEST_FOR = "10s"
-"""The per-node alerts' ``for: 2m``, shortened so the test takes minutes (the only change to the rule file)."""
+TEST_FOR = "3s"
+"""The per-node alerts' ``for: 2m``, shortened so the test takes minutes (the only change to the rule file): still
+three evaluations pending before firing."""
+INTERVAL = "1s"
+"""Prometheus's scrape and rule evaluation interval."""
 SLOW_NET = ["tbf", "rate", "200mbit", "burst", "256kb", "limit", "4mb"]
 """About 25 MB/s on the namespace's loopback: 20-40x below gloo's healthy all_reduce busbw here, and still
 several times below a healthy run on a loaded CI machine (seen as low as 110 MB/s; a 2gbit limit was not)."""
 CPU_QUOTA_US, CPU_PERIOD_US = 1000, 10000
 """The gemm probe gets 10% of one CPU in 10 ms slices (smooth enough for its short timed section): about -80%."""
+THROTTLE = """
+import os, sys, threading, time
+def _join():
+    while True:
+        torch = sys.modules.get("torch")
+        if torch is not None and not getattr(getattr(torch, "__spec__", None), "_initializing", False):
+            with open({procs!r}, "w") as procs:
+                procs.write(str(os.getpid()))
+            return
+        time.sleep(0.02)
+threading.Thread(target=_join, daemon=True).start()
+"""
+"""``sitecustomize.py`` of a throttled gemm probe's processes: each joins the cgroup once torch is imported (the
+launcher, which does not import torch, never does)."""
 
 
 
@@ -89,6 +108,13 @@ class Cpu:
             (path / "cpu.max").write_text(f"{CPU_QUOTA_US} {CPU_PERIOD_US}")
         return cls(path)
 
+    def lift(self) -> None:
+        """No quota any more: the processes in the cgroup run at full speed from now on."""
+        if (self.path / "cpu.cfs_quota_us").exists():
+            (self.path / "cpu.cfs_quota_us").write_text("-1")
+        else:
+            (self.path / "cpu.max").write_text(f"max {CPU_PERIOD_US}")
+
     @property
     def procs(self) -> Path:
         return self.path / "cgroup.procs"
@@ -130,6 +156,7 @@ class Stack:
     hooks: Path
     store_path: Path
     throttle_flag: Path
+    cpu: Cpu
     procs: list[tuple[str, subprocess.Popen[bytes]]]
 
     def notifications(self) -> list[dict[str, object]]:
@@ -160,6 +187,19 @@ class Stack:
             marks = store.marks_since(NODE, since) if store else []
         return min((at for at, p, severity, _ in marks if p == probe and severity > 0), default=None)
 
+    def finished_since(self, probe: str, since: float) -> int:
+        """Runs of ``probe`` judged (finished) after ``since``."""
+        with self.store() as store:
+            return sum(1 for r in store.judge_history(since=since) if r.probe == probe) if store else 0
+
+    def ever_pending(self, alert: str, since: float) -> list[str]:
+        """The series of ``ALERTS{alertname=alert}`` (pending or firing) Prometheus evaluated since ``since``."""
+        window = max(1, int(time.time() - since) + 1)
+        query = f'max_over_time(ALERTS{{alertname="{alert}"}}[{window}s])'
+        done = subprocess.run(self.ns.argv(sys.executable, "-c", PROM_QUERY, str(PROM_PORT), query),
+                              capture_output=True, text=True, timeout=30, check=True)
+        return [json.dumps(r["metric"], sort_keys=True) for r in json.loads(done.stdout)["data"]["result"]]
+
     def baselines(self) -> set[str]:
         with self.store() as store:
             return {s["probe"] for s in store.judge_series() if s.get("baseline") is not None} if store else set()
@@ -177,11 +217,20 @@ class Stack:
         while time.time() < deadline:
             self.alive()
             if predicate():
+                print(f"{what}: {time.time() - deadline + timeout:.1f} s")
                 return time.time()
             time.sleep(1.0)
         raise AssertionError(f"timed out after {timeout:g} s waiting for {what}; webhook got "
                              f"{self.notifications()}\nrecommendations {self.recommendations()}\n"
                              f"daemon log:\n{self.log('healthd')}")
+
+
+PROM_QUERY = """
+import sys, urllib.parse, urllib.request
+url = f"http://127.0.0.1:{sys.argv[1]}/api/v1/query?" + urllib.parse.urlencode({"query": sys.argv[2]})
+print(urllib.request.urlopen(url, timeout=20).read().decode())
+"""
+"""``python -c PROM_QUERY PORT EXPR``, in the namespace: Prometheus's instant query answer (JSON)."""
 
 
 def _start(stack: Stack, name: str, argv: list[str]) -> None:
@@ -191,10 +240,13 @@ def _start(stack: Stack, name: str, argv: list[str]) -> None:
 
 
 def _configs(tmp: Path, cpu: Cpu, flag: Path) -> tuple[Path, Path, Path]:
+    throttle = tmp / "throttle"
+    throttle.mkdir()
+    (throttle / "sitecustomize.py").write_text(THROTTLE.format(procs=str(cpu.procs)))
     python = tmp / "probe-python"
     python.write_text(f"""#!/bin/sh
-# the gemm probe joins the throttled cgroup while {flag} exists
-if [ "$3" = gemm ] && [ -e {flag} ]; then echo $$ > {cpu.procs}; fi
+# the gemm probe's rank joins the throttled cgroup (once torch is imported) while {flag} exists
+if [ "$3" = gemm ] && [ -e {flag} ]; then export PYTHONPATH={throttle}${{PYTHONPATH:+:$PYTHONPATH}}; fi
 exec {sys.executable} "$@"
 """)
     python.chmod(0o755)
@@ -242,7 +294,7 @@ format = "json"
     assert count == 7, "the per-node alerts' for: changed: update the replacement"
     rules.write_text(shortened)
     prometheus = write_prometheus_config(tmp / "prometheus.yml", rules=rules, alertmanager_port=AM_PORT,
-                                         targets={"healthd": DAEMON_PORT}, interval="2s")
+                                         targets={"healthd": DAEMON_PORT}, interval=INTERVAL)
     alertmanager = write_alertmanager_config(tmp / "alertmanager.yml", hook_port=HOOK_PORT)
     return daemon, prometheus, alertmanager
 
@@ -257,7 +309,7 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
     ns = Netns(f"healthd-e2e-{os.getpid()}")
     cpu = Cpu.create(f"healthd-e2e-{os.getpid()}")
     flag = tmp / "throttle-gemm"
-    s = Stack(tmp, ns, tmp / "webhook.jsonl", tmp / "state" / "healthd.sqlite", flag, [])
+    s = Stack(tmp, ns, tmp / "webhook.jsonl", tmp / "state" / "healthd.sqlite", flag, cpu, [])
     try:
         daemon, prometheus, alertmanager = _configs(tmp, cpu, flag)
         _start(s, "webhook", [sys.executable, "-c", WEBHOOK, str(HOOK_PORT), str(s.hooks)])
@@ -288,8 +340,12 @@ def _alerts(stack: Stack, status: str, name: str) -> list[dict[str, object]]:
             and a["labels"]["alertname"] == name]  # type: ignore[index]
 
 
-def _phase(stack: Stack, alert: str, slow: Callable[[], None], heal: Callable[[], None]) -> dict[str, float]:
-    """Slow down, wait for ``alert`` at the webhook, heal, wait for it to resolve; the timings."""
+def _phase(stack: Stack, alert: str, slow: Callable[[], None], heal: Callable[[], None],
+           t_start: float) -> dict[str, float]:
+    """Slow down, wait for ``alert`` at the webhook, heal, wait for it to resolve; the timings. Before the slow-down
+    ``alert`` was never pending (let alone firing) since ``t_start``."""
+    assert stack.ever_pending(alert, t_start) == [], f"{alert} pending while healthy"
+    assert _alerts(stack, "firing", alert) == [], f"{alert} fired while healthy"
     t_slow = time.time()
     slow()
     fired = stack.wait(f"{alert} at the webhook", lambda: bool(_alerts(stack, "firing", alert)), timeout=240)
@@ -309,17 +365,30 @@ def _phase(stack: Stack, alert: str, slow: Callable[[], None], heal: Callable[[]
 
 
 def test_a_real_slow_down_reaches_the_webhook_and_resolves(stack: Stack) -> None:
+    t_start = time.time()
     stack.wait("baselines of nccl and gemm", lambda: stack.baselines() >= {"nccl", "gemm"}, timeout=240)
-    time.sleep(20)
+    t_baselines = time.time()
+    # a healthy run of each judged against its baseline (and each probe's own alert is checked never to have been
+    # pending from the start until its slow-down)
+    stack.wait("a judged run of each probe after the baselines",
+               lambda: min(stack.finished_since(p, t_baselines) for p in ("nccl", "gemm")) >= 1, timeout=120)
     assert stack.notifications() == [], "an alert while healthy"
     assert stack.recommendations() == [], "a recommendation while healthy"
 
     def tc(*argv: str) -> Callable[[], None]:
         return lambda: stack.ns.run("tc", "qdisc", *argv)
 
+    def heal_gemm() -> None:
+        stack.throttle_flag.unlink()
+        stack.cpu.lift()
+
     nccl = _phase(stack, "HealthdNcclBandwidthDegraded", tc("add", "dev", "lo", "root", *SLOW_NET),
-                  tc("del", "dev", "lo", "root"))
-    gemm = _phase(stack, "HealthdGemmDegraded", stack.throttle_flag.touch, stack.throttle_flag.unlink)
+                  tc("del", "dev", "lo", "root"), t_start)
+    gemm = _phase(stack, "HealthdGemmDegraded", stack.throttle_flag.touch, heal_gemm, t_start)
+    # one firing and one resolved delivery of each: nccl did not fire again while healthy after its recovery
+    for alert in ("HealthdNcclBandwidthDegraded", "HealthdGemmDegraded"):
+        assert [a["status"] for a in stack.notifications() if a["labels"]["alertname"] == alert] == [  # type: ignore[index]
+            "firing", "resolved"], stack.notifications()
     others = {a["labels"]["alertname"] for a in stack.notifications()} - {  # type: ignore[index]
         "HealthdNcclBandwidthDegraded", "HealthdGemmDegraded"}
     assert others == set(), others

@@ -9,6 +9,7 @@ Time is real (the lease lives on the database's clock) but short: a TTL of 1.2 s
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -26,8 +27,9 @@ from healthd.config import HaSettings, Settings
 from healthd.errors import ConfigError, HaError, PolicyRefused
 from healthd.ha.fence import FencedBackend, reason_epoch
 from healthd.ha.lease import SCHEMA_VERSION, Lease, check_server, connect, init_schema, target
-from healthd.model import Node, ProbeJob
+from healthd.model import Node, Outcome, ProbeJob
 from tests.integration.conftest import FAKE_GPU_CLASSES, SlurmTestCluster
+from tests.integration.daemons import DaemonProc
 
 pymysql = pytest.importorskip("pymysql", reason="PyMySQL is not installed (pip install 'healthd[ha]')")
 
@@ -671,24 +673,603 @@ def test_repairs_and_takeovers_are_fenced_and_tagged(mariadb: dict[str, Any], da
 
 def test_two_processes_with_one_instance_id_never_act_together(mariadb: dict[str, Any], database: str,
                                                                tmp_path: Path) -> None:
-    """A copied config (both admin nodes named alike): the lease cannot tell them apart, so each leads only on
-    a term it started itself; they may take turns (logged as an error), never act under one term together."""
+    """A copied config (both admin nodes named alike), or a restart: the lease cannot tell the processes apart, so
+    each leads only on a term it started itself, and a term under its id that it did not start is waited out
+    like anyone's (the other's last Slurm call may be under way): the second never acts while the first renews;
+    once the first stops, the second takes a new term after the lease ran out, never at once."""
     one = Lease(_settings(mariadb, database, tmp_path, "admin"))
     two = Lease(_settings(mariadb, database, tmp_path, "admin"))
     _init(one.settings)
-    backend = RecordingBackend()
-    for i in range(4):
-        for order in ((one, two, one), (two, one, two)):  # the last renews while holding a term the other took
+    acted: dict[str, list[int]] = {"one": [], "two": []}
+    for _ in range(4):
+        for order in ((one, two, one), (two, one, two)):
             for lease in order:
                 lease.renew()
-            before = len(backend.calls)
-            for each in (one, two):
-                with contextlib.suppress(PolicyRefused):
-                    _fenced(each, backend).undrain(f"n{i}")
-            assert len(backend.calls) - before <= 1
+            for name, each in (("one", one), ("two", two)):
+                epoch = each.record("undrain", ("n1",))
+                if epoch is not None:
+                    acted[name].append(epoch)
+    assert acted == {"one": [1] * 8, "two": []}
+    assert two.last_error is None and not two.leading()
+    one.close()  # killed: it stops renewing
+    two.renew()
+    assert not two.leading()  # its lease is still live: no new term at once
+    took = _wait(lambda: two.leading(), TTL + 3 * RENEW + 0.5, step=lambda: (time.sleep(RENEW), two.renew()))
+    assert took >= TTL / 2 and two.epoch == 2
+
+
+def _scrape(daemon: Any, gzip_: bool = False) -> str:
+    import gzip
+
+    app = daemon.http._server.get_app()
+    env = {"REQUEST_METHOD": "GET", "PATH_INFO": "/metrics", "QUERY_STRING": "",
+           "HTTP_ACCEPT_ENCODING": "gzip" if gzip_ else ""}
+    body = b"".join(app(env, lambda status, headers: None))
+    return (gzip.decompress(body) if gzip_ else body).decode()
+
+
+def test_a_standby_exports_its_own_health_and_no_judgement(mariadb: dict[str, Any], database: str, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """healthd_leader 0 and the daemon's own health on the standby, none of the judgement families (node series,
+    coverage): one copy of each for rules and dashboards; the leader exports them. `healthd status` says who
+    leads."""
+    from healthd.cli import main
+    from healthd.daemon import Daemon
+
+    ha = _settings(mariadb, database, tmp_path, "b")
+    _init(ha)
+    a = Lease(_settings(mariadb, database, tmp_path, "a"))
+    a.renew()
+    settings = Settings(state_dir=tmp_path / "state", backend="local", ha=ha,
+                        slurm={"command_timeout_s": MARGIN})  # type: ignore[arg-type]
+    daemon = Daemon(settings, None)
+    try:
+        daemon.renew_lease()
+        daemon.discover()
+        daemon._refresh_metrics()
+        for text in (_scrape(daemon), _scrape(daemon, gzip_=True)):
+            assert "healthd_leader 0.0" in text and "healthd_build_info{" in text
+            assert "healthd_scheduler_ticks_total" in text and "healthd_cluster_nodes{" in text
+            assert "healthd_node_info{" not in text and "healthd_probe_coverage_ratio" not in text
+            assert "\nhealthd_ha_epoch " not in text
+        config = tmp_path / "b.toml"
+        config.write_text(f'state_dir = "{tmp_path}/state"\n[ha]\nmode = "mariadb"\nurl = "{ha.url}"\n'
+                          f'password_file = "{ha.password_file}"\ninstance_id = "b"\n')
+        main(["status", "--config", str(config)])
+        assert f"ha: a leads, epoch 1, since {a.since} (database clock)" in capsys.readouterr().out
+        a.release()
+        daemon.renew_lease()
+        assert daemon.leading()
+        text = _scrape(daemon)
+        assert "healthd_leader 1.0" in text and "healthd_ha_epoch 2.0" in text
+        assert "healthd_node_info{" in text and "healthd_probe_coverage_ratio" in text
+        main(["status", "--config", str(config), "--json"])
+        out = capsys.readouterr().out
+        assert json.loads(out[out.index("\n{") + 1:])["ha"].startswith("ha: b leads, epoch 2, since ")
+    finally:
+        daemon.http.stop()
+        daemon.store.close()
+        if daemon.lease is not None:
+            daemon.lease.close()
+
+
+def test_a_new_leader_collects_the_runs_the_old_one_submitted(mariadb: dict[str, Any], database: str,
+                                                              tmp_path: Path) -> None:
+    """The run registry: a's submissions (one combined job of two runs) are in the database with their job id as
+    soon as the backend names it; b, leading, takes them into its own store as submitted runs of that job, and
+    closes them in the registry once its store has them finished; twice changes nothing."""
+    from healthd.ha.runs import sync_runs
+    from healthd.model import BundledRun, RunKind
+    from healthd.store import Store
+
+    a = Lease(_settings(mariadb, database, tmp_path, "a"))
+    b = Lease(_settings(mariadb, database, tmp_path, "b"))
+    _init(a.settings)
+    a.renew()
+    results = tmp_path / "results"
+    job = ProbeJob(run_id="r1", probe="gemm", nodes=("n1",), bundle=(BundledRun("r1", "gemm"), BundledRun("r2", "env")))
+    job_id = _fenced(a, RecordingBackend()).submit(job, results / "r1.json")
+    a.release()
+    b.renew()
+    store = Store(tmp_path / "b.sqlite")
+    try:
+        assert sync_runs(b, store, "slurm") == (["r1", "r2"], [])
+        runs = {r.run_id: r for r in store.unfinished_runs()}
+        assert {k: (r.job_id, r.probe, r.nodes, r.kind, r.result_path) for k, r in runs.items()} == {
+            "r1": (job_id, "gemm", ("n1",), RunKind.PROBE, str(results / "r1.json")),
+            "r2": (job_id, "env", ("n1",), RunKind.PROBE, str(results / "r2.json"))}
+        assert ("n1", "gemm") in store.last_attempts()  # the planner sees them: no second probe of the node
+        assert sync_runs(b, store, "slurm") == ([], [])
+        store.finish_run("r1", outcome=Outcome.PASS, reason="", finished_at=time.time())
+        assert sync_runs(b, store, "slurm") == ([], ["r1"])
+        assert [r.run_id for r in b.open_runs()] == ["r2"]
+    finally:
+        store.close()
+
+
+def test_the_hourly_cap_holds_across_a_failover(mariadb: dict[str, Any], database: str, tmp_path: Path) -> None:
+    """a drains two nodes and an operator undrains one of them, then b leads: b inherits the drain still there (no
+    second drain for its finding) and counts both of a's drains in its hourly cap at the time a made them (the
+    inherited copy not twice), so with a cap of 3 it drains one node more and refuses the next (counting its own
+    store only, it would drain two)."""
+    from healthd.config import RemediationSettings
+    from healthd.ha.caps import with_journal_drains
+    from healthd.ha.reconcile import reconcile
+    from healthd.judge.model import JudgeOutput, ReasonCode, RecommendationCandidate
+    from healthd.remediation import Remediator
+    from healthd.store import Store
+    from tests.fakes.slurm import FakeSlurmClient, fake_backend, gpu_node
+
+    slurm = FakeSlurmClient([gpu_node(f"n{i:02d}") for i in range(20)])  # one cluster both instances act on
+    backend = fake_backend(slurm, tmp_path / "results")
+    settings = RemediationSettings(mode="enforce", max_actions_per_hour=3)
+    leases = {name: Lease(_settings(mariadb, database, tmp_path, name)) for name in "ab"}
+    _init(leases["a"].settings)
+    stores = {name: Store(tmp_path / f"{name}.sqlite") for name in "ab"}
+
+    def remediator(name: str) -> Remediator:
+        lease = leases[name]
+
+        def hook(snap: Any, since: float) -> Any:
+            return with_journal_drains(snap, lease.journal_drains(time.time() - since), {})
+
+        return Remediator(stores[name], FencedBackend(backend, lease, "healthd:"), settings,  # type: ignore[arg-type]
+                          snapshot_hook=hook)
+
+    def recommend(r: Remediator, *nodes: str) -> list[tuple[str, str]]:
+        out = JudgeOutput(at=time.time(), evaluated={(n, "gemm") for n in nodes}, recommendations=[
+            RecommendationCandidate(n, "gemm", Outcome.FAIL, ReasonCode.BELOW_FLOOR, f"{n} is slow", {}, time.time())
+            for n in nodes])
+        return [(x.node or "", x.result) for x in r.apply(out) if x.action == "drain"]
+
+    try:
+        leases["a"].renew()
+        ra = remediator("a")
+        assert recommend(ra, "n01", "n02") == [("n01", "done"), ("n02", "done")]
+        assert ra.undrain("n02", actor="operator:alice").result == "done"
+        leases["a"].release()
+        leases["b"].renew()
+        assert reconcile(leases["b"], backend, stores["b"], "healthd:", 2, time.time()) == ["n01"]
+        rb = remediator("b")
+        assert recommend(rb, "n01") == []  # inherited: already drained by healthd
+        assert recommend(rb, "n03", "n04") == [("n03", "done"), ("n04", "refused")]
+        refusal = [x for x in stores["b"].audit() if x.result == "refused"]
+        assert refusal[0].reason == "hourly cap of 3 automatic drains reached; waiting"
+        assert sorted(n for n, _ in slurm.drains()) == ["n01", "n02", "n03"] and slurm.undrains() == ["n02"]
+    finally:
+        for s in stores.values():
+            s.close()
+
+
+# -- two real daemons on the lab Slurm cluster ---------------------------------------------------------------
+DAEMON_TTL, DAEMON_RENEW, DAEMON_MARGIN = 4.0, 0.5, 3.0
+
+
+def _daemon_config(tmp_path: Path, db: dict[str, Any], name: str, database: str, port: int) -> Path:
+    from tests.integration.conftest import FAKE_GPU_CLASSES_TOML
+
+    ha = _settings(db, database, tmp_path, name)
+    config = tmp_path / f"{name}.toml"
+    config.write_text(f"""
+backend = "slurm"
+state_dir = "{tmp_path / name}"
+[http]
+host = "127.0.0.1"
+port = {port}
+[scheduler]
+discover_interval_s = 1
+plan_interval_s = 1
+collect_interval_s = 1
+[slurm]
+python = "{__import__('sys').executable}"
+max_idle_share = 1.0
+command_timeout_s = {DAEMON_MARGIN}
+results_dir = "{tmp_path / 'shared-results'}"
+{FAKE_GPU_CLASSES_TOML}
+[probes.gemm]
+interval_s = 3600
+args = ["--dtypes", "fp32", "--size", "256", "--copy-bytes", "4M"]
+[ha]
+mode = "mariadb"
+url = "{ha.url}"
+password_file = "{ha.password_file}"
+instance_id = "{name}"
+lease_ttl_s = {DAEMON_TTL}
+renew_interval_s = {DAEMON_RENEW}
+fence_margin_s = {DAEMON_MARGIN}
+[logging]
+format = "json"
+""")
+    return config
+
+
+def _leader_metric(port: int) -> float | None:
+    import re
+
+    from tests.integration.daemons import get
+
+    try:
+        m = re.search(r"^healthd_leader (\S+)$", get(port, "/metrics", timeout=2.0)[1], re.MULTILINE)
+    except OSError:
+        return None
+    return float(m.group(1)) if m else None
+
+
+def _journal(db: dict[str, Any], database: str) -> list[tuple[Any, ...]]:
+    root = _root(db)
+    try:
+        with root.cursor() as cur:
+            cur.execute("SELECT id, holder, epoch, verb, nodes, probe, UNIX_TIMESTAMP(at), detail "
+                        f"FROM {database}.healthd_actions ORDER BY id")
+            return list(cur.fetchall())
+    finally:
+        root.close()
+
+
+def _registry(db: dict[str, Any], database: str) -> list[tuple[Any, ...]]:
+    root = _root(db)
+    try:
+        with root.cursor() as cur:
+            cur.execute(f"SELECT run_id, holder, done FROM {database}.healthd_runs ORDER BY submitted_at")
+            return list(cur.fetchall())
+    finally:
+        root.close()
+
+
+def _until(cond: Any, timeout: float, what: str, *procs: Any) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        for p in procs:
+            assert p.proc.poll() is None, f"{p.log_path} died:\n{p.log_path.read_text()[-4000:]}"
+        time.sleep(0.1)
+    logs = "\n".join(f"== {p.log_path}\n{p.log_path.read_text()[-3000:]}" for p in procs)
+    raise AssertionError(f"timed out ({timeout} s) waiting for {what}\n{logs}")
+
+
+class SkewedDaemon(DaemonProc):
+    """``healthd run --config CONFIG`` as ``DaemonProc`` runs it, behind ``prefix`` (``faketime -f +300s``: that
+    process's wall clock only, not its monotonic clock)."""
+
+    def __init__(self, config: Path, port: int, log_path: Path, prefix: list[str]) -> None:
+        import sys
+
+        self.port, self.log_path = port, log_path
+        self.log = log_path.open("ab")
+        self.proc = subprocess.Popen([*prefix, sys.executable, "-m", "healthd.cli", "run", "--config", str(config)],
+                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     env={**os.environ, "DONT_FAKE_MONOTONIC": "1"})
+
+
+@pytest.mark.slurm
+def test_two_daemons_kill_pause_and_database_outage(cluster: SlurmTestCluster, server: Server, mariadb: dict[str, Any],
+                                                   database: str, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two `healthd run` processes (instance a and b, one shared results directory) on the lab Slurm cluster,
+    a lease TTL of 4 s:
+
+    - kill -9 of the leader while its probe runs are in flight: the standby leads within TTL + one renew (+ the
+      scrape and this machine's load) and collects the old leader's runs; no (node, probe) is submitted twice
+      (no probe wave: it goes on with the schedule);
+    - SIGSTOP of the leader past its lease, then SIGCONT: the other leads meanwhile, and the paused one steps
+      down on waking and takes no action;
+    - the database stopped: no one leads; started again: exactly one leads, under a new epoch;
+    - b runs under faketime 300 s ahead (that process only): the lease is on the database's clock, so it changes
+      nothing above.
+
+    After each: epochs never go down in the journal, and each drain reason on the cluster is untouched."""
+    import signal
+
+    from healthd.planning import PRIORITY_RUN_PREFIX
+    from tests.integration.daemons import free_port, get
+
+    for k, v in cluster.env.items():
+        if k.startswith("SLURM"):
+            monkeypatch.setenv(k, v)
+    _init(_settings(mariadb, database, tmp_path, "a"))
+    ports = {"a": free_port(), "b": free_port()}
+    configs = {n: _daemon_config(tmp_path, mariadb, n, database, ports[n]) for n in "ab"}
+    procs: dict[str, DaemonProc] = {}
+    faketime = shutil.which("faketime")
+    if faketime is None and (os.environ.get("HEALTHD_REQUIRE_SLURM") == "1"
+                             or os.environ.get("HEALTHD_REQUIRE_MARIADB") == "1"):
+        pytest.fail("faketime not found (Debian: faketime; scripts/install-debian-deps.sh tests)")
+    skewed = [faketime, "-f", "+300s"] if faketime else []
+    print(f"b's clock: {'300 s ahead (faketime)' if skewed else 'not skewed: faketime not installed'}")
+
+    def start(name: str) -> DaemonProc:
+        procs[name] = SkewedDaemon(configs[name], ports[name], tmp_path / f"{name}.log", skewed if name == "b" else [])
+        procs[name].wait_http()
+        return procs[name]
+
+    def leads(name: str) -> bool:
+        return _leader_metric(ports[name]) == 1.0
+
+    def check_journal() -> list[tuple[Any, ...]]:
+        rows = _journal(mariadb, database)
+        epochs = [r[2] for r in rows]
+        assert epochs == sorted(epochs), rows
+        assert all(len({r[1] for r in rows if r[2] == e}) == 1 for e in set(epochs)), rows  # one holder an epoch
+        submitted = [(node, probe) for r in rows if r[3] == "submit" and not r[7].startswith(PRIORITY_RUN_PREFIX)
+                     for node in r[4].split(",") for probe in r[5].split(",")]  # re-probes the judge asks for aside
+        assert len(submitted) == len(set(submitted)), f"a (node, probe) submitted twice on schedule: {rows}"
+        return rows
+
+    try:
+        a = start("a")
+        _until(lambda: leads("a"), 15, "a leads", a)
+        b = start("b")
+        # 1. kill -9 of the leader with runs in flight; b, its clock 300 s ahead, does not take a's lease meanwhile
+        _until(lambda: _leader_metric(ports["b"]) == 0.0 and any(
+            h == "a" and not done for _, h, done in _registry(mariadb, database)), 30, "a run of a's in flight", a, b)
+        assert leads("a") and _leader_metric(ports["b"]) == 0.0
+        killed = time.monotonic()
+        a.kill()
+        failover = _until(lambda: leads("b") and time.monotonic() - killed, DAEMON_TTL + DAEMON_RENEW + 10,
+                          "b leads", b)
+        print(f"failover: b leads {failover:.1f} s after a was killed (TTL {DAEMON_TTL} + renew {DAEMON_RENEW})")
+        assert failover <= DAEMON_TTL + DAEMON_RENEW + 3.0
+        a_runs = {r for r, h, _ in _registry(mariadb, database) if h == "a"}
+        a = start("a")  # again, as the standby now (meanwhile b collects)
+        assert _leader_metric(ports["a"]) == 0.0
+        _until(lambda: all(done for _, _, done in _registry(mariadb, database)), 60, "every run collected", b)
+        b_runs = {str(r["run_id"]): r for r in json.loads(get(ports["b"], "/api/v1/runs")[1])["runs"]}
+        assert a_runs <= b_runs.keys() and all(b_runs[r]["state"] == "finished" for r in a_runs), b_runs
+        _until(lambda: {n for _, _, _, verb, nodes, *_ in check_journal() if verb == "submit"
+                        for n in nodes.split(",")} == set(cluster.nodes), 60, "every node probed once", b)
+        rows = check_journal()
+        assert {r[1] for r in rows if r[3] == "submit"} <= {"a", "b"}
+        # 2. SIGSTOP of the leader past its lease, then SIGCONT
+        os.killpg(b.proc.pid, signal.SIGSTOP)
+        try:
+            _until(lambda: leads("a"), DAEMON_TTL + DAEMON_RENEW + 10, "a leads while b is paused", a)
+            seen = len(_journal(mariadb, database))
+        finally:
+            os.killpg(b.proc.pid, signal.SIGCONT)
+        _until(lambda: _leader_metric(ports["b"]) == 0.0, 5, "b steps down", b)
+        assert '"ha_step_down"' in b.log_path.read_text()
+        time.sleep(2 * DAEMON_RENEW)
+        assert all(r[1] == "a" for r in check_journal()[seen:])
+        assert leads("a") and not leads("b")
+        # 3. the database stopped, then started again
+        epoch = max(r[2] for r in check_journal()) if check_journal() else 0
+        server.stop()
+        try:
+            _until(lambda: _leader_metric(ports["a"]) == 0.0 and _leader_metric(ports["b"]) == 0.0,
+                   DAEMON_TTL, "no one leads", a, b)
+            time.sleep(2 * DAEMON_RENEW)
+            assert _leader_metric(ports["a"]) == 0.0 and _leader_metric(ports["b"]) == 0.0
+        finally:
+            server.start()
+        _until(lambda: leads("a") or leads("b"), DAEMON_TTL + DAEMON_RENEW + 10, "one leads again", a, b)
+        for _ in range(4):
+            assert [leads("a"), leads("b")].count(True) == 1
+            time.sleep(DAEMON_RENEW / 2)
+        lease = Lease(_settings(mariadb, database, tmp_path, "observer")).status()
+        assert lease.live and lease.epoch > epoch
+        check_journal()
+    finally:
+        for p in procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.proc.pid, signal.SIGCONT)
+            p.kill()
+
+
+def test_untagged_drains_from_before_ha_are_inherited(mariadb: dict[str, Any], database: str, tmp_path: Path) -> None:
+    """healthd's drains without an epoch tag were made before [ha] was on (the prefix was the whole rule): the new
+    leader inherits them without the journal, a manual one as manual (lifted only by `healthd undrain`), an
+    automatic one with the probe its reason names (so it is rechecked and undrained after passes); tagged drains
+    get their probe too; another's drain and a forged tag stay alone; twice changes nothing."""
+    from healthd.ha.reconcile import reconcile
+    from healthd.store import Store
+
+    a = Lease(_settings(mariadb, database, tmp_path, "a"))
+    b = Lease(_settings(mariadb, database, tmp_path, "b"))
+    _init(a.settings)
+    a.renew()
+    backend = RecordingBackend()
+    _fenced(a, backend).drain("n1", "healthd: below_floor gemm gpu 3 flop_per_second 300 TFLOP/s<525 TFLOP/s")
+    a.release()
+    b.renew()
+    tagged = backend.calls[0][2]
+    old = "healthd: probe_failed nccl nccl error: unhandled system error run 0042"
+
+    class Cluster:
+        def list_nodes(self) -> list[Node]:
+            return [Node(name="n1", state="drained", reason=tagged),
+                    Node(name="n2", state="drained", reason=old),
+                    Node(name="n3", state="drained", reason="healthd: manual PSU swap, ticket 42"),
+                    Node(name="n4", state="drained", reason="healthd: [e1] forged"),
+                    Node(name="n5", state="drained", reason="NHC: nccl theirs")]
+
+    store = Store(tmp_path / "b.sqlite")
+    try:
+        assert reconcile(b, Cluster(), store, "healthd:", 2, time.time(), probes=["gemm", "nccl"]) == ["n1", "n2", "n3"]
+        drains = {d.node: (d.reason, d.automatic, d.probes) for d in store.drains(open_only=True)}
+        assert drains == {"n1": (tagged, True, ("gemm",)), "n2": (old, True, ("nccl",)),
+                          "n3": ("healthd: manual PSU swap, ticket 42", False, ())}
+        assert reconcile(b, Cluster(), store, "healthd:", 2, time.time(), probes=["gemm", "nccl"]) == []
+    finally:
+        store.close()
+
+
+
+class SimConn:
+    """A real connection to the private server whose session clock is the test's: each cursor first sets the
+    session's ``timestamp`` (MariaDB's ``NOW(6)`` then reads it), so the database's clock is simulated while
+    every statement runs on the real server; ``cut()`` true: the instance is cut off (a partition)."""
+
+    def __init__(self, real: Any, now: Any, cut: Any) -> None:
+        self.real, self.now, self.cut = real, now, cut
+
+    def _check(self) -> None:
+        if self.cut():
+            raise pymysql.OperationalError(2013, "Lost connection to MySQL server during query (simulated)")
+
+    def cursor(self) -> Any:
+        self._check()
+        cur = self.real.cursor()
+        cur.execute(f"SET timestamp = {self.now():.6f}")
+        return cur
+
+    def begin(self) -> None:
+        self._check()
+        self.real.begin()
+
+    def commit(self) -> None:
+        self._check()
+        self.real.commit()
+
+    def rollback(self) -> None:
+        self.real.rollback()
+
+    def close(self) -> None:
+        self.real.close()
+
+
+def test_lease_state_machine_under_kills_pauses_and_partitions(mariadb: dict[str, Any], database: str,
+                                                               tmp_path: Path) -> None:
+    """Hypothesis drives three instances through random renewals, actions, clock advances, pauses their own clock
+    does not see (a frozen VM), partitions from the database and restarts (a kill), with the database's clock and
+    each instance's monotonic clock simulated (real statements on the real server). After every step, in the
+    journal: epochs never go down, one holder per epoch, and an action under a newer epoch comes at least
+    fence_margin_s after the last one under an older epoch (so a Slurm call that ends within the margin never
+    overlaps another leader's). Healthy instances left alone for TTL + renew end with one of them leading. Three
+    fixed schedules (the pauses that matter) run first, so the test fails on a fence without its epoch or its
+    margin whatever the search draws; ``HEALTHD_HA_EXAMPLES`` (default 6, CI's time) widens the search."""
+    from hypothesis import HealthCheck, settings
+    from hypothesis import strategies as st
+    from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+
+    ttl, every, margin = 10.0, 2.0, 4.0
+    STEPS = [every, ttl / 2, ttl - margin + 1.0, ttl - 1.0, ttl + 1.0]
+    names = ("a", "b", "c")
+    base = {n: _settings(mariadb, database, tmp_path, n).model_copy(
+        update={"lease_ttl_s": ttl, "renew_interval_s": every, "fence_margin_s": margin}) for n in names}
+    _init(base["a"])
     root = _root(mariadb)
-    with root.cursor() as cur:
-        cur.execute(f"SELECT epoch FROM {database}.healthd_actions ORDER BY id")
-        epochs = [r[0] for r in cur.fetchall()]
-    root.close()
-    assert epochs == sorted(epochs) and len(set(epochs)) == len(epochs)  # one action per term here, in order
+
+    class Machine(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            with root.cursor() as cur:
+                cur.execute(f"DELETE FROM {database}.healthd_actions")
+                cur.execute(f"UPDATE {database}.healthd_lease SET holder = '', epoch = 0, since = '2030-01-01', "
+                            "expires_at = '2030-01-01'")
+            self.now = 2_000_000_000.0
+            self.mono = dict.fromkeys(names, 0.0)
+            self.frozen = dict.fromkeys(names, False)
+            self.cut = dict.fromkeys(names, False)
+            self.leases = {n: self._lease(n) for n in names}
+            self.acts = 0
+
+        def _lease(self, name: str) -> Lease:
+            s = base[name]
+
+            def connector() -> Any:
+                if self.cut[name]:
+                    raise pymysql.OperationalError(2003, "Can't connect (simulated partition)")
+                return SimConn(connect(target(s), s.timeout_s), lambda: self.now, lambda: self.cut[name])
+
+            return Lease(s, connector=connector, clock=lambda: self.mono[name])
+
+        def advance(self, dt: float) -> None:
+            self.now += dt
+            for n in names:
+                if not self.frozen[n]:
+                    self.mono[n] += dt
+
+        @rule(dt=st.one_of(st.sampled_from(STEPS), st.floats(0.05, ttl + every)),
+              skip=st.sampled_from([None, *names]), order=st.permutations(names))
+        def step(self, dt: float, skip: str | None, order: list[str]) -> None:
+            """Time passes; every instance but ``skip`` renews (a frozen one cannot); then every instance tries to
+            act, in ``order`` (a frozen one too: it was paused between its own check and its journal insert)."""
+            self.advance(dt)
+            for n in order:
+                if n != skip and not self.frozen[n]:
+                    self.leases[n].renew()
+            for n in order:
+                self.acts += 1
+                self.leases[n].record("drain", (f"{n}-{self.acts}",))
+
+        @rule()
+        def pause_the_leader(self) -> None:
+            """Freeze the clock of the instance that believes it leads (the pause that matters)."""
+            for n in names:
+                if self.leases[n].epoch is not None:
+                    self.frozen[n] = True
+
+        @rule(name=st.sampled_from(names))
+        def wake(self, name: str) -> None:
+            self.frozen[name] = False
+
+        @rule(name=st.sampled_from(names))
+        def partition(self, name: str) -> None:
+            self.cut[name] = not self.cut[name]
+
+        @rule(name=st.sampled_from(names))
+        def restart(self, name: str) -> None:
+            self.leases[name].close()
+            self.frozen[name] = False
+            self.leases[name] = self._lease(name)
+
+        @rule()
+        def settle(self) -> None:
+            healthy = [n for n in names if not self.frozen[n] and not self.cut[n]]
+            for _ in range(int((ttl + every) / every) + 2):
+                self.advance(every)
+                for n in names:
+                    if not self.frozen[n]:
+                        self.leases[n].renew()
+            if healthy:
+                errors = {n: self.leases[n].last_error for n in names}
+                assert [n for n in healthy if self.leases[n].leading()] != [], errors
+
+        @invariant()
+        def journal_is_fenced(self) -> None:
+            with root.cursor() as cur:
+                cur.execute(f"SELECT holder, epoch, UNIX_TIMESTAMP(at) FROM {database}.healthd_actions ORDER BY id")
+                rows = [(h, int(e), float(at)) for h, e, at in cur.fetchall()]
+            epochs = [e for _, e, _ in rows]
+            assert epochs == sorted(epochs), rows
+            holders: dict[int, set[str]] = {}
+            for h, e, _ in rows:
+                holders.setdefault(e, set()).add(h)
+            assert all(len(h) == 1 for h in holders.values()), rows
+            for (_, e1, t1), (_, e2, t2) in itertools.pairwise(rows):
+                if e2 != e1:
+                    assert t2 >= t1 + margin - 1e-6, rows
+
+        def teardown(self) -> None:
+            for lease in self.leases.values():
+                lease.close()
+
+    def schedule(*steps: Any) -> None:
+        """One fixed schedule through the same machine (the pauses that matter, found before by the search):
+        each a function of the machine; the invariant after each."""
+        m = Machine()
+        try:
+            for do in steps:
+                do(m)
+                m.journal_is_fenced()
+        finally:
+            m.teardown()
+
+    abc, bac = ["a", "b", "c"], ["b", "a", "c"]
+    try:
+        # the leader frozen past its lease acts after the next leader did
+        schedule(lambda m: m.step(1.0, None, abc), lambda m: m.pause_the_leader(),
+                 lambda m: m.step(ttl + 1.0, None, bac), lambda m: m.step(every, None, bac))
+        # the leader frozen just short of its lease acts, the next leader acts right after it expired
+        schedule(lambda m: m.step(1.0, None, abc), lambda m: m.pause_the_leader(),
+                 lambda m: m.step(ttl - 1.0, "b", abc), lambda m: m.step(every, None, bac))
+        # the leader cut off: it stops by its own clock, the other leads after the lease ran out
+        schedule(lambda m: m.step(1.0, None, abc), lambda m: m.partition("a"), lambda m: m.step(ttl / 2, None, bac),
+                 lambda m: m.step(ttl / 2 + every, None, bac), lambda m: m.settle())
+        run_state_machine_as_test(Machine, settings=settings(
+            max_examples=int(os.environ.get("HEALTHD_HA_EXAMPLES", "6")), stateful_step_count=20, deadline=None,
+            suppress_health_check=list(HealthCheck), database=None))
+    finally:
+        root.close()

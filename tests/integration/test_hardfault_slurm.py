@@ -34,7 +34,10 @@ from tests.integration.conftest import FAKE_GPU_CLASSES, SlurmTestCluster, wait_
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 ARGS = ("--sizes", "64K", "--warmup", "1", "--iters", "3")
-PROBES = {"nccl": ProbeSettings(interval_s=3600.0, timeout_s=40.0, nodes_per_job=2, args=list(ARGS))}
+TIMEOUT_S = 30.0
+"""Each pair job's ``timeout_s``: a hung rank is named at its watchdog, ``TIMEOUT_S`` less its margin (25.5 s), twice
+(the run and its re-probe); a healthy pair of these sizes takes 3-10 s on a loaded 2-core host."""
+PROBES = {"nccl": ProbeSettings(interval_s=3600.0, timeout_s=TIMEOUT_S, nodes_per_job=2, args=list(ARGS))}
 
 
 class Rig:
@@ -66,7 +69,7 @@ class Rig:
 
     def pairs(self, *pairs: tuple[str, str], lose_results: bool = False) -> tuple[list[Collected], JudgeOutput]:
         self.store.upsert_nodes(self.backend.list_nodes(), time.time())
-        return self.run([ProbeJob(new_run_id(), "nccl", pair, args=ARGS, timeout_s=40.0) for pair in pairs],
+        return self.run([ProbeJob(new_run_id(), "nccl", pair, args=ARGS, timeout_s=TIMEOUT_S) for pair in pairs],
                         lose_results=lose_results)
 
     def reprobes(self) -> tuple[list[Collected], JudgeOutput]:

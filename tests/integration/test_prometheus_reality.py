@@ -333,7 +333,7 @@ def test_dashboards_and_alerts_against_a_real_prometheus(stack: tuple[Prometheus
     # Every alert: Prometheus loaded and evaluated it without error; its expression runs, names real metrics and
     # stays silent on a healthy machine.
     rules = [r for g in prom.api("/api/v1/rules")["groups"] for r in g["rules"]]
-    assert len(rules) == len(re.findall(r"^\s+- alert: ", RULES.read_text(), re.MULTILINE)) == 24
+    assert len(rules) == len(re.findall(r"^\s+- alert: ", RULES.read_text(), re.MULTILINE)) == 25
     for rule in rules:
         assert rule["type"] == "alerting" and rule["health"] == "ok", rule
         assert rule["labels"]["severity"] in {"critical", "warning", "info"}

@@ -186,15 +186,61 @@ def test_a_slow_link_is_named_and_the_other_node_has_no_slow_link() -> None:
 
 
 @pytest.mark.slow
-def test_a_corrupted_stage_output_fails_the_gradient_check() -> None:
-    run = run_probe(["pipeline", *SHORT, "--no-links"], env={"HEALTHD_PROBE_FAULT": "corrupt:0"})
+@pytest.mark.parametrize(("nproc", "rank"), [(2, 0), (2, 1), (4, 3)])
+def test_a_corrupted_stage_output_fails_the_gradient_check_at_every_stage_position(nproc: int, rank: int) -> None:
+    """``corrupt:<rank>`` damages that rank's stage output by ``CORRUPT_RELATIVE`` of its size: the check fails
+    at the first stage, at the last (its logits: an offset of one logit went unseen there) and, with four
+    stages, at the last of four (``--stages 4``; the middle ones in
+    ``test_the_check_sees_the_same_relative_damage_at_every_position_of_four_stages``)."""
+    four = ["--stages", "4", "--n-layer", "4"] if nproc == 4 else []
+    run = run_probe(["pipeline", "--nproc", str(nproc), *four, "--steps", "1", "--warmup", "0", "--no-links"],
+                    env={"HEALTHD_PROBE_FAULT": f"corrupt:{rank}"})
     assert run.returncode == 0, run.stderr[-3000:]
     result = run.result
     assert result.outcome is Outcome.FAIL, dump(result)
     [failed] = [c for c in result.checks if not c.ok]
     assert failed.name == "pipeline.gradients_match" and failed.node == result.nodes[0]
-    assert "differing: stage 0 rank 0" in failed.detail and "stage 1 rank 1" in failed.detail
+    assert all(f"stage {r} rank {r}" in failed.detail for r in range(nproc)), failed.detail
     assert result.reason.startswith("pipeline.gradients_match: largest relative L2 difference")
+    error = max(row["gradient_error"] for row in result.params["stage_times"])
+    assert error > 5e-3  # five times the default tolerance
+
+
+def test_the_check_sees_the_same_relative_damage_at_every_position_of_four_stages() -> None:
+    """The gradient check's arithmetic in one process (the stages run in turn, no ranks): a stage output
+    damaged by a relative ``r`` moves some stage's gradients by about ``r`` (1-2 times it), at every position,
+    the last stage's logits included, down to well under the check's tolerance."""
+    import torch
+
+    from probes.pipeline import build_stages, corrupted, lm_loss
+
+    cfg = ddp.ModelConfig(n_layer=4, n_head=2, n_embd=64, seq_len=64, vocab_size=512, batch_size=4)
+    first, blocks, last = unit_costs(cfg)
+    bounds = partition(first, blocks, last, 4)
+
+    def grads(at: int) -> list[torch.Tensor]:
+        torch.manual_seed(1234)
+        stages = build_stages(cfg, bounds)
+        gen = torch.Generator()
+        gen.manual_seed(3000)
+        idx = torch.randint(0, cfg.vocab_size, (cfg.batch_size, cfg.seq_len + 1), generator=gen)
+        h = idx[:, :-1]
+        for i, stage in enumerate(stages):
+            stage.corrupt = i == at
+            h = stage(h)
+        lm_loss(h, idx[:, 1:]).backward()
+        return [torch.cat([p.grad.reshape(-1) for p in s.parameters() if p.grad is not None]) for s in stages]
+
+    import os
+    from unittest import mock
+
+    clean = grads(-1)
+    for relative in (1e-2, 1e-4):
+        with mock.patch.dict(os.environ, {"HEALTHD_PROBE_CORRUPT_RELATIVE": str(relative)}):
+            for at in range(4):
+                error = max(float((a - b).norm() / b.norm()) for a, b in zip(grads(at), clean, strict=True))
+                assert relative < error < 2 * relative, (at, relative, error)
+    assert corrupted(torch.ones(1, 4), 0.25).tolist() == [[1.25, 0.75, 1.25, 0.75]]
 
 
 @pytest.mark.slow

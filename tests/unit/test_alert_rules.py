@@ -47,7 +47,7 @@ def promtool() -> str:
 
 def test_the_rule_file_holds_the_alerts_the_issue_asks_for() -> None:
     names = [r.alert for r in rules()]
-    assert len(names) == len(set(names)) == 24
+    assert len(names) == len(set(names)) == 25
     assert set(names) == {
         "HealthdNcclBandwidthBelowFloor", "HealthdNcclBandwidthDegraded", "HealthdGemmBelowFloor",
         "HealthdGemmDegraded", "HealthdDdpThroughputBelowFloor", "HealthdDdpThroughputDegraded",
@@ -55,7 +55,7 @@ def test_the_rule_file_holds_the_alerts_the_issue_asks_for() -> None:
         "HealthdRemediationBreakerOpen", "HealthdProbeErrorRateHigh", "HealthdDown", "HealthdNotTicking",
         "HealthdSchedulerTickErrors", "HealthdSlurmUnreachable", "HealthdScalingBandwidthDropped",
         "HealthdSwitchDegraded", "HealthdGpuPassiveFault", "HealthdLinkDegraded", "HealthdNodeCheckSilent",
-        "HealthdNodeCheckMissed", "HealthdInfinibandPortDegraded", "HealthdGpuPassiveDegraded",
+        "HealthdNodeCheckMissed", "HealthdInfinibandPortDegraded", "HealthdGpuPassiveDegraded", "HealthdNoLeader",
     }
 
 
@@ -72,7 +72,7 @@ def test_alert_follows_the_mixin_conventions(rule: Rule) -> None:
 
 def test_only_fleet_and_daemon_failures_page() -> None:
     critical = {r.alert for r in rules() if r.field("severity") == "critical"}
-    assert critical == {"HealthdDown", "HealthdNotTicking", "HealthdFleetDegraded"}
+    assert critical == {"HealthdDown", "HealthdNotTicking", "HealthdFleetDegraded", "HealthdNoLeader"}
 
 
 def test_every_alert_has_a_runbook_section() -> None:

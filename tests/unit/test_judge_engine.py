@@ -232,7 +232,9 @@ def test_fleet_event_gives_one_fleet_verdict_and_no_recommendation() -> None:
     out = fleet.feed([fleet.gemm(n, scale=0.7) for n in fleet.names], advance=60)  # 490 TFLOP/s: under the floor
     (event,) = out.fleet_events
     assert (event.node_class, event.probe, event.active) == (CLASS, "gemm", True)
-    assert event.text == "fleet event: gemm on h100x8: 12 of 12 nodes flagged at once (12 of the 12 newest results)"
+    assert (event.key, event.scope) == ("flop_per_second{dtype=bf16}", "gpu")  # the class's GPUs: one event
+    assert event.text == ("fleet event: gemm on h100x8: flop_per_second{dtype=bf16} (scope gpu): 12 of 12 nodes"
+                          " flagged at once (12 of the 12 newest results)")
     assert {verdict(fleet, n) for n in fleet.names} == {("degraded", "fleet_event")}
     assert out.recommendations == [] and out.requests == []
 

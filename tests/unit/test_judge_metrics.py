@@ -34,13 +34,16 @@ def filled_store(tmp_path: Path) -> Store:
         SeriesState("n1", group, [], 4e11, 1.0, "r", 1e11, None, None),
         SeriesState("n2", node, [], 4.8e11, 1.0, "r", None, 4.8e11, 2e9),
     ]
-    events = [FleetEvent("h100x8", "nccl", 1.0, None, 9, 12, (), "x"),
-              FleetEvent("a100x8", "gemm", 1.0, None, 9, 12, (), "y")]
+    on_node = FleetEvent("h100x8", "nccl", 1.0, None, 9, 12, (), "x", key="busbw{scope=node}", scope="node")
+    also_node = replace(on_node, key="time_seconds{scope=node}", text="x2")
+    on_group = replace(on_node, key="busbw{scope=group}", scope="group", text="x3")
+    events = [on_node, also_node, on_group, FleetEvent("a100x8", "gemm", 1.0, None, 9, 12, (), "y")]
     store.save_judgement(JudgeOutput(at=1.0, verdicts=[Verdict("n1", "gemm", Outcome.FAIL, "slow", "below_floor"),
                                                        Verdict("n2", "nccl", Outcome.PASS, "ok", "ok")],
                                      series=series, fleet_events=events))
     store.save_judgement(JudgeOutput(at=5.0, fleet_events=[
-        FleetEvent("a100x8", "gemm", 1.0, 5.0, 0, 0, (), "y; over")]))
+        FleetEvent("a100x8", "gemm", 1.0, 5.0, 0, 0, (), "y; over"), replace(also_node, ended_at=5.0),
+        replace(on_group, ended_at=5.0)]))
     leaf = FleetEvent("h100x8", "nccl", 2.0, None, 3, 16, (), "switch leaf3", "leaf3", 0, ("n1", "n2", "n3"),
                       ("leaf3",))
     spine = FleetEvent("h100x8", "gemm", 2.0, None, 40, 64, (), "switch spine1", "spine1", 1, ("n4",), ("spine1",))
@@ -80,8 +83,12 @@ def test_families_and_values(tmp_path: Path) -> None:
     assert samples["healthd_switch_finding"] == {
         (("level", "0"), ("probe", "nccl"), ("switch", "leaf3")): 1.0,
         (("level", "1"), ("probe", "gemm"), ("switch", "spine1")): 0.0}
+    # one sample per (class, probe, scope): the node-scope one stays 1 while one of its two series' events is on;
+    # an event stored without a series (the a100x8 one) is on every series of its probe
     assert samples["healthd_fleet_event_active"] == {
-        (("node_class", "a100x8"), ("probe", "gemm")): 0.0, (("node_class", "h100x8"), ("probe", "nccl")): 1.0}
+        (("node_class", "a100x8"), ("probe", "gemm"), ("scope", "*")): 0.0,
+        (("node_class", "h100x8"), ("probe", "nccl"), ("scope", "group")): 0.0,
+        (("node_class", "h100x8"), ("probe", "nccl"), ("scope", "node")): 1.0}
     assert samples["healthd_floor_nccl_busbw_bytes_per_second"] == {
         (("node", "n1"), ("nodes", "2"), ("scope", "group"), ("size_bytes", "1073741824")): 1e11}
     assert samples["healthd_baseline_nccl_busbw_bytes_per_second"] == {
@@ -93,8 +100,8 @@ def test_families_and_values(tmp_path: Path) -> None:
     # one series per node: the failing recommendation wins over the degraded one; known nodes show 0
     assert samples["healthd_drain_recommended"] == {(("node", "n1"), ("reason_code", "localised")): 1.0,
                                                     (("node", "n2"), ("reason_code", "")): 0.0}
-    assert samples["healthd_fleet_event_active"] == {(("node_class", "a100x8"), ("probe", "gemm")): 0.0,
-                                                     (("node_class", "h100x8"), ("probe", "nccl")): 1.0}
+    assert samples["healthd_fleet_event_active"][
+        (("node_class", "h100x8"), ("probe", "nccl"), ("scope", "node"))] == 1.0
     actions = samples["healthd_remediation_actions_total"]
     assert actions[(("action", "drain"), ("result", "refused"))] == 1.0
     assert actions[(("action", "undrain"), ("result", "done"))] == 0.0

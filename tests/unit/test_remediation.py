@@ -258,12 +258,14 @@ def test_act_on_and_the_api_document(tmp_path: Path) -> None:
     assert rig.recommend("n01", outcome=Outcome.DEGRADED, code=ReasonCode.FLEET_OUTLIER) == []
     rig.recommend("n02")
     rig.store.save_judgement(JudgeOutput(at=rig.now, fleet_events=[
-        FleetEvent("h100x8", "nccl", rig.now, None, 9, 12, (), "fleet event: nccl on h100x8")]))
+        FleetEvent("h100x8", "nccl", rig.now, None, 9, 12, (), "fleet event: nccl on h100x8",
+                   key="busbw_bytes_per_second{scope=group}", scope="group")]))
     doc = recommendations_document(rig.store, rig.settings)
     assert doc["mode"] == "enforce" and doc["breaker"] == {"open": False}
     assert [(r["node"], r["reason_code"], r["refused"]) for r in doc["recommendations"]] == \
         [("n02", "below_floor", None)]
     assert doc["fleet_events"] == [{"node_class": "h100x8", "probe": "nccl", "started_at": rig.now,
+                                    "series": "busbw_bytes_per_second{scope=group}", "scope": "group",
                                     "text": "fleet event: nccl on h100x8"}]
     assert [(d["node"], d["automatic"]) for d in doc["drained_by_healthd"]] == [("n02", True)]
     assert doc["switch_findings"] == []

@@ -24,7 +24,8 @@ made, and calls them through the two seams of ``seam``:
     ``fabric``, ``throttle`` and ``pcie`` read the poll and answer ``False``, so they are registered before
     ``passive``, which takes it;
   - ``boundary``: the node check at job boundaries (its runs are judged like any; a re-probe asked for it
-    runs the node's probes).
+    runs the node's probes); ``fabric`` and ``pcie`` also read its InfiniBand ports and PCIe links, each
+    boundary document like one poll of its node.
 
 - **causes** (``seam.Cause``) claim the flagged values they can physically explain, asked in rank order
   (class event < spine < leaf < link < node < GPU):

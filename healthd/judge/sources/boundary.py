@@ -8,13 +8,21 @@ The check reports absolute values; what the daemon judges of them here:
   ``nvswitch = true``): a GPU whose fabric state is not completed (3) or whose status is not success (0) is a
   ``fail`` finding ``fabric_manager`` on that GPU (event- and switch-proof: the node's own state; without
   the fabric its GPUs cannot talk over NVLink).
+
+- **NVSwitch errors** (SXid lines in the kernel log): a fatal one on an NVSwitch system is the check's own
+  failed ``boundary.sxid`` (``checks``' ``check_failed``, a ``fail``; the check exits 1); a non-fatal one
+  (``nvswitch_sxid_nonfatal``, the count since the node's previous check) is a hint: the node's probes are asked
+  for once (``after_runs``), nothing else.
+
+Its InfiniBand ports and PCIe links (``ib_port_*``, ``pcie_link_*``) are the ``fabric`` and ``pcie`` sources' to
+judge (``healthd.judge.sources.fabric``, ``.pcie``), with the same codes as the Prometheus path's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from healthd.judge.model import Finding, ReasonCode, RunInput, SeriesKey, Severity
+from healthd.judge.model import Finding, JudgeOutput, ReasonCode, Request, RunInput, SeriesKey, Severity
 from healthd.judge.sources.seam import BaseSource, Context, FleetCache, RunFindings, Selected
 
 PROBE = "boundary"
@@ -22,6 +30,7 @@ PROBE = "boundary"
 FABRIC_COMPLETED = 3.0
 """``NVML_GPU_FABRIC_STATE_COMPLETED``."""
 FABRIC_STATES = {0.0: "not supported", 1.0: "not started", 2.0: "in progress", 3.0: "completed"}
+SXID_HINT = "nvswitch_sxid_nonfatal"
 
 
 def fabric_findings(run: RunInput, ev: RunFindings) -> None:
@@ -55,3 +64,15 @@ class Boundary(BaseSource):
                   now: float, ev: RunFindings) -> None:
         if run.probe == PROBE:
             fabric_findings(run, ev)
+
+    def after_runs(self, ctx: Context, judged: Sequence[RunInput], now: float, out: JudgeOutput) -> None:
+        """A boundary document with non-fatal SXids asks once for a probe of its node (a hint: an NVSwitch error
+        that costs the node anything shows in its NCCL figures)."""
+        for run in judged:
+            if run.probe != PROBE or len(run.nodes) != 1:
+                continue
+            count = sum(m.value for m in run.measurements if m.name == SXID_HINT)
+            if count > 0:
+                ctx.ask(Request("reprobe", PROBE, run.nodes, now,
+                                f"hint: {count:g} non-fatal NVSwitch error(s) (SXid) at the node check {run.run_id}"),
+                        out)

@@ -4,7 +4,7 @@ h200x8 --reason "driver roll-out"``), and its flags are held as a class-wide eve
 
 The declarations live in the store (they survive a restart); the daemon hands the current ones to the judge
 each tick as a ``Declarations`` document (``Judge.observe``). A declaration that starts or ends is a fleet
-event of probe ``ANY_PROBE`` naming this cause (``healthd_fleet_event_active``). While it lasts, the class's
+event of probe and scope ``*`` naming this cause (``healthd_fleet_event_active``). While it lasts, the class's
 findings that a class-wide change can explain are held (a failed check, missing GPUs are still the node's
 own, ``resists``), group results of the class are set aside, and the class's statistics start at the declaration;
 findings from values measured during it are not revived when it ends (the nodes are probed again first).
@@ -23,11 +23,14 @@ from healthd.judge.model import (
     JudgeOutput,
     JudgeState,
     ReasonCode,
+    SeriesKey,
 )
 from healthd.judge.sources.seam import RANK_CLASS, BaseCause, Context
 
 ANY_PROBE = "*"
 """The probe of a declared event's fleet event: every probe of the class."""
+ANY_SCOPE = "*"
+"""The scope of a declared event's fleet event: every series of every probe."""
 CAUSE = "declared"
 PERFORMANCE = frozenset({ReasonCode.BELOW_FLOOR, ReasonCode.BASELINE_DRIFT, ReasonCode.FLEET_OUTLIER,
                          ReasonCode.LOCALISED})
@@ -58,11 +61,11 @@ class Declared(BaseCause):
             live = self.events.pop(cls)
             self.spans[cls] = (live.started_at, now)
             out.fleet_events.append(FleetEvent(cls, ANY_PROBE, live.started_at, now, 0, 0, (), f"{live.text}; over",
-                                               cause=CAUSE))
+                                               cause=CAUSE, scope=ANY_SCOPE))
         for cls, d in sorted(wanted.items()):
             if cls in self.events:
                 continue
-            event = FleetEvent(cls, ANY_PROBE, d.started_at, None, 0, 0, (), text_of(d), cause=CAUSE)
+            event = FleetEvent(cls, ANY_PROBE, d.started_at, None, 0, 0, (), text_of(d), cause=CAUSE, scope=ANY_SCOPE)
             self.events[cls] = event
             out.fleet_events.append(event)
         return True
@@ -75,7 +78,7 @@ class Declared(BaseCause):
         too); a failed check, missing GPUs, a hang or a crash are not."""
         return f.code not in PERFORMANCE
 
-    def since(self, cls: str, probe: str) -> float | None:
+    def since(self, cls: str, probe: str, key: SeriesKey | None = None) -> float | None:
         event = self.events.get(cls) if self.events else None
         return event.started_at if event is not None else None
 

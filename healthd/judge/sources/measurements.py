@@ -57,7 +57,7 @@ class Context(Protocol):
 
     def class_noise(self, cls: str, fkey: SeriesKey) -> float | None: ...
 
-    def in_event(self, cls: str, probe: str) -> bool: ...
+    def in_event(self, cls: str, probe: str, key: SeriesKey | None = None) -> bool: ...
 
 
 def inter_node_link(m: MeasurementInput, run: RunInput) -> bool:
@@ -136,7 +136,7 @@ def judge(ctx: Context, run: RunInput, selected: Sequence[Selected], cache: Flee
             rule = ctx.floors.lookup(cls, key)
             st.floor = rule.value if rule is not None else None
             stats = ctx.fleet(cls, fkey, now, cache)
-            in_event = ctx.in_event(cls, run.probe)
+            in_event = ctx.in_event(cls, run.probe, fkey)
             if rule is not None:
                 floor = noisy_floor(rule.value, direction, stats.median if stats else None,
                                     stats.spread if stats else 0.0, k)

@@ -6,18 +6,23 @@ while the GPU is busy, of a lower generation, in two polls in a row, is a ``degr
 ``pcie_downtrained`` on that GPU under the pseudo-probe ``pcie`` (recommended: ``[remediation] act_on`` acts on
 ``degraded`` by default): host-to-device copies and GPUDirect RDMA run at a fraction of their speed. A link
 back at its maximum in a poll that reads it ends the finding; a poll whose query failed changes nothing.
+The node check at job boundaries reads the same links of the GPUs and of the HCAs from sysfs; each boundary
+document is one more reading (``after_runs``): a width below the maximum in two documents in a row is the same
+finding (an HCA's named by its device); the generation is not judged there (the GPUs are idle).
 ``observe`` answers ``False``: the poll is the passive source's too.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from healthd.judge.model import CONFIRMED, JudgeOutput, JudgeState, RecommendationCandidate
+from healthd.judge.model import CONFIRMED, JudgeOutput, JudgeState, RecommendationCandidate, RunInput
+from healthd.judge.sources.boundary import PROBE as BOUNDARY_PROBE
 from healthd.judge.sources.seam import BaseSource, Context
 from healthd.model import Outcome, Verdict
 from healthd.passive.model import PassivePoll
-from healthd.passive.pcie import PcieLink
+from healthd.passive.pcie import PcieLink, boundary_links
 
 __all__ = ["CODE", "PROBE", "Pcie"]
 
@@ -59,28 +64,43 @@ class Pcie(BaseSource):
         busy = poll.busy or {}
         known = set(ctx.classes)
         touched: set[str] = set()
-        seen: set[tuple[str, str]] = set()
         for link in poll.pcie or ():
-            if known and link.node not in known:
-                continue
-            seen.add(link.key)
-            words = _shortfall(link, busy.get(link.key, (False, ""))[0])
-            old = self.low.get(link.key)
-            if not words:
-                if old is not None:
-                    del self.low[link.key]
-                    touched.add(link.node)
-                continue
-            where = f"gpu {link.gpu if link.gpu is not None else '?'}" + (f" ({link.gpu_uuid})" if link.gpu_uuid
-                                                                            else "")
-            new = Low(link, old.first_at if old else poll.at, poll.at, (old.polls if old else 0) + 1,
-                      f"{words} on {where}")
-            self.low[link.key] = new
-            if old is None or (old.polls >= CONFIRM_POLLS) != (new.polls >= CONFIRM_POLLS) or old.detail != new.detail:
-                touched.add(link.node)
+            if not known or link.node in known:
+                touched |= self._reading(link, busy.get(link.key, (False, ""))[0], poll.at)
         for node in sorted(touched):
             self._conclude(ctx, node, now, out)
         return False
+
+    def after_runs(self, ctx: Context, judged: Sequence[RunInput], now: float, out: JudgeOutput) -> None:
+        """The PCIe links of the round's boundary documents (GPUs and HCAs, read from sysfs): the GPUs are idle at
+        a job boundary, so only a width below the maximum counts."""
+        known = set(ctx.classes)
+        touched: set[str] = set()
+        for run in judged:
+            if run.probe != BOUNDARY_PROBE or len(run.nodes) != 1 or (known and run.nodes[0] not in known):
+                continue
+            node = run.nodes[0]
+            uuids = {gpu: uuid for (n, gpu), uuid in run.gpu_uuids.items() if n == node}
+            for link in boundary_links(node, ((m.name, m.value, m.labels) for m in run.measurements
+                                              if m.node in (None, node)), uuids):
+                touched |= self._reading(link, False, run.at)
+        for node in sorted(touched):
+            self._conclude(ctx, node, now, out)
+
+    def _reading(self, link: PcieLink, busy: bool, at: float) -> set[str]:
+        """One reading of one link; its node when what it concludes may change."""
+        words = _shortfall(link, busy)
+        old = self.low.get(link.key)
+        if not words:
+            if old is not None:
+                del self.low[link.key]
+                return {link.node}
+            return set()
+        new = Low(link, old.first_at if old else at, at, (old.polls if old else 0) + 1, f"{words} on {link.where}")
+        self.low[link.key] = new
+        if old is None or (old.polls >= CONFIRM_POLLS) != (new.polls >= CONFIRM_POLLS) or old.detail != new.detail:
+            return {link.node}
+        return set()
 
     def findings(self) -> list[Low]:
         return sorted((lw for lw in self.low.values() if lw.polls >= CONFIRM_POLLS), key=lambda lw: lw.link.key)
@@ -100,10 +120,12 @@ class Pcie(BaseSource):
                 ev["gpu"] = top.link.gpu
             if top.link.gpu_uuid:
                 ev["gpu_uuid"] = top.link.gpu_uuid
+            if top.link.device:
+                ev["device"] = top.link.device
             verdict = Verdict(node, PROBE, Outcome.DEGRADED, f"{top.detail}{more}; in {top.polls} polls in a row",
                               CODE, (), ev, top.last_at)
         else:
-            verdict = Verdict(node, PROBE, Outcome.PASS, "every GPU's PCIe link at its maximum", "ok", (), {}, now)
+            verdict = Verdict(node, PROBE, Outcome.PASS, "every PCIe link read at its maximum", "ok", (), {}, now)
         out.evaluated.add((node, PROBE))
         ctx.set_verdict(verdict, out)
         if mine:
@@ -118,7 +140,8 @@ class Pcie(BaseSource):
                 ev = v.evidence
                 try:
                     link = PcieLink(v.node, str(ev["gpu"]) if "gpu" in ev else None,
-                                    str(ev["gpu_uuid"]) if "gpu_uuid" in ev else None)
+                                    str(ev["gpu_uuid"]) if "gpu_uuid" in ev else None,
+                                    device=str(ev["device"]) if "device" in ev else None)
                     self.low[link.key] = Low(link, float(ev["first_at"]), float(ev["last_at"]),
                                              int(float(ev.get("polls", CONFIRM_POLLS))), str(ev.get("detail", "")))
                 except (KeyError, ValueError, TypeError):

@@ -134,7 +134,9 @@ class Context(Protocol):
 
     def class_noise(self, cls: str, fkey: SeriesKey) -> float | None: ...
 
-    def in_event(self, cls: str, probe: str) -> bool: ...
+    def in_event(self, cls: str, probe: str, key: SeriesKey | None = None) -> bool:
+        """Whether a live event of the class holds the series ``key`` (``None``: any series of the probe)."""
+        ...
 
     def holding(self, node: str, probe: str, *, ranks: range | None = None) -> FleetEvent | None:
         """The first event (in rank order, among causes of ``ranks``) that holds the node on the probe."""
@@ -233,8 +235,9 @@ class Cause(Protocol):
         it stays the node's own."""
         ...
 
-    def since(self, cls: str, probe: str) -> float | None:
-        """When a live event of the whole class began (its class statistics start then), else ``None``."""
+    def since(self, cls: str, probe: str, key: SeriesKey | None = None) -> float | None:
+        """When a live event of the whole class on the series ``key`` (``None``: on any series of the probe)
+        began (the series' class statistics start then), else ``None``."""
         ...
 
     def leaves_out(self, probe: str) -> Callable[[str], bool] | None:
@@ -321,7 +324,7 @@ class BaseCause:
     def resists(self, f: Finding, event: FleetEvent | None = None) -> bool:
         return False
 
-    def since(self, cls: str, probe: str) -> float | None:
+    def since(self, cls: str, probe: str, key: SeriesKey | None = None) -> float | None:
         return None
 
     def leaves_out(self, probe: str) -> Callable[[str], bool] | None:
