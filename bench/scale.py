@@ -9,7 +9,11 @@ housekeeping rollup is applied, as the daemon would. Then it measures:
 - ``scrape_ms``, ``scrape_bytes``, ``series``, ``series_per_node``: a ``/metrics`` scrape served as the daemon
   serves it (``bench/scrape.py``: the exposition refreshed after the tick, the scrape joins its bytes);
 - ``api_nodes_page_ms``, ``api_node_ms``: a page of ``GET /api/v1/nodes?limit=100``, one node's detail;
-- ``plan_tick_ms``, ``collect_tick_ms``: median of the last round's ticks;
+- ``plan_tick_ms``, ``collect_tick_ms``: median of the last round's ticks; the collect tick is the collector's
+  (poll, read and parse the finished runs' result files, store them in one batch), not the judging of the
+  batch (``judge_ms_per_result``); the simulated probes write their result files before it is timed, as the
+  nodes write them on a real cluster (until 2026-11-28 the writing was inside the timed window, about a third
+  of the figure);
 - ``judge_ms_per_result``: the last round's judging time over its results;
 - ``store_10k_results_s``: 10,000 results stored the way the collector stores a tick's results;
 - ``store_mb_per_day``: the store's growth a day at the default schedule: ``bytes_per_run``, the growth of the

@@ -437,6 +437,8 @@ class SimCluster:
         self.drain_log: list[tuple[float, str, str]] = []
         self.undrain_log: list[tuple[float, str]] = []
         self.topology = scenario.topology()
+        self._faults_at: dict[tuple[int, str], list[FaultSpec]] = {}
+        """The faults active in a round on a probe (``_write_result``)."""
 
     # ClusterBackend
     def traits(self, settings: Settings) -> BackendTraits:
@@ -479,15 +481,29 @@ class SimCluster:
             if self.now < sim.end:
                 out[job_id] = JobStatus(job_id, JobState.RUNNING, started_at=sim.start, nodes=sim.job.nodes)
                 continue
-            if not sim.result_written:
-                self._write_result(sim)
-                sim.result_written = True
-                for name in sim.job.nodes:
-                    if self.running.get(name) == job_id:
-                        del self.running[name]
+            self._end(job_id, sim)
             out[job_id] = JobStatus(job_id, JobState.COMPLETED, exit_code=0, started_at=sim.start,
                                     finished_at=sim.end, nodes=sim.job.nodes)
         return out
+
+    def end_due(self, job_ids: Sequence[str]) -> None:
+        """End the jobs of ``job_ids`` (in that order) whose time is up: their probes write their result files
+        and free their nodes, as they do on their nodes while the daemon waits, so a ``poll`` after this only
+        reports them (``Simulation`` calls it before it times the collect tick). ``poll`` ends the jobs it finds
+        still running past their time the same way."""
+        for job_id in job_ids:
+            sim = self.jobs.get(job_id)
+            if sim is not None and self.now >= sim.end:
+                self._end(job_id, sim)
+
+    def _end(self, job_id: str, sim: _SimJob) -> None:
+        if sim.result_written:
+            return
+        self._write_result(sim)
+        sim.result_written = True
+        for name in sim.job.nodes:
+            if self.running.get(name) == job_id:
+                del self.running[name]
 
     def forget(self, job_ids: Sequence[str]) -> None:
         for job_id in job_ids:
@@ -586,7 +602,10 @@ class SimCluster:
 
     def _write_result(self, sim: _SimJob) -> None:
         job, rnd = sim.job, self.round
-        faults = [f for f in self.scenario.faults if f.active(rnd) and f.hits(job.probe)]
+        faults = self._faults_at.get((rnd, job.probe))
+        if faults is None:
+            faults = self._faults_at[rnd, job.probe] = [f for f in self.scenario.faults
+                                                        if f.active(rnd) and f.hits(job.probe)]
         for f in faults:
             if f.kind == "error" and f.node in job.nodes and self.rng.random() < f.rate:
                 self._error(sim, "simulated infrastructure error: NCCL communicator init timed out")
@@ -910,6 +929,8 @@ class Simulation:
 
     def _tick(self, rnd: int, line: RoundLine) -> None:
         now = self.cluster.now
+        # the probes' result files are written on their nodes, not by the daemon: not in the collect tick's time
+        self.cluster.end_due(list(dict.fromkeys(r.job_id for r in self.store.unfinished_runs() if r.job_id)))
         clock = time.perf_counter()
         done = self.collector.collect()
         self.timings.collect.append(time.perf_counter() - clock)

@@ -68,6 +68,8 @@ class Measurement(_Frozen):
     @field_validator("labels")
     @classmethod
     def _bounded_labels(cls, labels: dict[str, str]) -> dict[str, str]:
+        if labels.keys() <= LABEL_KEYS:
+            return labels
         unknown = set(labels) - LABEL_KEYS
         if unknown:
             raise ValueError(f"unknown label keys {sorted(unknown)}; allowed: {sorted(LABEL_KEYS)}")

@@ -30,6 +30,7 @@ statistics, and each finding is recorded as the node's own unless a cause holds 
 from __future__ import annotations
 
 import threading
+from bisect import bisect_left, insort
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -136,8 +137,18 @@ class Judge:
         """(node, probe) passing now, with an earlier finding in the window that more runs could still
         confirm: re-probed until it is confirmed or drops out (a fault seen in 2 of 3 runs is found now,
         not a probe interval later)."""
-        self._class_noise: dict[tuple[str, SeriesKey], float | None] | None = None
-        """(class, series without ``gpu``) → typical relative run-to-run noise (built once per evaluation)."""
+        self._class_noise: dict[tuple[str, SeriesKey], float] = {}
+        """(class, series without ``gpu``) → typical relative run-to-run noise, as of the first ``class_noise``
+        of an evaluation (brought up to date then from ``_noise_dirty``, not rebuilt from every series)."""
+        self._noise_stale = True
+        self._noise_of: dict[tuple[str, SeriesKey], tuple[tuple[str, SeriesKey], float]] = {}
+        """(node, series) → its group and its (unbiased) relative spread, for a series that counts."""
+        self._noise_values: dict[tuple[str, SeriesKey], list[float]] = {}
+        """Group → the relative spreads of its series, sorted."""
+        self._noise_dirty: set[tuple[str, SeriesKey]] | None = None
+        """Series whose history changed since ``_class_noise`` was brought up to date; ``None``: all of them
+        (start, restore, a node's class changed)."""
+        self._fkeys: dict[SeriesKey, SeriesKey] = {}
         self._sizes: dict[str, int] | None = None
         """Class → its nodes (built once per evaluation)."""
         self.flag_rates: dict[tuple[str, str, bool], list[int]] = defaultdict(lambda: [0, 0])
@@ -219,6 +230,15 @@ class Judge:
     def node_class(self, node: str) -> str:
         return self.classes.get(node, DEFAULT_CLASS)
 
+    def _note_classes(self, nodes: Sequence[Node]) -> None:
+        """Take the nodes' classes; a class that changed regroups every series' noise (``class_noise``)."""
+        classes = self.classes
+        for node in nodes:
+            cls = class_of(node)
+            if classes.get(node.name) != cls:
+                classes[node.name] = cls
+                self._noise_dirty = None
+
     # -- evaluation ---------------------------------------------------------------------------
     def evaluate(
         self, runs: Sequence[RunInput], nodes: Sequence[Node] = (), *, now: float,
@@ -232,12 +252,11 @@ class Judge:
     def _evaluate(self, runs: Sequence[RunInput], nodes: Sequence[Node], now: float,
                   resets: Mapping[str, float] | None) -> JudgeOutput:
         out = JudgeOutput(at=now)
-        self._class_noise = None
+        self._noise_stale = True
         self._sizes = None
         self._unsettled = set()
         self._after_events = set()
-        for node in nodes:
-            self.classes[node.name] = class_of(node)
+        self._note_classes(nodes)
         if nodes:
             self.drained = {n.name for n in nodes if n.drained}
         touched: set[tuple[str, str]] = set()
@@ -486,17 +505,64 @@ class Judge:
 
     def class_noise(self, cls: str, fkey: SeriesKey) -> float | None:
         """The class's typical relative run-to-run noise of a series (GPUs pooled), from its nodes'
-        own histories (``baseline.min_samples`` passing results or more, at least 3); ``None`` before any."""
-        if self._class_noise is None:
-            spreads: dict[tuple[str, SeriesKey], list[float]] = defaultdict(list)
-            need = max(self.settings.baseline.min_samples, 3)
-            for (node, key), st in self.series.items():
-                spread, baseline, count = st.spread, st.baseline, st.accepted_count
-                if spread is not None and baseline and count >= need:
-                    spreads[(self.node_class(node), key.without("gpu"))].append(
-                        unbiased(abs(spread / baseline), count))
-            self._class_noise = {k: typical(v) for k, v in spreads.items()}
+        own histories (``baseline.min_samples`` passing results or more, at least 3); ``None`` before any.
+        As of the first call in an evaluation: only the series whose history changed since are looked at
+        again (a batch's, not the fleet's)."""
+        if self._noise_stale:
+            self._noise_stale = False
+            self._update_noise()
         return self._class_noise.get((cls, fkey))
+
+    def _noise_part(self, node: str, key: SeriesKey, st: SeriesState) -> tuple[tuple[str, SeriesKey], float] | None:
+        count = st.accepted_count
+        if count < max(self.settings.baseline.min_samples, 3):
+            return None
+        spread, baseline = st.spread, st.baseline
+        if spread is None or not baseline:
+            return None
+        fkey = self._fkeys.get(key)
+        if fkey is None:
+            fkey = self._fkeys[key] = key.without("gpu")
+        return (self.node_class(node), fkey), unbiased(abs(spread / baseline), count)
+
+    def _update_noise(self) -> None:
+        """Bring ``_class_noise`` up to date with the series in ``_noise_dirty`` (every series when ``None``)."""
+        parts, values, dirty = self._noise_of, self._noise_values, self._noise_dirty
+        changed: set[tuple[str, SeriesKey]] = set()
+        if dirty is None:
+            parts.clear()
+            values.clear()
+            self._class_noise.clear()
+            for (node, key), st in self.series.items():
+                part = self._noise_part(node, key, st)
+                if part is not None:
+                    parts[(node, key)] = part
+                    values.setdefault(part[0], []).append(part[1])
+                    changed.add(part[0])
+            for spreads in values.values():
+                spreads.sort()
+        else:
+            for where in dirty:
+                old = parts.pop(where, None)
+                if old is not None:
+                    spreads = values[old[0]]
+                    del spreads[bisect_left(spreads, old[1])]
+                    changed.add(old[0])
+                state = self.series.get(where)
+                part = None if state is None else self._noise_part(where[0], where[1], state)
+                if part is not None:
+                    parts[where] = part
+                    insort(values.setdefault(part[0], []), part[1])
+                    changed.add(part[0])
+        for group in changed:
+            spreads = values.get(group, [])
+            typical_noise = typical(spreads) if spreads else None
+            if typical_noise is None:
+                values.pop(group, None)
+                self._class_noise.pop(group, None)
+            else:
+                self._class_noise[group] = typical_noise
+        self._noise_dirty = set()
 
     # -- causes -------------------------------------------------------------------------------
     def _suppressed(self, node: str, probe: str, f: Finding, at: float) -> bool:
@@ -584,6 +650,8 @@ class Judge:
                 st.accepted = history
                 base = baseline_of([v for _, v in history], min_samples=self.settings.baseline.min_samples)
                 st.baseline, st.spread = (base.median, base.spread) if base else (None, None)
+                if self._noise_dirty is not None:
+                    self._noise_dirty.add((node, key))
             out.series.append(st.copy())
 
     def _under_suspicion(self, node: str, probe: str, at: float) -> bool:
@@ -1098,8 +1166,7 @@ class Judge:
         with self._lock:
             out = JudgeOutput(at=now)
             self._sizes = None
-            for node in nodes:
-                self.classes[node.name] = class_of(node)
+            self._note_classes(nodes)
             if nodes:
                 self.drained = {n.name for n in nodes if n.drained}
             if not any(source.observe(self, document, now, out) for source in self.sources):
@@ -1113,6 +1180,8 @@ class Judge:
         with self._lock:
             for node in nodes:
                 self.classes[node.name] = class_of(node)
+            self._noise_dirty = None
+            self._noise_stale = True
             self.drained = {n.name for n in nodes if n.drained}
             pooled: dict[SeriesKey, SeriesKey] = {}
             for st in state.series:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -15,6 +16,9 @@ MAX_BYTES = 64 * 1024 * 1024
 MAX_DEPTH = 32
 """Nesting of objects and arrays a result document may have (real ones: 6)."""
 MAX_INT_DIGITS = 19
+_DIGIT_RUN = b"0" * 18
+_DIGITS = bytes(48 if 48 <= b <= 57 else 32 for b in range(256))
+"""``bytes.translate`` table: each digit to ``0``, anything else to a space (a run of digits found in C)."""
 
 
 def _no_constant(name: str) -> object:
@@ -42,6 +46,40 @@ def _loads(text: str) -> object:
         raise ParseError(f"probe result is nested deeper than {MAX_DEPTH} levels") from None
 
 
+def _plain_result(text: str) -> ProbeResult | None:
+    """``text`` read in one pass by pydantic's JSON parser when it is a plain document, which the careful
+    path of ``parse_result`` would read to the same result: ASCII without a ``\\u`` escape (no string can
+    hold a surrogate), no run of 18 digits (every integer far inside ``MAX_INT_DIGITS``; the schema's
+    floats refuse what is not finite), an explicit ``schema_version``, and ``params`` (the one part the
+    schema leaves open) holding only finite numbers, nested no deeper than ``MAX_DEPTH``. ``None`` for
+    anything else, valid or not: the careful path reads it and words what is wrong."""
+    if not text.isascii() or "\\u" in text or _DIGIT_RUN in text.encode("ascii").translate(_DIGITS):
+        return None
+    try:
+        result = ProbeResult.model_validate_json(text)
+    except ValueError:
+        return None
+    if "schema_version" not in result.model_fields_set or (result.params and not _plain_params(result.params)):
+        return None
+    return result
+
+
+def _plain_params(params: dict[str, Any]) -> bool:
+    """Whether ``params`` (at depth 1 of its document) holds only finite numbers and nests no deeper than
+    ``MAX_DEPTH`` (``check_json_values``' count)."""
+    stack: list[tuple[object, int]] = [(params, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                return False
+        elif isinstance(value, dict | list):
+            if depth >= MAX_DEPTH:
+                return False
+            stack.extend((item, depth + 1) for item in (value.values() if isinstance(value, dict) else value))
+    return True
+
+
 def parse_result(text: str) -> ProbeResult:
     """Read one ``ProbeResult``.
 
@@ -53,6 +91,9 @@ def parse_result(text: str) -> ProbeResult:
     stripped = text.strip()
     if not stripped:
         raise ParseError("probe output is empty: no result document")
+    plain = _plain_result(stripped)
+    if plain is not None:
+        return plain
     candidates = [stripped]
     last_line = stripped.rsplit("\n", 1)[-1].strip()
     if last_line != stripped:

@@ -2,12 +2,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from healthd.errors import ParseError
+from healthd.parsers import healthd_json
 from healthd.parsers.healthd_json import parse_result
 from probes.result import Measurement, Outcome, ProbeResult
 
@@ -70,3 +72,55 @@ def test_a_deep_or_surrogate_document_is_refused_with_or_without_escapes(params:
     for text in (json.dumps(doc), json.dumps(doc, ensure_ascii=False)):
         with pytest.raises(ParseError, match=message):
             parse_result(text)
+
+
+def _careful(text: str, monkeypatch: pytest.MonkeyPatch) -> ProbeResult:
+    """The careful path alone (the plain one turned off)."""
+    with monkeypatch.context() as m:
+        m.setattr(healthd_json, "_plain_result", lambda _text: None)
+        return parse_result(text)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda d: d.pop("schema_version"), "schema_version is None"),
+    (lambda d: d["measurements"][0].update(value=10**25), "integer of 26 digits"),
+    (lambda d: d.update(params={"x": [{"y": 10**20}]}), "integer of 21 digits"),
+    (lambda d: d.update(params={"x": json.loads("[" * 31 + "]" * 31)}), "nested deeper than 32"),
+    (lambda d: d.update(params={"x": float("nan")}), "NaN: numbers must be finite"),
+])
+def test_what_the_plain_path_would_take_the_careful_path_refuses(change: Any, message: str) -> None:
+    """Each of these is a valid document to pydantic's JSON parser; the careful path's refusal stands."""
+    doc = json.loads(GOOD)
+    change(doc)
+    with pytest.raises(ParseError, match=message):
+        parse_result(json.dumps(doc))
+
+
+def test_params_as_deep_as_allowed_are_read_by_either_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    doc = {**json.loads(GOOD), "params": {"x": json.loads("[" * 30 + "]" * 30), "big": 1e300}}
+    assert healthd_json._plain_result(json.dumps(doc)) is not None
+    assert parse_result(json.dumps(doc)) == _careful(json.dumps(doc), monkeypatch)
+
+
+@given(st.lists(st.one_of(st.floats(allow_nan=False, allow_infinity=False), st.integers(-10**17, 10**17)),
+                min_size=1, max_size=20),
+       st.dictionaries(st.text(max_size=5), st.recursive(
+           st.none() | st.booleans() | st.floats() | st.integers() | st.text(max_size=8),
+           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3)),
+           max_size=4))
+def test_the_plain_path_reads_what_the_careful_path_reads(values: list[float], params: dict[str, Any]) -> None:
+    """Whichever path reads a document, the result (or the refusal) is the careful path's."""
+    doc = json.loads(GOOD)
+    doc["measurements"] = [{**doc["measurements"][0], "value": v} for v in values]
+    doc["params"] = params
+    text = json.dumps(doc, allow_nan=True)
+    with pytest.MonkeyPatch.context() as m:
+        try:
+            expected: ProbeResult | str = _careful(text, m)
+        except ParseError as exc:
+            expected = str(exc)
+    try:
+        got: ProbeResult | str = parse_result(text)
+    except ParseError as exc:
+        got = str(exc)
+    assert got == expected

@@ -122,3 +122,27 @@ def test_the_benchmark_meets_its_goals() -> None:
                            f" (scope {scope})") for scope in ("group", "node")]
     assert report.event_drains == 0
     assert report.elapsed_s < 240
+
+
+def test_a_job_ended_before_the_poll_writes_its_result_once(tmp_path: Path) -> None:
+    """``end_due`` writes the results of the jobs whose time is up (outside the timed collect tick, as a
+    node's probe does); ``poll`` then only reports them, and never rewrites a result."""
+    from healthd.model import JobState, ProbeJob
+
+    cluster = SimCluster(load_scenario(SMALL))
+    node = sorted(cluster.nodes)[0]
+    early, late = tmp_path / "early.json", tmp_path / "late.json"
+    first = cluster.submit(ProbeJob(run_id="early", probe="gemm", nodes=(node,)), early)
+    cluster.now += 10_000
+    cluster.end_due([first])
+    assert early.exists() and node not in cluster.running
+    written = early.read_bytes()
+    early.write_text("not rewritten")
+    assert cluster.poll([first])[first].state is JobState.COMPLETED
+    assert early.read_text() == "not rewritten"
+    second = cluster.submit(ProbeJob(run_id="late", probe="gemm", nodes=(node,)), late)
+    cluster.end_due([second])
+    assert not late.exists() and cluster.running[node] == second
+    cluster.now += 10_000
+    assert cluster.poll([second])[second].state is JobState.COMPLETED and late.exists()
+    assert json.loads(written)["run_id"] == "early"
