@@ -12,6 +12,14 @@ same sample the fleet-event rule reads: each node's latest ``(at, flagged)`` wit
   change is the fleet event's to name), and so is a class with no node outside left to compare
   with once the switches named already are left out (its rate is unknown, not zero: a class under
   two spines, both low in a class event, named the second at ``p = 1`` after the first);
+- the class's rate outside is also taken over its nodes measured since the median time of the switch's
+  flagged results, and the higher of the two is the chance rate; with fewer than ``CONTEMPORARY_MIN``
+  such nodes the class waits out of the test (for a switch to start: a named one keeps its test).
+  Nodes are often probed in name order, and names follow the cabling: when a whole round moves
+  together (a loaded host, a busy fabric), the first nodes flagged are one spine's, beyond chance
+  against the class's earlier results and not against the class measured at the same time. A
+  failing leaf is named once the class outside has been measured since it failed (a tick or two
+  later);
 - ``p``: the binomial tail ``P(X >= k)`` of ``k`` flagged among the ``n`` probed nodes at the mean
   chance rate (for nodes of several classes an upper bound of the exact Poisson-binomial tail,
   Hoeffding 1956); multiplied by the number of switches tested (Bonferroni), so that the false
@@ -41,6 +49,7 @@ or cooling, still not N broken nodes).
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 import statistics
@@ -120,6 +129,45 @@ Result = tuple[int, int, float, float]
 """(flagged, probed, expected by chance, uncorrected tail probability) of one switch's test."""
 
 
+CONTEMPORARY_MIN = 6
+"""A class's flag rate outside a switch is also taken over its nodes measured since the median time of the
+switch's flagged results (at least this many, else the class is left out of the test until they are)."""
+
+
+class _Timeline:
+    """Each class's samples in time order, to count those measured since a time (pure helper)."""
+
+    def __init__(self, samples: Mapping[str, Sample], classes: Mapping[str, str]) -> None:
+        self._samples = samples
+        self._classes = classes
+        by_class: dict[str, list[tuple[float, bool]]] = {}
+        for node, (at, flagged) in samples.items():
+            by_class.setdefault(classes.get(node, ""), []).append((at, flagged))
+        self._times: dict[str, list[float]] = {}
+        self._flags: dict[str, list[int]] = {}
+        for cls, rows in by_class.items():
+            rows.sort()
+            self._times[cls] = [at for at, _ in rows]
+            acc = [0]
+            for _, flagged in rows:
+                acc.append(acc[-1] + flagged)
+            self._flags[cls] = acc
+
+    def since(self, cls: str, at: float, leave_out: Iterable[str]) -> tuple[int, int] | None:
+        """(sampled, flagged) among ``cls``'s nodes measured at ``at`` or later, ``leave_out`` left out."""
+        times = self._times.get(cls)
+        if times is None:
+            return None
+        i = bisect.bisect_left(times, at)
+        sampled, flagged = len(times) - i, self._flags[cls][-1] - self._flags[cls][i]
+        for node in leave_out:
+            s = self._samples.get(node)
+            if s is not None and s[0] >= at and self._classes.get(node, "") == cls:
+                sampled -= 1
+                flagged -= s[1]
+        return sampled, flagged
+
+
 def switch_checks(
     topology: Topology, probe: str, samples: Mapping[str, Sample], classes: Mapping[str, str],
     settings: SwitchSettings, *, active: frozenset[str] = frozenset(),
@@ -160,12 +208,17 @@ def switch_checks(
         return out
 
     total_s, total_f = counts(samples)
+    timeline = _Timeline(samples, classes)
+    need_since = max(settings.min_nodes, CONTEMPORARY_MIN)
 
     def test(name: str, excluded: set[str]) -> Result | None:
         under = topology.nodes_under(name)
         all_s, all_f = counts(under)
         in_s, in_f = counts(n for n in under if n not in excluded)
-        skip_s, skip_f = counts((excluded | explained_by(under)) - under)
+        skip = (excluded | explained_by(under)) - under
+        skip_s, skip_f = counts(skip)
+        times = [samples[n][0] for n in under if n not in excluded and samples.get(n, (0.0, False))[1]]
+        onset = statistics.median_low(times) if times else None
         k = n = 0
         expected = 0.0
         for cls, count in in_s.items():
@@ -175,6 +228,11 @@ def switch_checks(
             if outside <= 0:
                 continue
             rate = (total_f[cls] - all_f[cls] - skip_f[cls]) / outside
+            if onset is not None and name not in active:
+                since = timeline.since(cls, onset, under | skip)
+                if since is None or since[0] < need_since:
+                    continue
+                rate = max(rate, since[1] / since[0])
             n += count
             k += in_f[cls]
             expected += count * max(settings.rate_floor, rate)
