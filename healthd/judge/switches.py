@@ -27,7 +27,9 @@ same sample the fleet-event rule reads: each node's latest ``(at, flagged)`` wit
 - beyond chance: ``k >= switch.min_nodes`` and ``p x tested < switch.p_value``; an active finding
   lasts while ``k >= 2`` and ``p x tested < switch.end_p_value`` (hysteresis), or while half its
   probed nodes (two at least) are still flagged: a class-wide event that raises the chance rate
-  does not end it and let its nodes drain.
+  does not end it and let its nodes drain. Once its test fails, it ends only when each node it found
+  flagged has been measured again since it was last named (``seen_again``): one result back in a noisy
+  class's spread does not end a failing leaf.
 
 Nested levels: a parent switch is named, and its children are not, when at least two of its
 children are beyond chance and so is the parent's own test, or when the parent is beyond chance on
@@ -377,6 +379,15 @@ def shortfall(findings: Sequence[Finding]) -> float | None:
     return max(out, default=None)
 
 
+def seen_again(event: FleetEvent, samples: Mapping[str, Sample], since: float) -> bool:
+    """Whether a live switch finding last named at ``since`` whose test no longer holds it may end: each node
+    it found flagged that still has a result in the window has a newer one (measured again since). One result
+    back in the class's spread (a noisy round; a pair at a third of the median where healthy pairs spread
+    3-10x) does not end a leaf that still fails: its values would rejoin the class's statistics and hide every
+    other bad one."""
+    return all(samples[n][0] > since for n in event.nodes if n in samples)
+
+
 class SwitchFindings:
     """The judge's switch findings: which are active, which nodes' findings they hold, and the
     evidence. Not thread-safe on its own (the judge's lock covers it)."""
@@ -393,6 +404,8 @@ class SwitchFindings:
         """(node, probe) → the other members of its latest regular result, when only that multi-node result
         flagged it (a partner of a node under a failing switch is flagged by it, not by itself)."""
         self._ended: list[FleetEvent] = []
+        self.named_at: dict[tuple[str, str], float] = {}
+        """(switch, probe) of a live finding → the last update whose test named it (``update``)."""
 
     def set_topology(self, topology: Topology | None, now: float) -> None:
         """A new topology (or none): findings on switches it no longer has end at the next update."""
@@ -456,8 +469,12 @@ class SwitchFindings:
             named = {c.switch: c for c in checks}
             for sw in sorted(current - set(named)):
                 event = self.active[(sw, probe)]
+                if not seen_again(event, samples.get(probe, {}), self.named_at.get((sw, probe), event.started_at)):
+                    continue
                 moved |= self._nodes(event)
                 changes.append(self._end((sw, probe), event, now, "over"))
+            for sw in named:
+                self.named_at[(sw, probe)] = now
             for sw, c in sorted(named.items()):
                 old = self.active.get((sw, probe))
                 cls = ",".join(sorted({classes.get(n, "") for n in c.flagged}))
@@ -481,6 +498,7 @@ class SwitchFindings:
 
     def _end(self, key: tuple[str, str], event: FleetEvent, now: float, why: str) -> FleetEvent:
         del self.active[key]
+        self.named_at.pop(key, None)
         return replace(event, ended_at=now, text=f"{event.text}; {why}")
 
     def _nodes(self, event: FleetEvent) -> set[str]:

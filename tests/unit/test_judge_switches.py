@@ -8,7 +8,15 @@ import random
 import pytest
 
 from healthd.config import SwitchSettings
-from healthd.judge.switches import Ambiguity, ambiguity, binomial_tail, compact_names, exact_cover, switch_checks
+from healthd.judge.switches import (
+    Ambiguity,
+    SwitchFindings,
+    ambiguity,
+    binomial_tail,
+    compact_names,
+    exact_cover,
+    switch_checks,
+)
 from healthd.topology import SwitchRecord, Topology, build_topology
 
 S = SwitchSettings()
@@ -239,3 +247,21 @@ def test_a_failing_leaf_is_named_once_the_class_outside_is_measured_since_it_fai
     assert switch_checks(topo, "nccl", failed, classes(topo), S) == []
     after = {**failed, **{n: (1100.0 + k, False) for k, n in enumerate(order) if n not in leaf and k < 40}}
     assert [c.switch for c in switch_checks(topo, "nccl", after, classes(topo), S)] == ["leaf00"]
+
+
+def test_a_named_leaf_ends_only_when_its_flagged_nodes_were_measured_again() -> None:
+    """One noisy result back in the class's spread does not end a failing leaf; a leaf whose flagged nodes
+    were all measured again, and are not beyond chance, ends."""
+    topo = fabric()
+    leaf = sorted(topo.nodes_under("leaf00"))
+    sw = SwitchFindings()
+    sw.set_topology(topo, now=0.0)
+    first = {n: (100.0 + k, n in leaf) for k, n in enumerate(sorted(topo.leaf_of))}
+    changes, _ = sw.update(["nccl"], {"nccl": first}, classes(topo), S, 200.0)
+    assert [(e.switch, e.active) for e in changes] == [("leaf00", True)]
+    noisy = {**first, **{n: (300.0 + k, False) for k, n in enumerate(leaf[:15])}}
+    changes, _ = sw.update(["nccl"], {"nccl": noisy}, classes(topo), S, 400.0)
+    assert changes == [] and ("leaf00", "nccl") in sw.active
+    repaired = {**noisy, leaf[15]: (500.0, False)}
+    changes, _ = sw.update(["nccl"], {"nccl": repaired}, classes(topo), S, 600.0)
+    assert [(e.switch, e.active) for e in changes] == [("leaf00", False)]
