@@ -81,8 +81,19 @@ def jitter(node: str, probe: str, span_s: float, salt: str = "") -> float:
     return span_s * int.from_bytes(digest, "big") / 2**64
 
 
+_id_source: Callable[[], uuid.UUID] = uuid.uuid4
+
+
+def use_id_source(source: Callable[[], uuid.UUID]) -> Callable[[], uuid.UUID]:
+    """Draw run ids from ``source`` from now on (the simulator seeds them: the judge orders a tick's runs by
+    time and run id); returns the source it replaces."""
+    global _id_source
+    previous, _id_source = _id_source, source
+    return previous
+
+
 def new_run_id() -> str:
-    return uuid.uuid4().hex[:16]
+    return _id_source().hex[:16]
 
 
 PRIORITY_RUN_PREFIX = "rp"
@@ -91,7 +102,7 @@ PRIORITY_RUN_PREFIX = "rp"
 
 
 def new_priority_run_id() -> str:
-    return PRIORITY_RUN_PREFIX + uuid.uuid4().hex[:14]
+    return PRIORITY_RUN_PREFIX + _id_source().hex[:14]
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,14 @@ same sample the fleet-event rule reads: each node's latest ``(at, flagged)`` wit
   change is the fleet event's to name), and so is a class with no node outside left to compare
   with once the switches named already are left out (its rate is unknown, not zero: a class under
   two spines, both low in a class event, named the second at ``p = 1`` after the first);
+- the class's rate outside is also taken over its nodes measured since the median time of the switch's
+  flagged results, and the higher of the two is the chance rate; with fewer than ``CONTEMPORARY_MIN``
+  such nodes the class waits out of the test (for a switch to start: a named one keeps its test).
+  Nodes are often probed in name order, and names follow the cabling: when a whole round moves
+  together (a loaded host, a busy fabric), the first nodes flagged are one spine's, beyond chance
+  against the class's earlier results and not against the class measured at the same time. A
+  failing leaf is named once the class outside has been measured since it failed (a tick or two
+  later);
 - ``p``: the binomial tail ``P(X >= k)`` of ``k`` flagged among the ``n`` probed nodes at the mean
   chance rate (for nodes of several classes an upper bound of the exact Poisson-binomial tail,
   Hoeffding 1956); multiplied by the number of switches tested (Bonferroni), so that the false
@@ -19,7 +27,9 @@ same sample the fleet-event rule reads: each node's latest ``(at, flagged)`` wit
 - beyond chance: ``k >= switch.min_nodes`` and ``p x tested < switch.p_value``; an active finding
   lasts while ``k >= 2`` and ``p x tested < switch.end_p_value`` (hysteresis), or while half its
   probed nodes (two at least) are still flagged: a class-wide event that raises the chance rate
-  does not end it and let its nodes drain.
+  does not end it and let its nodes drain. Once its test fails, it ends only when each node it found
+  flagged has been measured again since it was last named (``seen_again``): one result back in a noisy
+  class's spread does not end a failing leaf.
 
 Nested levels: a parent switch is named, and its children are not, when at least two of its
 children are beyond chance and so is the parent's own test, or when the parent is beyond chance on
@@ -41,6 +51,7 @@ or cooling, still not N broken nodes).
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 import statistics
@@ -120,6 +131,45 @@ Result = tuple[int, int, float, float]
 """(flagged, probed, expected by chance, uncorrected tail probability) of one switch's test."""
 
 
+CONTEMPORARY_MIN = 6
+"""A class's flag rate outside a switch is also taken over its nodes measured since the median time of the
+switch's flagged results (at least this many, else the class is left out of the test until they are)."""
+
+
+class _Timeline:
+    """Each class's samples in time order, to count those measured since a time (pure helper)."""
+
+    def __init__(self, samples: Mapping[str, Sample], classes: Mapping[str, str]) -> None:
+        self._samples = samples
+        self._classes = classes
+        by_class: dict[str, list[tuple[float, bool]]] = {}
+        for node, (at, flagged) in samples.items():
+            by_class.setdefault(classes.get(node, ""), []).append((at, flagged))
+        self._times: dict[str, list[float]] = {}
+        self._flags: dict[str, list[int]] = {}
+        for cls, rows in by_class.items():
+            rows.sort()
+            self._times[cls] = [at for at, _ in rows]
+            acc = [0]
+            for _, flagged in rows:
+                acc.append(acc[-1] + flagged)
+            self._flags[cls] = acc
+
+    def since(self, cls: str, at: float, leave_out: Iterable[str]) -> tuple[int, int] | None:
+        """(sampled, flagged) among ``cls``'s nodes measured at ``at`` or later, ``leave_out`` left out."""
+        times = self._times.get(cls)
+        if times is None:
+            return None
+        i = bisect.bisect_left(times, at)
+        sampled, flagged = len(times) - i, self._flags[cls][-1] - self._flags[cls][i]
+        for node in leave_out:
+            s = self._samples.get(node)
+            if s is not None and s[0] >= at and self._classes.get(node, "") == cls:
+                sampled -= 1
+                flagged -= s[1]
+        return sampled, flagged
+
+
 def switch_checks(
     topology: Topology, probe: str, samples: Mapping[str, Sample], classes: Mapping[str, str],
     settings: SwitchSettings, *, active: frozenset[str] = frozenset(),
@@ -160,12 +210,17 @@ def switch_checks(
         return out
 
     total_s, total_f = counts(samples)
+    timeline = _Timeline(samples, classes)
+    need_since = max(settings.min_nodes, CONTEMPORARY_MIN)
 
     def test(name: str, excluded: set[str]) -> Result | None:
         under = topology.nodes_under(name)
         all_s, all_f = counts(under)
         in_s, in_f = counts(n for n in under if n not in excluded)
-        skip_s, skip_f = counts((excluded | explained_by(under)) - under)
+        skip = (excluded | explained_by(under)) - under
+        skip_s, skip_f = counts(skip)
+        times = [samples[n][0] for n in under if n not in excluded and samples.get(n, (0.0, False))[1]]
+        onset = statistics.median_low(times) if times else None
         k = n = 0
         expected = 0.0
         for cls, count in in_s.items():
@@ -175,6 +230,11 @@ def switch_checks(
             if outside <= 0:
                 continue
             rate = (total_f[cls] - all_f[cls] - skip_f[cls]) / outside
+            if onset is not None and name not in active:
+                since = timeline.since(cls, onset, under | skip)
+                if since is None or since[0] < need_since:
+                    continue
+                rate = max(rate, since[1] / since[0])
             n += count
             k += in_f[cls]
             expected += count * max(settings.rate_floor, rate)
@@ -319,6 +379,15 @@ def shortfall(findings: Sequence[Finding]) -> float | None:
     return max(out, default=None)
 
 
+def seen_again(event: FleetEvent, samples: Mapping[str, Sample], since: float) -> bool:
+    """Whether a live switch finding last named at ``since`` whose test no longer holds it may end: each node
+    it found flagged that still has a result in the window has a newer one (measured again since). One result
+    back in the class's spread (a noisy round; a pair at a third of the median where healthy pairs spread
+    3-10x) does not end a leaf that still fails: its values would rejoin the class's statistics and hide every
+    other bad one."""
+    return all(samples[n][0] > since for n in event.nodes if n in samples)
+
+
 class SwitchFindings:
     """The judge's switch findings: which are active, which nodes' findings they hold, and the
     evidence. Not thread-safe on its own (the judge's lock covers it)."""
@@ -335,6 +404,8 @@ class SwitchFindings:
         """(node, probe) → the other members of its latest regular result, when only that multi-node result
         flagged it (a partner of a node under a failing switch is flagged by it, not by itself)."""
         self._ended: list[FleetEvent] = []
+        self.named_at: dict[tuple[str, str], float] = {}
+        """(switch, probe) of a live finding → the last update whose test named it (``update``)."""
 
     def set_topology(self, topology: Topology | None, now: float) -> None:
         """A new topology (or none): findings on switches it no longer has end at the next update."""
@@ -398,8 +469,12 @@ class SwitchFindings:
             named = {c.switch: c for c in checks}
             for sw in sorted(current - set(named)):
                 event = self.active[(sw, probe)]
+                if not seen_again(event, samples.get(probe, {}), self.named_at.get((sw, probe), event.started_at)):
+                    continue
                 moved |= self._nodes(event)
                 changes.append(self._end((sw, probe), event, now, "over"))
+            for sw in named:
+                self.named_at[(sw, probe)] = now
             for sw, c in sorted(named.items()):
                 old = self.active.get((sw, probe))
                 cls = ",".join(sorted({classes.get(n, "") for n in c.flagged}))
@@ -423,6 +498,7 @@ class SwitchFindings:
 
     def _end(self, key: tuple[str, str], event: FleetEvent, now: float, why: str) -> FleetEvent:
         del self.active[key]
+        self.named_at.pop(key, None)
         return replace(event, ended_at=now, text=f"{event.text}; {why}")
 
     def _nodes(self, event: FleetEvent) -> set[str]:

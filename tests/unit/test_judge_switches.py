@@ -8,7 +8,15 @@ import random
 import pytest
 
 from healthd.config import SwitchSettings
-from healthd.judge.switches import Ambiguity, ambiguity, binomial_tail, compact_names, exact_cover, switch_checks
+from healthd.judge.switches import (
+    Ambiguity,
+    SwitchFindings,
+    ambiguity,
+    binomial_tail,
+    compact_names,
+    exact_cover,
+    switch_checks,
+)
 from healthd.topology import SwitchRecord, Topology, build_topology
 
 S = SwitchSettings()
@@ -214,3 +222,46 @@ def test_a_class_with_nobody_left_to_compare_with_is_not_tested() -> None:
     got = switch_checks(topo, "nccl", smp, cls, S)
     assert "spine1" not in {c.switch for c in got}
     assert all(c.p_value < S.p_value for c in got)
+
+
+def test_a_round_moving_as_a_whole_names_no_switch_when_its_first_nodes_share_a_spine() -> None:
+    """Probed in name order, a common-mode shift (a loaded host, a busy fabric) flags spine0's nodes first:
+    against the class's earlier results they are beyond chance, against the class measured since they were
+    not (the nodes outside measured since are flagged too), and before any was measured nothing is named."""
+    topo = fabric()
+    order = sorted(topo.leaf_of)
+    spine0 = topo.nodes_under("spine0")
+    before = {n: (100.0 + k, False) for k, n in enumerate(order)}
+    first = {**before, **{n: (1000.0 + k, True) for k, n in enumerate(sorted(spine0))}}
+    assert switch_checks(topo, "nccl", first, classes(topo), S) == []
+    later = {**first, **{n: (1100.0 + k, True) for k, n in enumerate(order) if n not in spine0 and k % 2 == 0}}
+    assert switch_checks(topo, "nccl", later, classes(topo), S) == []
+
+
+def test_a_failing_leaf_is_named_once_the_class_outside_is_measured_since_it_failed() -> None:
+    topo = fabric()
+    order = sorted(topo.leaf_of)
+    leaf = topo.nodes_under("leaf00")
+    before = {n: (100.0 + k, False) for k, n in enumerate(order)}
+    failed = {**before, **{n: (1000.0 + k, True) for k, n in enumerate(sorted(leaf))}}
+    assert switch_checks(topo, "nccl", failed, classes(topo), S) == []
+    after = {**failed, **{n: (1100.0 + k, False) for k, n in enumerate(order) if n not in leaf and k < 40}}
+    assert [c.switch for c in switch_checks(topo, "nccl", after, classes(topo), S)] == ["leaf00"]
+
+
+def test_a_named_leaf_ends_only_when_its_flagged_nodes_were_measured_again() -> None:
+    """One noisy result back in the class's spread does not end a failing leaf; a leaf whose flagged nodes
+    were all measured again, and are not beyond chance, ends."""
+    topo = fabric()
+    leaf = sorted(topo.nodes_under("leaf00"))
+    sw = SwitchFindings()
+    sw.set_topology(topo, now=0.0)
+    first = {n: (100.0 + k, n in leaf) for k, n in enumerate(sorted(topo.leaf_of))}
+    changes, _ = sw.update(["nccl"], {"nccl": first}, classes(topo), S, 200.0)
+    assert [(e.switch, e.active) for e in changes] == [("leaf00", True)]
+    noisy = {**first, **{n: (300.0 + k, False) for k, n in enumerate(leaf[:15])}}
+    changes, _ = sw.update(["nccl"], {"nccl": noisy}, classes(topo), S, 400.0)
+    assert changes == [] and ("leaf00", "nccl") in sw.active
+    repaired = {**noisy, leaf[15]: (500.0, False)}
+    changes, _ = sw.update(["nccl"], {"nccl": repaired}, classes(topo), S, 600.0)
+    assert [(e.switch, e.active) for e in changes] == [("leaf00", False)]
