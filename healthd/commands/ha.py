@@ -48,8 +48,18 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    """With ``[ha] mode = "off"`` there is no lease to read: the one instance leads alone (its
+    ``healthd_leader`` is 1), said and exit 0, so a runbook's ``healthd ha status`` answers on any site."""
     from healthd.ha.lease import check_server, lease_row
 
+    settings, _ = settings_from(args)
+    if settings.ha.mode == "off":
+        if args.json:
+            print(json.dumps({"mode": "off", "leader": "this instance (alone)"}, sort_keys=True))
+        else:
+            print("[ha] mode is off: one admin node, this instance leads alone (healthd_leader 1); "
+                  "docs/ha.md sets up two")
+        return EXIT_OK
     conn = _connection(args)
     try:
         check_server(conn)

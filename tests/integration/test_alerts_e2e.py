@@ -291,7 +291,7 @@ format = "json"
     rules = tmp / "healthd.rules.yml"
     shipped = RULES.read_text()
     shortened, count = re.subn(r"^(\s+)for: 2m$", rf"\1for: {TEST_FOR}", shipped, flags=re.MULTILINE)
-    assert count == 7, "the per-node alerts' for: changed: update the replacement"
+    assert count == 8, "the per-node alerts' for: changed: update the replacement"
     rules.write_text(shortened)
     prometheus = write_prometheus_config(tmp / "prometheus.yml", rules=rules, alertmanager_port=AM_PORT,
                                          targets={"healthd": DAEMON_PORT}, interval=INTERVAL)

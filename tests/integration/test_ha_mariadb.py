@@ -459,6 +459,8 @@ def test_cli_init_and_status(mariadb: dict[str, Any], database: str, tmp_path: P
     off.write_text(f'state_dir = "{tmp_path}/state"\n')
     assert main(["ha", "init", "--config", str(off)]) == 2
     assert "mode is 'off'" in capsys.readouterr().err
+    assert main(["ha", "status", "--config", str(off)]) == 0
+    assert "leads alone" in capsys.readouterr().out
 
 
 def test_new_leader_inherits_the_drains_the_journal_confirms(mariadb: dict[str, Any], database: str,

@@ -82,4 +82,5 @@ def test_inherited_drains() -> None:
              Node(name="untagged", state="drained", reason="healthd: xid 79"),
              Node(name="foreign", state="drained", reason="NHC: [e1] x"),
              Node(name="back", state="idle", reason="healthd: [e1] x")]
-    assert [(i.node.name, i.epoch) for i in inherited(nodes, {"known"}, "healthd:", 5)] == [("old", 3)]
+    assert [(i.node.name, i.epoch) for i in inherited(nodes, {"known"}, "healthd:", 5)] == \
+        [("old", 3), ("untagged", None)]
