@@ -349,6 +349,8 @@ def test_the_admin_guide_runs(lab: Lab) -> None:
 
 RUNBOOK_NOT_RUN = {
     "healthd probe nccl": "a probe on the admin node itself (the runbook says so: what not to type mid-incident)",
+    "healthd ha init": "writes the schema into a two-node site's database; this lab has [ha] off, where it is "
+                       "refused (tests/integration/test_ha_mariadb.py runs it against a real MariaDB)",
 }
 
 
