@@ -50,7 +50,7 @@ def cmd_init(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     """With ``[ha] mode = "off"`` there is no lease to read: the one instance leads alone (its
     ``healthd_leader`` is 1), said and exit 0, so a runbook's ``healthd ha status`` answers on any site."""
-    from healthd.ha.lease import check_server, lease_row
+    from healthd.ha.lease import read_lease
 
     settings, _ = settings_from(args)
     if settings.ha.mode == "off":
@@ -60,16 +60,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             print("[ha] mode is off: one admin node, this instance leads alone (healthd_leader 1); "
                   "docs/ha.md sets up two")
         return EXIT_OK
-    conn = _connection(args)
-    try:
-        check_server(conn)
-        cur = conn.cursor()
-        try:
-            lease = lease_row(cur)
-        finally:
-            cur.close()
-    finally:
-        conn.close()
+    lease = read_lease(settings.ha)
     leads = lease.holder if lease.live and lease.holder else None
     if args.json:
         print(json.dumps({"leader": leads, "epoch": lease.epoch, "since": lease.since,

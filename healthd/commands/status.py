@@ -41,19 +41,10 @@ def ha_line(settings: Settings) -> str | None:
     if settings.ha.mode == "off":
         return None
     from healthd.errors import HealthdError
-    from healthd.ha.lease import check_server, connect, lease_row, target
+    from healthd.ha.lease import read_lease
 
     try:
-        conn = connect(target(settings.ha), settings.ha.timeout_s)
-        try:
-            check_server(conn)
-            cur = conn.cursor()
-            try:
-                lease = lease_row(cur)
-            finally:
-                cur.close()
-        finally:
-            conn.close()
+        lease = read_lease(settings.ha)
     except HealthdError as exc:
         return f"ha: leader unknown: {exc}"
     if lease.live and lease.holder:

@@ -497,6 +497,23 @@ def lease_row(cur: _Cursor) -> LeaseRow:
     return LeaseRow(str(row[0]), int(row[1]), str(row[2]), str(row[3]), bool(row[4]))
 
 
+def read_lease(settings: HaSettings) -> LeaseRow:
+    """The lease row as the database sees it now (one connection: server and schema checked, row read, closed).
+
+    :raises HaError: the database does not answer, refuses (``check_server``) or has no lease row.
+    """
+    conn = connect(target(settings), settings.timeout_s)
+    try:
+        check_server(conn)
+        cur = conn.cursor()
+        try:
+            return lease_row(cur)
+        finally:
+            cur.close()
+    finally:
+        conn.close()
+
+
 def check_server(conn: Connection, *, schema: bool = True) -> None:
     """Refuse a server with ``read_only`` set, and (``schema``) a schema other than :data:`SCHEMA_VERSION`.
 
